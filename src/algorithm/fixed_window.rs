@@ -1,0 +1,170 @@
+//! Fixed window counter, matching envoyproxy/ratelimit (Go) exactly.
+//!
+//! Windows are aligned to the Unix epoch: the window containing `now` starts at
+//! `floor(now / window) * window`. The state is `(window_start, count)`; a state from any
+//! other window counts as a fresh window with count 0.
+//!
+//! A request of cost `c` computes `after = count + c` (saturating) and is allowed iff
+//! `after <= requests`. The stored count becomes `after` **even when denied**: the Go service
+//! increments its counter on every request, over the limit or not, and we keep that
+//! behaviour so that a mixed fleet (or a migration) counts identically. One consequence: once
+//! a window is over the limit it stays denied for its remainder, whatever the cost.
+//!
+//! A peek (cost 0) leaves the state unchanged and is allowed iff `count <= requests`, so
+//! right after the limit is exactly exhausted a peek is allowed with `remaining == 0`, and
+//! once denied requests pushed the counter past the limit a peek is denied.
+//!
+//! * `remaining`: `requests - after` when allowed (for a peek, `requests - count`).
+//! * `reset_after_us`: time until the window ends, allowed or not.
+//! * `retry_after_us`: time until the window ends (the counter restarts at 0 there, and it
+//!   only grows before); for a cost above `requests` that is also the "full reset" time.
+//! * expiry: the window end.
+//!
+//! Near `u64::MAX` the window end saturates to `u64::MAX`, so the last window is truncated.
+
+use super::{Decision, Limit};
+
+/// Counter of one epoch-aligned window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct State {
+    /// First µs of the window the count belongs to (a multiple of the window length).
+    pub(crate) window_start_us: u64,
+    /// Cost accumulated in that window, denied requests included (Go compatibility).
+    pub(crate) count: u64,
+}
+
+/// Start and (saturating) end of the epoch-aligned window containing `now_us`.
+fn window_bounds(limit: &Limit, now_us: u64) -> (u64, u64) {
+    let window = limit.window();
+    let start = now_us - now_us % window;
+    (start, start.saturating_add(window))
+}
+
+/// See the module docs; every field of the decision follows from `(count, requests, end)`.
+pub(crate) fn decide(limit: &Limit, state: Option<&State>, now_us: u64, cost: u64) -> (Decision, State) {
+    let (start, end) = window_bounds(limit, now_us);
+    let until_end = end - now_us;
+    let count = state
+        .filter(|s| s.window_start_us == start)
+        .map_or(0, |s| s.count);
+    if cost == 0 {
+        let unchanged = state.cloned().unwrap_or(State {
+            window_start_us: start,
+            count: 0,
+        });
+        return (judge(limit.requests, count, until_end), unchanged);
+    }
+    let after = count.saturating_add(cost);
+    let next = State {
+        window_start_us: start,
+        count: after,
+    };
+    (judge(limit.requests, after, until_end), next)
+}
+
+/// Verdict for a window whose counter (including this request) stands at `count`.
+fn judge(requests: u64, count: u64, until_end: u64) -> Decision {
+    match requests.checked_sub(count) {
+        Some(remaining) => Decision::allow(remaining, until_end),
+        None => Decision::deny(until_end, until_end),
+    }
+}
+
+/// The window end: from then on the stored count is ignored.
+pub(crate) fn expires_at_us(limit: &Limit, state: &State) -> u64 {
+    state.window_start_us.saturating_add(limit.window())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{admitted, check_invariants, run, small_case};
+    use super::super::{Algorithm, Decision, Limit};
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    fn limit(requests: u64, window_us: u64) -> Limit {
+        Limit {
+            algorithm: Algorithm::FixedWindow,
+            requests,
+            window_us,
+            burst: requests,
+        }
+    }
+
+    /// Naive model: one counter per window index, bumped by every costed request.
+    fn model(limit: &Limit, timeline: &[(u64, u64)]) -> Vec<Decision> {
+        let w = limit.window();
+        let mut counters: HashMap<u64, u64> = HashMap::new();
+        let mut out = Vec::new();
+        for &(now, cost) in timeline {
+            let counter = counters.entry(now / w).or_default();
+            *counter = counter.saturating_add(cost);
+            let until_end = (now / w + 1) * w - now;
+            out.push(if *counter <= limit.requests {
+                Decision::allow(limit.requests - *counter, until_end)
+            } else {
+                Decision::deny(until_end, until_end)
+            });
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn matches_per_window_counter_model(
+            (limit, start, steps) in small_case(Algorithm::FixedWindow)
+        ) {
+            let run = run(&limit, start, &steps);
+            let timeline: Vec<_> = run.iter().map(|s| (s.now, s.cost)).collect();
+            let got: Vec<_> = run.iter().map(|s| s.decision).collect();
+            prop_assert_eq!(got, model(&limit, &timeline));
+            check_invariants(&limit, &run);
+        }
+
+        #[test]
+        fn never_admits_more_than_requests_per_aligned_window(
+            (limit, start, steps) in small_case(Algorithm::FixedWindow)
+        ) {
+            let mut per_window: HashMap<u64, u64> = HashMap::new();
+            for (now, cost) in admitted(&run(&limit, start, &steps)) {
+                *per_window.entry(now / limit.window()).or_default() += cost;
+            }
+            prop_assert!(per_window.values().all(|&sum| sum <= limit.requests));
+        }
+    }
+
+    #[test]
+    fn counts_down_then_denies_until_the_aligned_window_ends() {
+        let limit = limit(3, 1_000_000);
+        let mut state = None;
+        for expected in [2, 1, 0] {
+            let (d, s) = decide(&limit, state.as_ref(), 2_250_000, 1);
+            assert_eq!(d, Decision::allow(expected, 750_000));
+            state = Some(s);
+        }
+        let (d, _) = decide(&limit, state.as_ref(), 2_999_999, 1);
+        assert_eq!(d, Decision::deny(1, 1));
+        assert!(decide(&limit, state.as_ref(), 3_000_000, 1).0.allowed);
+    }
+
+    #[test]
+    fn denied_requests_still_count_like_the_go_service() {
+        let limit = limit(2, 60_000_000);
+        let (_, s) = decide(&limit, None, 0, 2);
+        assert_eq!(decide(&limit, Some(&s), 0, 0).0, Decision::allow(0, 60_000_000));
+        let (d, s) = decide(&limit, Some(&s), 1, 1);
+        assert!(!d.allowed);
+        assert_eq!(s.count, 3);
+        // Over the limit now, so even a peek is denied for the rest of the window.
+        assert!(!decide(&limit, Some(&s), 2, 0).0.allowed);
+    }
+
+    #[test]
+    fn stale_window_counts_as_fresh() {
+        let limit = limit(1, 10);
+        let (_, s) = decide(&limit, None, 5, 1);
+        assert_eq!(expires_at_us(&limit, &s), 10);
+        assert_eq!(decide(&limit, Some(&s), 10, 1).0, Decision::allow(0, 10));
+    }
+}

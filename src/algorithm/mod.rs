@@ -1,0 +1,519 @@
+//! Pure rate-limit decision algorithms.
+//!
+//! Everything here is a pure function of `(limit, state, now_us, cost)`: no clock, no I/O,
+//! no locks. The caller reads a key's [`State`], calls [`decide`], and stores the returned
+//! state if it wants the decision to count. That keeps storage, concurrency and replication
+//! out of the algorithms and makes every algorithm testable against a naive model.
+//!
+//! Units: instants are microseconds since the Unix epoch, durations are microseconds.
+//!
+//! A state is always read under the [`Limit`] passed with it. If a rule's limit is
+//! reconfigured, existing states are reinterpreted under the new one (counts and levels
+//! are capped where that matters) rather than rejected; this never panics, and the effect
+//! fades once the old state has expired.
+//!
+//! Arithmetic: every product is formed in `u128` (a `u64 × u64` product always fits), and
+//! the few sums that could still overflow saturate. Saturation only happens at absurd
+//! magnitudes (instants near `u64::MAX`, costs near `u64::MAX`) and always errs towards
+//! denying, so no input can panic or admit more than the limit allows.
+
+pub mod fixed_window;
+pub mod gcra;
+pub mod sliding_log;
+pub mod sliding_window;
+pub mod token_bucket;
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Which algorithm a rule uses.
+///
+/// The default is [`Algorithm::FixedWindow`] because that is what envoyproxy/ratelimit does,
+/// so a config that names no algorithm behaves like the Go service it replaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    /// Epoch-aligned fixed windows with envoyproxy/ratelimit's counter semantics.
+    #[default]
+    FixedWindow,
+    /// Two-window weighted counter: an O(1)-memory approximation of a sliding window.
+    SlidingWindow,
+    /// Exact sliding window over a log of admitted requests (memory grows with `requests`).
+    SlidingLog,
+    /// Continuously refilling token bucket holding at most `burst` tokens.
+    TokenBucket,
+    /// Generic Cell Rate Algorithm: token-bucket admission stored as a single instant.
+    Gcra,
+}
+
+impl Algorithm {
+    /// Every algorithm in declaration order; also the order used in error messages.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+    ];
+
+    /// The snake_case configuration name; [`FromStr`] accepts exactly these strings
+    /// (case-sensitive, no surrounding whitespace).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+        }
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = UnknownAlgorithm;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|algorithm| algorithm.as_str() == name)
+            .ok_or_else(|| UnknownAlgorithm(name.to_owned()))
+    }
+}
+
+/// A configured algorithm name that is none of [`Algorithm::ALL`]; holds the rejected text
+/// verbatim so the config error can quote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownAlgorithm(pub String);
+
+impl fmt::Display for UnknownAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let expected: Vec<&str> = Algorithm::ALL.iter().map(|a| a.as_str()).collect();
+        write!(
+            f,
+            "unknown algorithm '{}' (expected one of {})",
+            self.0,
+            expected.join(", ")
+        )
+    }
+}
+
+impl std::error::Error for UnknownAlgorithm {}
+
+/// A limit as the algorithms see it. Time is in microseconds throughout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    /// Which algorithm interprets the other fields and the [`State`].
+    pub algorithm: Algorithm,
+    /// Requests (cost units) allowed per window. May be 0: then every request with
+    /// cost > 0 is denied, for every algorithm.
+    pub requests: u64,
+    /// Window length in µs. Callers guarantee > 0; 0 is still accepted and treated as 1.
+    pub window_us: u64,
+    /// Token-bucket capacity / GCRA burst, in cost units; the window algorithms ignore it.
+    /// Callers set it to `requests` when the rule does not configure one.
+    pub burst: u64,
+}
+
+impl Limit {
+    /// The window length actually used: `window_us`, with 0 read as 1 µs so that no
+    /// division or modulo can panic.
+    pub(crate) fn window(&self) -> u64 {
+        self.window_us.max(1)
+    }
+}
+
+/// The outcome of one decision. The module docs of each algorithm say exactly what
+/// `remaining` and `reset_after_us` mean for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the request (with its cost) is admitted.
+    pub allowed: bool,
+    /// Cost units still admissible right after this decision; 0 when denied.
+    pub remaining: u64,
+    /// µs from now until the key's usage has fully drained (algorithm-specific meaning).
+    pub reset_after_us: u64,
+    /// 0 when allowed. When denied: µs from now until the same request (same cost) would be
+    /// allowed, never earlier than true (exact for every algorithm here). If the cost can
+    /// never be allowed (cost > `requests`, or > `burst` for the bucket algorithms), the
+    /// time until the state is fully reset, which may be 0 when it already is.
+    pub retry_after_us: u64,
+}
+
+impl Decision {
+    /// An admitting decision; `retry_after_us` is 0 by definition.
+    pub(crate) fn allow(remaining: u64, reset_after_us: u64) -> Self {
+        Decision {
+            allowed: true,
+            remaining,
+            reset_after_us,
+            retry_after_us: 0,
+        }
+    }
+
+    /// A denying decision; `remaining` is 0 by definition.
+    pub(crate) fn deny(reset_after_us: u64, retry_after_us: u64) -> Self {
+        Decision {
+            allowed: false,
+            remaining: 0,
+            reset_after_us,
+            retry_after_us,
+        }
+    }
+}
+
+/// Per-key algorithm state. Cloning is cheap except for the sliding log, whose queue holds
+/// at most `requests` entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Counter of the current fixed window.
+    FixedWindow(fixed_window::State),
+    /// Counters of the current and previous windows.
+    SlidingWindow(sliding_window::State),
+    /// Log of admitted requests still inside the window.
+    SlidingLog(sliding_log::State),
+    /// Exact fill level of the bucket and when it was computed.
+    TokenBucket(token_bucket::State),
+    /// Theoretical arrival time.
+    Gcra(gcra::State),
+}
+
+/// Pure decision. `state` is None for a key never seen (or expired). If `state` is Some but
+/// of another algorithm's variant, it is treated as None. Returns the decision and the state
+/// to store IF the caller commits.
+///
+/// Denied requests leave the state unchanged for every algorithm except fixed_window, which
+/// counts denied requests too (envoyproxy/ratelimit compatibility). Cost 0 is a "peek": it
+/// never changes the state (a None state comes back as the equivalent empty state) and
+/// reports what a zero-cost request sees.
+pub fn decide(limit: &Limit, state: Option<&State>, now_us: u64, cost: u64) -> (Decision, State) {
+    // Expands to: pick this algorithm's own state (else None), decide, re-wrap.
+    macro_rules! dispatch {
+        ($variant:ident, $module:ident) => {{
+            let own = match state {
+                Some(State::$variant(own)) => Some(own),
+                _ => None,
+            };
+            let (decision, next) = $module::decide(limit, own, now_us, cost);
+            (decision, State::$variant(next))
+        }};
+    }
+    match limit.algorithm {
+        Algorithm::FixedWindow => dispatch!(FixedWindow, fixed_window),
+        Algorithm::SlidingWindow => dispatch!(SlidingWindow, sliding_window),
+        Algorithm::SlidingLog => dispatch!(SlidingLog, sliding_log),
+        Algorithm::TokenBucket => dispatch!(TokenBucket, token_bucket),
+        Algorithm::Gcra => dispatch!(Gcra, gcra),
+    }
+}
+
+/// The instant (µs since epoch) after which this state is indistinguishable from no state at
+/// all, so a store may drop it. It is > now for any state that can still affect a decision.
+/// A state of another algorithm than `limit.algorithm` is ignored by [`decide`], so it
+/// expires at 0.
+pub fn expires_at_us(limit: &Limit, state: &State) -> u64 {
+    match (limit.algorithm, state) {
+        (Algorithm::FixedWindow, State::FixedWindow(s)) => fixed_window::expires_at_us(limit, s),
+        (Algorithm::SlidingWindow, State::SlidingWindow(s)) => sliding_window::expires_at_us(limit, s),
+        (Algorithm::SlidingLog, State::SlidingLog(s)) => sliding_log::expires_at_us(limit, s),
+        (Algorithm::TokenBucket, State::TokenBucket(s)) => token_bucket::expires_at_us(limit, s),
+        (Algorithm::Gcra, State::Gcra(s)) => gcra::expires_at_us(limit, s),
+        _ => 0,
+    }
+}
+
+/// Narrows a `u128` intermediate back to `u64`, saturating: every caller reports a duration
+/// or instant for which "later than representable" and `u64::MAX` mean the same thing.
+pub(crate) fn clamp_u64(value: u128) -> u64 {
+    u64::try_from(value).unwrap_or(u64::MAX)
+}
+
+/// `ceil(numerator / denominator)`; a zero denominator is read as 1 so it cannot panic
+/// (callers only pass non-zero ones).
+pub(crate) fn ceil_div(numerator: u128, denominator: u128) -> u128 {
+    numerator.div_ceil(denominator.max(1))
+}
+
+/// Decision of the bucket algorithms when `requests == 0`: nothing ever refills, so every
+/// request with cost > 0 is denied, even on a fresh (full) bucket. Nothing can change, so a
+/// peek sees nothing to reset; a denial suggests one window as the retry hint.
+pub(crate) fn never_refills(limit: &Limit, cost: u64) -> Decision {
+    if cost == 0 {
+        return Decision::allow(0, 0);
+    }
+    Decision::deny(limit.window(), limit.window())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    //! Shared harness: timeline runner and the invariants every algorithm must satisfy.
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One committed step of a simulated timeline.
+    #[derive(Debug, Clone)]
+    pub(crate) struct Step {
+        pub now: u64,
+        pub cost: u64,
+        pub before: Option<State>,
+        pub decision: Decision,
+        pub after: State,
+    }
+
+    /// Runs `(time delta, cost)` steps from `start`, always committing the returned state
+    /// (as the service does). Time never goes backwards here.
+    pub(crate) fn run(limit: &Limit, start: u64, steps: &[(u64, u64)]) -> Vec<Step> {
+        let mut now = start;
+        let mut state: Option<State> = None;
+        let mut out = Vec::with_capacity(steps.len());
+        for &(delta, cost) in steps {
+            now = now.saturating_add(delta);
+            let (decision, after) = decide(limit, state.as_ref(), now, cost);
+            let before = state.replace(after.clone());
+            out.push(Step {
+                now,
+                cost,
+                before,
+                decision,
+                after,
+            });
+        }
+        out
+    }
+
+    /// Admitted `(instant, cost)` pairs of a timeline, ignoring peeks.
+    pub(crate) fn admitted(steps: &[Step]) -> Vec<(u64, u64)> {
+        steps
+            .iter()
+            .filter(|s| s.decision.allowed && s.cost > 0)
+            .map(|s| (s.now, s.cost))
+            .collect()
+    }
+
+    /// Largest cost the limit can ever admit; denials of larger costs have no exact retry.
+    fn max_admissible(limit: &Limit) -> u64 {
+        match limit.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra if limit.requests == 0 => 0,
+            Algorithm::TokenBucket | Algorithm::Gcra => limit.burst,
+            _ => limit.requests,
+        }
+    }
+
+    /// Upper bound on `remaining`.
+    fn max_remaining(limit: &Limit) -> u64 {
+        match limit.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra => limit.burst,
+            _ => limit.requests,
+        }
+    }
+
+    /// Checks every per-step invariant the contract promises.
+    pub(crate) fn check_invariants(limit: &Limit, steps: &[Step]) {
+        for step in steps {
+            check_shape(limit, step);
+            check_peek(limit, step);
+            check_retry(limit, step);
+            check_expiry(limit, step);
+        }
+    }
+
+    fn check_shape(limit: &Limit, step: &Step) {
+        let d = step.decision;
+        assert!(d.remaining <= max_remaining(limit), "{step:?}");
+        if d.allowed {
+            assert_eq!(d.retry_after_us, 0, "{step:?}");
+        } else {
+            assert_eq!(d.remaining, 0, "{step:?}");
+        }
+        // Only the fixed window (Go compatibility) records denied requests.
+        let counts_denials = limit.algorithm == Algorithm::FixedWindow;
+        if let Some(before) = step.before.as_ref().filter(|_| !d.allowed && !counts_denials) {
+            assert_eq!(&step.after, before, "denial changed state");
+        }
+    }
+
+    fn check_peek(limit: &Limit, step: &Step) {
+        let after = Some(&step.after);
+        assert_eq!(decide(limit, after, step.now, 0).1, step.after);
+        if let Some(before) = &step.before {
+            assert_eq!(&decide(limit, Some(before), step.now, 0).1, before);
+        }
+    }
+
+    /// retry_after is exact: allowed at now + retry, still denied one µs earlier.
+    fn check_retry(limit: &Limit, step: &Step) {
+        let d = step.decision;
+        if d.allowed || step.cost > max_admissible(limit) {
+            return;
+        }
+        let Some(at) = step.now.checked_add(d.retry_after_us) else {
+            return;
+        };
+        let before = step.before.as_ref();
+        let later = decide(limit, before, at, step.cost).0;
+        assert!(later.allowed, "not allowed at retry: {step:?} -> {later:?}");
+        assert!(d.retry_after_us > 0, "{step:?}");
+        let earlier = decide(limit, before, at - 1, step.cost).0;
+        assert!(!earlier.allowed, "allowed before retry: {step:?}");
+    }
+
+    /// At or after expires_at the stored state decides exactly like no state; before it,
+    /// a state that still matters must not be reported as expired.
+    fn check_expiry(limit: &Limit, step: &Step) {
+        let expires = expires_at_us(limit, &step.after);
+        let window = limit.window();
+        for cost in [0, 1, step.cost] {
+            let with = |t| decide(limit, Some(&step.after), t, cost).0;
+            let without = |t| decide(limit, None, t, cost).0;
+            if with(step.now) != without(step.now) {
+                assert!(expires > step.now, "{step:?} expires {expires}");
+            }
+            for t in [Some(expires), expires.checked_add(1), expires.checked_add(window)] {
+                if let Some(t) = t.filter(|&t| t >= step.now) {
+                    assert_eq!(with(t), without(t), "{step:?} at {t}, expires {expires}");
+                }
+            }
+        }
+    }
+
+    /// Small limits and steps so timelines cross many windows and hit every edge.
+    pub(crate) fn small_case(algorithm: Algorithm) -> impl Strategy<Value = (Limit, u64, Vec<(u64, u64)>)> {
+        let limit = (0u64..12, 1u64..200, 0u64..15).prop_map(move |(r, w, b)| Limit {
+            algorithm,
+            requests: r,
+            window_us: w,
+            burst: b,
+        });
+        let steps = prop::collection::vec((0u64..300, 0u64..5), 1..60);
+        (limit, 0u64..1_000_000, steps)
+    }
+
+    /// Realistic magnitudes: rates that do not divide windows, epoch-sized instants.
+    pub(crate) fn large_case(algorithm: Algorithm) -> impl Strategy<Value = (Limit, u64, Vec<(u64, u64)>)> {
+        let limit =
+            (1u64..1_000_000, 1u64..1_000_000_000_000, 1u64..2_000_000).prop_map(move |(r, w, b)| Limit {
+                algorithm,
+                requests: r,
+                window_us: w,
+                burst: b,
+            });
+        (limit, 0u64..(1 << 52)).prop_flat_map(|(limit, start)| {
+            let step = 0..limit.window_us.saturating_mul(2);
+            let cost = 0..limit.requests.max(limit.burst).saturating_add(2);
+            let steps = prop::collection::vec((step, cost), 1..40);
+            (Just(limit), Just(start), steps)
+        })
+    }
+
+    fn any_algorithm() -> impl Strategy<Value = Algorithm> {
+        prop::sample::select(Algorithm::ALL.to_vec())
+    }
+
+    proptest! {
+        #[test]
+        fn invariants_hold_for_small_limits(
+            (limit, start, steps) in any_algorithm().prop_flat_map(small_case)
+        ) {
+            check_invariants(&limit, &run(&limit, start, &steps));
+        }
+
+        #[test]
+        fn invariants_hold_for_large_limits(
+            (limit, start, steps) in any_algorithm().prop_flat_map(large_case)
+        ) {
+            check_invariants(&limit, &run(&limit, start, &steps));
+        }
+
+        #[test]
+        fn arbitrary_inputs_never_panic(
+            algorithm in any_algorithm(),
+            (requests, window_us, burst) in any::<(u64, u64, u64)>(),
+            (t1, t2, c1, c2) in any::<(u64, u64, u64, u64)>(),
+        ) {
+            let limit = Limit { algorithm, requests, window_us, burst };
+            let (_, state) = decide(&limit, None, t1, c1);
+            let (_, state) = decide(&limit, Some(&state), t2, c2);
+            let _ = decide(&limit, Some(&state), t1, c2);
+            let _ = expires_at_us(&limit, &state);
+        }
+
+        #[test]
+        fn foreign_state_is_treated_as_none(now in 0u64..1_000_000, cost in 0u64..4) {
+            for algorithm in Algorithm::ALL {
+                let limit = Limit { algorithm, requests: 3, window_us: 1000, burst: 3 };
+                for other in Algorithm::ALL.into_iter().filter(|&o| o != algorithm) {
+                    let foreign_limit = Limit { algorithm: other, ..limit };
+                    let (_, foreign) = decide(&foreign_limit, None, now, 2);
+                    let with = decide(&limit, Some(&foreign), now, cost);
+                    prop_assert_eq!(with, decide(&limit, None, now, cost));
+                    prop_assert_eq!(expires_at_us(&limit, &foreign), 0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extreme_values_never_panic() {
+        let year_ms_in_us = 365 * 24 * 3600 * 1_000_000 * 1000;
+        let requests = [0, 1, u64::from(u32::MAX), u64::MAX];
+        let windows = [0, 1, year_ms_in_us, u64::MAX];
+        let instants = [0, 1, u64::MAX / 2, u64::MAX - 1, u64::MAX];
+        let costs = [0, 1, u64::from(u32::MAX), u64::MAX];
+        for algorithm in Algorithm::ALL {
+            for (&r, &w) in requests
+                .iter()
+                .zip(&windows)
+                .chain(requests.iter().zip(windows.iter().rev()))
+            {
+                let limit = Limit {
+                    algorithm,
+                    requests: r,
+                    window_us: w,
+                    burst: r,
+                };
+                for &t in &instants {
+                    for &c in &costs {
+                        let (_, s) = decide(&limit, None, t, c);
+                        for &t2 in &instants {
+                            let _ = decide(&limit, Some(&s), t2, c);
+                        }
+                        let _ = expires_at_us(&limit, &s);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for algorithm in Algorithm::ALL {
+            assert_eq!(algorithm.as_str().parse::<Algorithm>(), Ok(algorithm));
+        }
+        assert_eq!(Algorithm::default(), Algorithm::FixedWindow);
+    }
+
+    #[test]
+    fn unknown_name_is_rejected_with_the_expected_list() {
+        let err = "Token_Bucket".parse::<Algorithm>().unwrap_err();
+        assert_eq!(err, UnknownAlgorithm("Token_Bucket".into()));
+        assert_eq!(
+            err.to_string(),
+            "unknown algorithm 'Token_Bucket' (expected one of fixed_window, \
+             sliding_window, sliding_log, token_bucket, gcra)"
+        );
+        assert!(" gcra".parse::<Algorithm>().is_err());
+    }
+
+    #[test]
+    fn zero_requests_denies_every_costed_request() {
+        for algorithm in Algorithm::ALL {
+            let limit = Limit {
+                algorithm,
+                requests: 0,
+                window_us: 1000,
+                burst: 5,
+            };
+            let (d, _) = decide(&limit, None, 42, 1);
+            assert!(!d.allowed, "{algorithm:?}");
+            assert!(decide(&limit, None, 42, 0).0.allowed, "{algorithm:?}");
+        }
+    }
+}

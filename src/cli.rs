@@ -1,0 +1,213 @@
+//! The `tollgate` command line: `serve`, `check-config`, `query`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::proto::descriptor::RateLimitDescriptor;
+use crate::proto::descriptor::rate_limit_descriptor::Entry;
+use crate::proto::rls::RateLimitRequest;
+use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+use crate::reload::load_rules;
+use crate::rules::CompileOptions;
+use crate::settings::{SETTINGS_FILE_ENV, Settings};
+
+/// Tollgate: a rate-limit decision service speaking Envoy's rate limit protocol.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the service.
+    Serve(ServeArgs),
+    /// Validate a rules directory; exits non-zero naming the file and the reason.
+    CheckConfig(CheckConfigArgs),
+    /// Send one ShouldRateLimit request and print the answer as JSON. Exit code: 0 OK, 1 OVER_LIMIT,
+    /// 2 error.
+    Query(QueryArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Directory of rules files (else RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY).
+    #[arg(long)]
+    config_dir: Option<PathBuf>,
+    /// gRPC listen address (default 0.0.0.0:8081; port 0 picks a free port).
+    #[arg(long)]
+    grpc_addr: Option<String>,
+    /// HTTP listen address (default 0.0.0.0:8080).
+    #[arg(long)]
+    http_addr: Option<String>,
+    /// Debug listen address (default 0.0.0.0:6070).
+    #[arg(long)]
+    debug_addr: Option<String>,
+    /// Optional YAML settings file (lowest precedence after the defaults).
+    #[arg(long, env = SETTINGS_FILE_ENV)]
+    settings: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct CheckConfigArgs {
+    /// The rules directory.
+    dir: PathBuf,
+    /// Allow one domain across several files (MERGE_DOMAIN_CONFIG).
+    #[arg(long)]
+    merge_domains: bool,
+}
+
+#[derive(Debug, Args)]
+struct QueryArgs {
+    /// The server's gRPC address.
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    addr: String,
+    /// The rate limit domain.
+    #[arg(long)]
+    domain: String,
+    /// A descriptor as `key=value[,key=value...]`; repeat for several descriptors.
+    #[arg(long = "descriptor", short = 'd', required = true)]
+    descriptors: Vec<String>,
+    /// Request-level hits_addend (0 means 1).
+    #[arg(long, default_value_t = 0)]
+    hits: u32,
+}
+
+/// Parses the command line and runs the command.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => report(serve(args)),
+        Command::CheckConfig(args) => check_config(args),
+        Command::Query(args) => query(args),
+    }
+}
+
+fn report(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tollgate: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut flags = Vec::new();
+    if let Some(dir) = args.config_dir {
+        flags.push(("config_dir", dir.to_string_lossy().into_owned()));
+    }
+    for (name, value) in [
+        ("grpc_addr", args.grpc_addr),
+        ("http_addr", args.http_addr),
+        ("debug_addr", args.debug_addr),
+    ] {
+        if let Some(value) = value {
+            flags.push((name, value));
+        }
+    }
+    let settings = Settings::load(args.settings.as_deref(), &flags)?;
+    crate::telemetry::init(&settings.log_level, &settings.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let listeners = crate::server::Listeners::bind(&settings).await?;
+        crate::server::run(settings, listeners, crate::server::shutdown_signal()).await
+    })
+}
+
+fn check_config(args: CheckConfigArgs) -> ExitCode {
+    let algorithm = match Settings::load(None, &[]).and_then(|s| s.algorithm()) {
+        Ok(algorithm) => algorithm,
+        Err(error) => {
+            eprintln!("tollgate: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match load_rules(
+        &args.dir,
+        args.merge_domains,
+        CompileOptions {
+            default_algorithm: algorithm,
+        },
+    ) {
+        Ok(rules) => {
+            println!("{}: OK ({} domains)", args.dir.display(), rules.len());
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn query(args: QueryArgs) -> ExitCode {
+    let request = match query_request(&args) {
+        Ok(request) => request,
+        Err(message) => {
+            eprintln!("tollgate: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("tollgate: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = runtime.block_on(async {
+        let mut client = RateLimitServiceClient::connect(args.addr.clone()).await?;
+        anyhow::Ok(client.should_rate_limit(request).await?.into_inner())
+    });
+    match result {
+        Ok(response) => {
+            println!("{}", crate::json::response_to_json(&response));
+            let over =
+                response.overall_code == crate::proto::rls::rate_limit_response::Code::OverLimit as i32;
+            if over {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(error) => {
+            eprintln!("tollgate: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn query_request(args: &QueryArgs) -> Result<RateLimitRequest, String> {
+    let descriptors = args
+        .descriptors
+        .iter()
+        .map(|text| {
+            let entries = text
+                .split(',')
+                .map(|pair| {
+                    let (key, value) = pair
+                        .split_once('=')
+                        .ok_or_else(|| format!("descriptor entry {pair:?} is not key=value"))?;
+                    Ok(Entry {
+                        key: key.to_owned(),
+                        value: value.to_owned(),
+                    })
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            Ok(RateLimitDescriptor {
+                entries,
+                ..Default::default()
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(RateLimitRequest {
+        domain: args.domain.clone(),
+        descriptors,
+        hits_addend: args.hits,
+    })
+}

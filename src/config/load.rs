@@ -1,0 +1,360 @@
+//! Directory discovery and per-domain merging.
+
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsStr;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::ConfigError;
+use super::model::DomainConfig;
+use super::parse::{Siblings, final_key, parse_text};
+
+/// See [`super::load_dir`].
+pub(crate) fn load_dir(dir: &Path, merge_domains: bool) -> Result<Vec<DomainConfig>, ConfigError> {
+    let mut files = Vec::new();
+    let mut seen = Seen::default();
+    collect(dir, &mut files, &mut seen)?;
+
+    let mut domains: BTreeMap<String, DomainConfig> = BTreeMap::new();
+    for path in files {
+        let file = path.display().to_string();
+        let invalid = |message: String| ConfigError::Invalid {
+            file: file.clone(),
+            message,
+        };
+        let bytes = fs::read(&path).map_err(|e| invalid(format!("cannot read file: {e}")))?;
+        let text = String::from_utf8(bytes)
+            .map_err(|e| invalid(format!("error loading config file: invalid UTF-8: {e}")))?;
+        let config = parse_text(&file, &text).map_err(invalid)?;
+        match domains.entry(config.domain.clone()) {
+            Entry::Vacant(slot) => {
+                slot.insert(config);
+            }
+            Entry::Occupied(_) if !merge_domains => {
+                return Err(invalid(format!(
+                    "duplicate domain '{}' in config file",
+                    config.domain
+                )));
+            }
+            Entry::Occupied(mut slot) => merge(slot.get_mut(), config).map_err(invalid)?,
+        }
+    }
+    Ok(domains.into_values().collect())
+}
+
+/// Append `extra`'s top-level descriptors to `base`, applying the sibling checks across files
+/// (Go loads the second file into the same descriptor map, so duplicates error the same way).
+fn merge(base: &mut DomainConfig, extra: DomainConfig) -> Result<(), String> {
+    let mut siblings = Siblings::default();
+    for d in base.descriptors.iter().chain(&extra.descriptors) {
+        let key = final_key(&d.key, d.value.as_deref());
+        siblings.check_duplicate(&key, &format!("{}.{key}", base.domain))?;
+        siblings.check_normalisation(&d.key, &d.normalize)?;
+    }
+    base.all_or_nothing |= extra.all_or_nothing;
+    base.descriptors.extend(extra.descriptors);
+    Ok(())
+}
+
+/// Canonical paths already visited, so symlink loops terminate and a file or directory reached
+/// through two visible links is read once.
+#[derive(Default)]
+struct Seen {
+    dirs: HashSet<PathBuf>,
+    files: HashSet<PathBuf>,
+}
+
+/// Depth-first, lexically sorted walk collecting rules files below `dir`.
+fn collect(dir: &Path, out: &mut Vec<PathBuf>, seen: &mut Seen) -> Result<(), ConfigError> {
+    let io = |source| ConfigError::Io {
+        dir: dir.display().to_string(),
+        source,
+    };
+    let mut entries = fs::read_dir(dir)
+        .map_err(io)?
+        .map(|entry| entry.map(|e| e.file_name()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(io)?;
+    if let Ok(canonical) = fs::canonicalize(dir)
+        && !seen.dirs.insert(canonical)
+    {
+        return Ok(());
+    }
+    entries.sort();
+    for name in entries {
+        // Dot entries: hidden files, editor swap files, and the `..data` / `..<timestamp>`
+        // directories of Kubernetes ConfigMap volumes (their files are reached via the visible
+        // symlinks instead, so each domain is loaded once).
+        if name.to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let path = dir.join(&name);
+        // `fs::metadata` follows symlinks.
+        let meta = match fs::metadata(&path) {
+            Ok(meta) => meta,
+            Err(e) if is_rules_file(&name) => {
+                return Err(ConfigError::Invalid {
+                    file: path.display().to_string(),
+                    message: format!("cannot read file: {e}"),
+                });
+            }
+            // A dangling link or unreadable entry that would not be loaded anyway.
+            Err(_) => continue,
+        };
+        if meta.is_dir() {
+            collect(&path, out, seen)?;
+        } else if meta.is_file() && is_rules_file(&name) {
+            let first_time = fs::canonicalize(&path)
+                .map(|c| seen.files.insert(c))
+                .unwrap_or(true);
+            if first_time {
+                out.push(path);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn is_rules_file(name: &OsStr) -> bool {
+    let name = name.to_string_lossy();
+    name.ends_with(".yaml") || name.ends_with(".yml")
+}
+
+// Symlinks are part of the layouts under test (Kubernetes ConfigMap volumes).
+#[cfg(all(test, unix))]
+mod tests {
+    use super::super::{ConfigError, load_dir};
+    use std::fs;
+    use std::os::unix::fs::symlink;
+    use std::path::Path;
+
+    fn write(dir: &Path, rel: &str, text: &str) {
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).expect("mkdir");
+        }
+        fs::write(path, text).expect("write");
+    }
+
+    fn rules(domain: &str, key: &str) -> String {
+        format!(
+            "domain: {domain}\ndescriptors:\n  - key: {key}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+        )
+    }
+
+    fn tempdir() -> tempfile::TempDir {
+        tempfile::tempdir().expect("tempdir")
+    }
+
+    fn load_err(dir: &Path, merge: bool) -> String {
+        match load_dir(dir, merge) {
+            Ok(c) => panic!("accepted: {c:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn empty_directory() {
+        let tmp = tempdir();
+        assert_eq!(load_dir(tmp.path(), false).ok(), Some(vec![]));
+    }
+
+    #[test]
+    fn missing_directory_is_io_error() {
+        let tmp = tempdir();
+        let missing = tmp.path().join("nope");
+        let e = load_dir(&missing, false);
+        assert!(matches!(e, Err(ConfigError::Io { ref dir, .. }) if *dir == missing.display().to_string()));
+        let msg = load_err(&missing, false);
+        assert!(msg.starts_with(&format!("{}: cannot read config directory: ", missing.display())));
+    }
+
+    #[test]
+    fn kubernetes_configmap_layout_loads_each_domain_once() {
+        let tmp = tempdir();
+        let root = tmp.path();
+        write(root, "..2024_01_01_00_00_00.123/rl.yaml", &rules("cm", "k"));
+        symlink("..2024_01_01_00_00_00.123", root.join("..data")).expect("symlink");
+        symlink("..data/rl.yaml", root.join("rl.yaml")).expect("symlink");
+        let configs = load_dir(root, false).expect("load");
+        assert_eq!(configs.len(), 1);
+        assert_eq!(configs[0].domain, "cm");
+        assert_eq!(configs[0].file, root.join("rl.yaml").display().to_string());
+    }
+
+    #[test]
+    fn dotfiles_swap_files_and_other_extensions_are_ignored() {
+        let tmp = tempdir();
+        let root = tmp.path();
+        write(root, "rl.yaml", &rules("a", "k"));
+        write(root, ".rl.yaml.swp", "garbage: [");
+        write(root, ".hidden.yaml", &rules("a", "k"));
+        write(root, "rl.yaml~", "garbage: [");
+        write(root, "rl.yaml.swp", "garbage: [");
+        write(root, "README.md", "# notes");
+        write(root, ".git/config.yaml", "garbage: [");
+        let configs = load_dir(root, false).expect("load");
+        assert_eq!(configs.len(), 1);
+        assert_eq!(configs[0].domain, "a");
+    }
+
+    #[test]
+    fn recursive_sorted_by_domain_with_paths_as_found() {
+        let tmp = tempdir();
+        let root = tmp.path();
+        write(root, "a.yaml", &rules("zeta", "k"));
+        write(root, "sub/b.yml", &rules("alpha", "k"));
+        write(root, "sub/deeper/c.yaml", "domain: mid\n");
+        let configs = load_dir(root, false).expect("load");
+        let names: Vec<_> = configs
+            .iter()
+            .map(|c| (c.domain.as_str(), c.file.clone()))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                ("alpha", root.join("sub/b.yml").display().to_string()),
+                ("mid", root.join("sub/deeper/c.yaml").display().to_string()),
+                ("zeta", root.join("a.yaml").display().to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn invalid_file_is_reported_with_its_path() {
+        let tmp = tempdir();
+        let root = tmp.path();
+        write(root, "a.yaml", &rules("a", "k"));
+        write(
+            root,
+            "sub/bad.yaml",
+            "domain: b\ndescriptors:\n  - key: k\n    ratelimit: {}\n",
+        );
+        assert_eq!(
+            load_err(root, false),
+            format!(
+                "{}: config error, unknown key 'ratelimit'",
+                root.join("sub/bad.yaml").display()
+            )
+        );
+    }
+
+    #[test]
+    fn duplicate_domain_without_merge() {
+        let tmp = tempdir();
+        let root = tmp.path();
+        write(root, "a.yaml", &rules("d", "k1"));
+        write(root, "b.yaml", &rules("d", "k2"));
+        assert_eq!(
+            load_err(root, false),
+            format!(
+                "{}: duplicate domain 'd' in config file",
+                root.join("b.yaml").display()
+            )
+        );
+    }
+
+    #[test]
+    fn merge_concatenates_in_file_order() {
+        let tmp = tempdir();
+        let root = tmp.path();
+        write(root, "a.yaml", &rules("d", "k1"));
+        write(
+            root,
+            "b.yaml",
+            &format!("{}all_or_nothing: true\n", rules("d", "k2")),
+        );
+        write(root, "c.yaml", &rules("other", "k1"));
+        let configs = load_dir(root, true).expect("load");
+        assert_eq!(configs.len(), 2);
+        let d = &configs[0];
+        assert_eq!(d.domain, "d");
+        assert_eq!(d.file, root.join("a.yaml").display().to_string());
+        assert!(d.all_or_nothing);
+        let keys: Vec<_> = d.descriptors.iter().map(|x| x.key.as_str()).collect();
+        assert_eq!(keys, vec!["k1", "k2"]);
+    }
+
+    #[test]
+    fn merge_rejects_duplicate_keys_across_files() {
+        let tmp = tempdir();
+        let root = tmp.path();
+        write(root, "a.yaml", &rules("d", "k1"));
+        write(root, "b.yaml", &rules("d", "k1"));
+        assert_eq!(
+            load_err(root, true),
+            format!(
+                "{}: duplicate descriptor composite key 'd.k1'",
+                root.join("b.yaml").display()
+            )
+        );
+    }
+
+    #[test]
+    fn merge_rejects_conflicting_normalisation_across_files() {
+        let tmp = tempdir();
+        let root = tmp.path();
+        write(
+            root,
+            "a.yaml",
+            "domain: d\ndescriptors:\n  - key: u\n    lowercase: true\n",
+        );
+        write(
+            root,
+            "b.yaml",
+            "domain: d\ndescriptors:\n  - key: u\n    value: x\n    trim: true\n",
+        );
+        assert_eq!(
+            load_err(root, true),
+            format!(
+                "{}: conflicting value normalisation for key 'u'",
+                root.join("b.yaml").display()
+            )
+        );
+    }
+
+    #[test]
+    fn symlink_loops_and_aliases_are_read_once() {
+        let tmp = tempdir();
+        let root = tmp.path();
+        write(root, "rules/a.yaml", &rules("d", "k"));
+        symlink(".", root.join("rules/loop")).expect("symlink");
+        symlink("rules", root.join("alias")).expect("symlink");
+        symlink("rules/a.yaml", root.join("z.yaml")).expect("symlink");
+        let configs = load_dir(root, false).expect("load");
+        assert_eq!(configs.len(), 1);
+        // The first path in walk order wins.
+        assert_eq!(configs[0].file, root.join("alias/a.yaml").display().to_string());
+    }
+
+    #[test]
+    fn dangling_links() {
+        let tmp = tempdir();
+        let root = tmp.path();
+        write(root, "a.yaml", &rules("d", "k"));
+        symlink("missing.txt", root.join("notes.txt")).expect("symlink");
+        assert_eq!(load_dir(root, false).map(|c| c.len()).ok(), Some(1));
+        symlink("missing.yaml", root.join("b.yaml")).expect("symlink");
+        let e = load_err(root, false);
+        assert!(
+            e.starts_with(&format!("{}: cannot read file: ", root.join("b.yaml").display())),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn non_utf8_file() {
+        let tmp = tempdir();
+        fs::write(tmp.path().join("a.yaml"), b"domain: \xff\n").expect("write");
+        let e = load_err(tmp.path(), false);
+        assert!(e.contains("error loading config file: invalid UTF-8"), "{e}");
+    }
+}
+
+/// See [`super::rule_files`].
+pub(crate) fn rule_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    let mut files = Vec::new();
+    collect(dir, &mut files, &mut Seen::default())?;
+    Ok(files)
+}

@@ -1,0 +1,92 @@
+//! Rules files: the envoyproxy/ratelimit YAML format plus Tollgate extensions.
+//!
+//! A rules file holds one domain and its descriptor tree:
+//!
+//! ```yaml
+//! domain: edge
+//! descriptors:
+//!   - key: remote_address
+//!     rate_limit: { unit: second, requests_per_unit: 10 }
+//!   - key: path
+//!     value: "/api/*"          # '*' makes it a wildcard
+//!     rate_limits:             # Tollgate: several windows on one node
+//!       - { unit: minute, requests_per_unit: 100, algorithm: gcra, burst: 20 }
+//!       - { unit: day, requests_per_unit: 10000 }
+//! ```
+//!
+//! Compatibility with the Go service (reference §2.1–2.6):
+//!
+//! - Parsing follows yaml.v2: only the first YAML document is read, YAML 1.1 scalars (`yes`,
+//!   `010`), a repeated key keeps its last value, and a non-string scalar in a string field is
+//!   kept as spelled (`value: yes` is the string `"yes"`).
+//! - Validation messages are Go's, formatted `<file>: <message>`. The key allow-list is flat:
+//!   a known key is accepted (and ignored) anywhere; `metadata` contents are free-form.
+//! - Extensions (`rate_limits`, `algorithm`, `burst`, `unit_multiplier`, `failure_mode`,
+//!   `match`, `lowercase`, `trim`, `ip_prefix`, `hash`, `all_or_nothing`) are validated with
+//!   messages that name the key and the descriptor's composite key.
+//!
+//! Layout: `model` holds the validated types; `yaml` parses to a generic node tree and runs
+//! Go's structural checks; `parse` decodes and validates semantics; `load` walks directories.
+
+mod load;
+mod model;
+mod parse;
+mod yaml;
+
+pub use model::*;
+
+/// Why a rules file or directory was rejected.
+///
+/// Any error rejects the whole load: callers keep the previously active configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A file failed to parse or validate. `message` is the Go-compatible text (e.g.
+    /// `config file cannot have empty domain`); `file` is the name given to [`parse_file`] or the
+    /// path found by [`load_dir`].
+    #[error("{file}: {message}")]
+    Invalid {
+        /// File name or path, as used in the message.
+        file: String,
+        /// Message without the file prefix.
+        message: String,
+    },
+    /// A directory could not be listed (missing, not a directory, permission denied).
+    #[error("{dir}: cannot read config directory: {source}")]
+    Io {
+        /// The directory that could not be read.
+        dir: String,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Parse and validate one file's text. `file` is the name used in error messages.
+///
+/// Only the first YAML document of `text` is read. The returned config's `file` is `file`.
+pub fn parse_file(file: &str, text: &str) -> Result<DomainConfig, ConfigError> {
+    parse::parse_text(file, text).map_err(|message| ConfigError::Invalid {
+        file: file.to_owned(),
+        message,
+    })
+}
+
+/// Load every rules file below `dir`, validate, and return one DomainConfig per domain (sorted by domain).
+/// merge_domains = envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG.
+///
+/// Discovery: `dir` is walked recursively in lexical order, following symlinks; entries whose
+/// name starts with `.` are skipped (hidden files, editor swap files, Kubernetes ConfigMap
+/// `..data`/`..<timestamp>` entries); only `*.yaml` and `*.yml` files are read, each at most once
+/// even when reachable through several links. File names in errors are `dir` joined with the
+/// relative path. Without `merge_domains`, a second file with an already-seen domain is an error
+/// reported on that file; with it, top-level descriptors are concatenated in file order and
+/// checked for duplicates across files. An empty directory yields `Ok(vec![])`; a missing one
+/// an [`ConfigError::Io`].
+pub fn load_dir(dir: &std::path::Path, merge_domains: bool) -> Result<Vec<DomainConfig>, ConfigError> {
+    load::load_dir(dir, merge_domains)
+}
+
+/// Every rules file below `dir`, in the order [`load_dir`] reads them (for change detection).
+pub fn rule_files(dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>, ConfigError> {
+    load::rule_files(dir)
+}

@@ -1,0 +1,55 @@
+//! The gRPC listener: Envoy's RateLimitService, `grpc.health.v1.Health` and server reflection (so
+//! `grpcurl -plaintext HOST:8081 list` works with no proto file).
+
+pub mod envoy_rls;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+use tonic_health::pb::health_server::{Health as HealthApi, HealthServer};
+
+use crate::limiter::Limiter;
+use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
+use crate::store::Store;
+
+pub use envoy_rls::{EnvoyOptions, EnvoyRateLimitService, HeaderNames};
+
+/// Serves every gRPC service on `listener` until `shutdown` completes, then finishes in-flight calls.
+pub async fn serve<S: Store, H>(
+    listener: TcpListener,
+    limiter: Arc<Limiter<S>>,
+    options: EnvoyOptions,
+    health: HealthServer<H>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()>
+where
+    H: HealthApi,
+{
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
+    let rls = RateLimitServiceServer::new(EnvoyRateLimitService::new(limiter, options));
+    Server::builder()
+        // Envoy holds a few long-lived HTTP/2 connections; without keepalive a half-open one (a
+        // vanished peer behind a NAT) would be noticed only when a request times out.
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .tcp_nodelay(true)
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(rls)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}
+
+/// HTTP/2 keepalive ping interval on gRPC connections.
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+}

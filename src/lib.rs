@@ -1,0 +1,36 @@
+//! Tollgate: a rate-limit decision service that speaks Envoy's external rate limit protocol
+//! (`envoy.service.ratelimit.v3.RateLimitService`), loads envoyproxy/ratelimit's YAML rules unchanged
+//! and answers as it does, and adds token bucket, sliding window (counter and log), GCRA and fixed window
+//! per rule, several limits per key, all-or-nothing requests, value normalisation and hashing.
+//!
+//! # Layout
+//!
+//! Dependencies point downwards; nothing below `grpc` knows about tonic.
+//!
+//! - [`algorithm`]: the five algorithms as pure functions of (state, now, cost, limit).
+//! - [`config`]: rules files (envoyproxy/ratelimit's YAML plus Tollgate's keys) → validated model.
+//! - [`rules`]: validated model → lookup tree; descriptor matching and storage keys.
+//! - [`store`]: where state lives; one atomic batch per request. [`store::memory`] is the embedded store.
+//! - [`clock`]: time for the embedded store.
+//! - [`limiter`]: the decision core: rules + store → verdict.
+//! - [`grpc`]: Envoy's RateLimitService, health, reflection. [`http`]: admin and debug HTTP endpoints.
+//! - [`json`]: proto3 JSON of the Envoy messages.
+//! - [`health`], [`reload`], [`settings`], [`telemetry`], [`server`], [`cli`]: running the service.
+//! - [`proto`]: generated protocol types.
+
+pub mod algorithm;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod grpc;
+pub mod health;
+pub mod http;
+pub mod json;
+pub mod limiter;
+pub mod proto;
+pub mod reload;
+pub mod rules;
+pub mod server;
+pub mod settings;
+pub mod store;
+pub mod telemetry;

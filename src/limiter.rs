@@ -1,0 +1,558 @@
+//! The decision core: rules + store → a verdict for one request. Transport-free: the gRPC and HTTP
+//! front ends translate their messages into [`RequestDescriptor`]s and the [`Verdict`] back.
+//!
+//! Per request: validate; snapshot the rules; find each descriptor's rule (or use its limit override);
+//! drop limits named by another matched rule's `replaces`; send every remaining limit to the store in
+//! one batch; turn the store's decisions into per-descriptor statuses, applying shadow mode and quota
+//! mode; compute the overall code.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+
+use crate::algorithm::{Algorithm, Decision};
+use crate::config::{FailureMode, Unit};
+use crate::rules::{DescriptorEntry, Rate, Rule, RuleSet, ValueHasher};
+use crate::store::{BatchItem, CommitPolicy, Store, StoreError};
+
+/// The currently loaded rules; `None` until a rule set has loaded successfully. Shared between the
+/// limiter and the reloader, which swaps in a new set atomically.
+pub type RulesHandle = Arc<ArcSwapOption<RuleSet>>;
+
+/// Settings of the decision core (all fixed at startup).
+#[derive(Debug, Clone)]
+pub struct LimiterOptions {
+    /// `CACHE_KEY_PREFIX`: prepended to every storage key so deployments can share one Redis.
+    pub cache_key_prefix: String,
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
+    pub stop_increment_when_over_limit: bool,
+    /// `SHADOW_MODE`: the overall code is always OK (statuses still tell the truth).
+    pub global_shadow_mode: bool,
+    /// `QUOTA_MODE`: every descriptor is in quota mode.
+    pub global_quota_mode: bool,
+    /// The algorithm of request limit overrides (the same default as rules without `algorithm`).
+    pub default_algorithm: Algorithm,
+    /// Requests with more descriptors are refused, bounding the work one call can cause.
+    pub max_descriptors: usize,
+}
+
+impl Default for LimiterOptions {
+    fn default() -> Self {
+        Self {
+            cache_key_prefix: String::new(),
+            stop_increment_when_over_limit: false,
+            global_shadow_mode: false,
+            global_quota_mode: false,
+            default_algorithm: Algorithm::FixedWindow,
+            max_descriptors: DEFAULT_MAX_DESCRIPTORS,
+        }
+    }
+}
+
+/// Default for [`LimiterOptions::max_descriptors`]. Envoy sends one descriptor per rate-limit action
+/// list, so real requests carry a handful; this only stops abuse, while leaving room for batch callers.
+pub const DEFAULT_MAX_DESCRIPTORS: usize = 16_384;
+
+/// A per-request limit sent by the client instead of the configured rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOverride {
+    /// Requests per unit.
+    pub requests_per_unit: u32,
+    /// The unit as sent on the wire (`envoy.type.v3.RateLimitUnit`); validated by the limiter.
+    pub unit: i32,
+}
+
+/// What the limiter needs from one request descriptor.
+pub trait RequestDescriptor {
+    /// The entry type.
+    type Entry: DescriptorEntry;
+    /// The ordered entries.
+    fn entries(&self) -> &[Self::Entry];
+    /// The per-request limit override, if any.
+    fn limit_override(&self) -> Option<LimitOverride>;
+    /// The descriptor-level increment, if present (0 is meaningful: check without consuming).
+    fn hits_addend(&self) -> Option<u64>;
+}
+
+/// The answer for one descriptor or for the whole request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// Allowed.
+    Ok,
+    /// Over the limit.
+    OverLimit,
+}
+
+/// The limit reported back to the client (`current_limit`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CurrentLimit {
+    /// Requests per unit.
+    pub requests_per_unit: u32,
+    /// The unit.
+    pub unit: Unit,
+    /// The rule's `name`; `None` for overrides and unnamed rules.
+    pub name: Option<Arc<str>>,
+}
+
+/// The verdict for one descriptor.
+#[derive(Debug, Clone)]
+pub struct DescriptorStatus {
+    /// OK or OVER_LIMIT, after per-rule shadow mode.
+    pub code: Code,
+    /// The limit that decided; `None` when no rule matched, the rule is unlimited or was replaced.
+    pub current_limit: Option<CurrentLimit>,
+    /// Requests left; 0 when over the limit or no limit applies; `u32::MAX` when unlimited.
+    pub limit_remaining: u32,
+    /// Present exactly when `current_limit` is: envoyproxy/ratelimit's `duration_until_reset`. Whole
+    /// seconds, rounded up. Fixed window: time to the window's end. Other algorithms: when over the limit,
+    /// the earliest time the same request would be allowed; otherwise the time until fully replenished.
+    pub duration_until_reset: Option<Duration>,
+    /// When over the limit, the exact earliest time the same request would be allowed.
+    pub retry_after: Option<Duration>,
+    /// Whether this descriptor counts as quota mode for the overall code.
+    pub quota_mode: bool,
+    /// The matched rule (for metadata, metrics and logs); `None` for overrides and no match.
+    pub rule: Option<Arc<Rule>>,
+    /// Whether the store failed and the rule's failure mode produced this status.
+    pub from_failure_mode: bool,
+}
+
+impl DescriptorStatus {
+    fn no_limit(limit_remaining: u32) -> Self {
+        Self {
+            code: Code::Ok,
+            current_limit: None,
+            limit_remaining,
+            duration_until_reset: None,
+            retry_after: None,
+            quota_mode: false,
+            rule: None,
+            from_failure_mode: false,
+        }
+    }
+}
+
+/// The verdict for a request.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    /// The overall code, after quota mode and global shadow mode.
+    pub overall: Code,
+    /// One status per request descriptor, in request order.
+    pub statuses: Vec<DescriptorStatus>,
+}
+
+/// Why a request could not be decided.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimiterError {
+    /// The request named no domain. (Message text as envoyproxy/ratelimit.)
+    #[error("rate limit domain must not be empty")]
+    EmptyDomain,
+    /// The request carried no descriptor. (Message text as envoyproxy/ratelimit.)
+    #[error("rate limit descriptor list must not be empty")]
+    NoDescriptors,
+    /// More descriptors than [`LimiterOptions::max_descriptors`].
+    #[error("too many descriptors: {count} (at most {max})")]
+    TooManyDescriptors {
+        /// Descriptors in the request.
+        count: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// A limit override with an unknown unit (envoyproxy/ratelimit crashes on this).
+    #[error("descriptor {index}: limit override has invalid unit {unit} (expected SECOND..YEAR)")]
+    InvalidOverrideUnit {
+        /// Position of the descriptor in the request.
+        index: usize,
+        /// The unit number received.
+        unit: i32,
+    },
+    /// No rules have loaded yet. (Message text as envoyproxy/ratelimit.)
+    #[error("no rate limit configuration loaded")]
+    NoConfig,
+    /// The store failed and at least one affected limit has no `failure_mode`.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What one matched descriptor will be checked against.
+struct Target {
+    rule: Option<Arc<Rule>>,
+    /// Active rates with their name and failure mode; an empty list with `unlimited` false means "no
+    /// limit" (no match, or everything replaced).
+    rates: Vec<(Rate, Option<Arc<str>>, Option<FailureMode>)>,
+    unlimited: bool,
+    key: String,
+    cost: u64,
+}
+
+/// The decision core.
+#[derive(Debug)]
+pub struct Limiter<S> {
+    rules: RulesHandle,
+    store: S,
+    hasher: ValueHasher,
+    options: LimiterOptions,
+}
+
+impl<S: Store> Limiter<S> {
+    /// A limiter over `store`, answering from whatever rule set `rules` holds at each request.
+    pub fn new(rules: RulesHandle, store: S, hasher: ValueHasher, options: LimiterOptions) -> Self {
+        Self {
+            rules,
+            store,
+            hasher,
+            options,
+        }
+    }
+
+    /// The store (for sweeping, metrics and tests).
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The rules handle shared with the reloader.
+    pub fn rules(&self) -> &RulesHandle {
+        &self.rules
+    }
+
+    /// Decides one request.
+    pub async fn should_rate_limit<D: RequestDescriptor>(
+        &self,
+        domain: &str,
+        descriptors: &[D],
+        request_hits_addend: u32,
+    ) -> Result<Verdict, LimiterError> {
+        self.validate(domain, descriptors)?;
+        let rules = self.rules.load_full().ok_or(LimiterError::NoConfig)?;
+        let Some(domain_rules) = rules.domain(domain) else {
+            // Unknown domain: no limit for anything, as envoyproxy/ratelimit answers.
+            let statuses = descriptors
+                .iter()
+                .map(|_| DescriptorStatus::no_limit(0))
+                .collect();
+            return Ok(Verdict {
+                overall: Code::Ok,
+                statuses,
+            });
+        };
+        let default_cost = u64::from(request_hits_addend.max(1));
+        let mut targets = descriptors
+            .iter()
+            .enumerate()
+            .map(|(index, d)| self.target(domain_rules, index, d, default_cost))
+            .collect::<Result<Vec<_>, _>>()?;
+        apply_replaces(&mut targets);
+        let policy = if domain_rules.all_or_nothing() {
+            CommitPolicy::AllOrNothing
+        } else if self.options.stop_increment_when_over_limit {
+            CommitPolicy::StopIncrementWhenOverLimit
+        } else {
+            CommitPolicy::Independent
+        };
+        let decisions = self.decide(&mut targets, policy).await?;
+        Ok(self.verdict(targets, decisions))
+    }
+
+    fn validate<D>(&self, domain: &str, descriptors: &[D]) -> Result<(), LimiterError> {
+        if domain.is_empty() {
+            return Err(LimiterError::EmptyDomain);
+        }
+        if descriptors.is_empty() {
+            return Err(LimiterError::NoDescriptors);
+        }
+        if descriptors.len() > self.options.max_descriptors {
+            return Err(LimiterError::TooManyDescriptors {
+                count: descriptors.len(),
+                max: self.options.max_descriptors,
+            });
+        }
+        Ok(())
+    }
+
+    fn target<D: RequestDescriptor>(
+        &self,
+        domain: &crate::rules::Domain,
+        index: usize,
+        descriptor: &D,
+        default_cost: u64,
+    ) -> Result<Target, LimiterError> {
+        let cost = descriptor.hits_addend().unwrap_or(default_cost);
+        let mut key = String::with_capacity(self.options.cache_key_prefix.len() + domain.name().len() + 48);
+        key.push_str(&self.options.cache_key_prefix);
+        key.push_str(domain.name());
+        key.push('_');
+        if let Some(over) = descriptor.limit_override() {
+            let unit = Unit::from_i32(over.unit).ok_or(LimiterError::InvalidOverrideUnit {
+                index,
+                unit: over.unit,
+            })?;
+            let rate = Rate::new(
+                over.requests_per_unit,
+                unit,
+                1,
+                self.options.default_algorithm,
+                None,
+            );
+            domain.raw_key(descriptor.entries(), &self.hasher, &mut key);
+            return Ok(Target {
+                rule: None,
+                rates: vec![(rate, None, None)],
+                unlimited: false,
+                key,
+                cost,
+            });
+        }
+        let Some(rule) = domain.find(descriptor.entries(), &self.hasher, &mut key) else {
+            return Ok(Target {
+                rule: None,
+                rates: Vec::new(),
+                unlimited: false,
+                key: String::new(),
+                cost,
+            });
+        };
+        let unlimited = rule.limits.iter().any(|l| l.rate.is_none());
+        let rates = rule
+            .limits
+            .iter()
+            .filter_map(|l| l.rate.map(|rate| (rate, l.name.clone(), l.failure_mode)))
+            .collect();
+        Ok(Target {
+            rule: Some(Arc::clone(rule)),
+            rates,
+            unlimited,
+            key,
+            cost,
+        })
+    }
+
+    /// Sends every active rate to the store in one batch. `None` means the store failed and every
+    /// affected limit has a `failure_mode` to answer with instead.
+    async fn decide(
+        &self,
+        targets: &mut [Target],
+        policy: CommitPolicy,
+    ) -> Result<Option<Vec<Vec<Decision>>>, LimiterError> {
+        let mut items = Vec::with_capacity(targets.len());
+        for target in targets.iter_mut().filter(|t| !t.unlimited) {
+            let key = std::mem::take(&mut target.key);
+            for (rate, _, _) in &target.rates {
+                items.push(BatchItem {
+                    key: key.clone(),
+                    limit: rate.limit,
+                    cost: target.cost,
+                });
+            }
+        }
+        let decisions = if items.is_empty() {
+            Vec::new()
+        } else {
+            match self.store.apply(items, policy).await {
+                Ok(decisions) => decisions,
+                Err(error) if every_limit_has_failure_mode(targets) => {
+                    tracing::warn!(%error, "store failed; answering from the rules' failure_mode");
+                    return Ok(None);
+                }
+                Err(error) => return Err(LimiterError::Store(error)),
+            }
+        };
+        let mut decisions = decisions.into_iter();
+        Ok(Some(
+            targets
+                .iter()
+                .map(|t| {
+                    if t.unlimited {
+                        Vec::new()
+                    } else {
+                        decisions.by_ref().take(t.rates.len()).collect()
+                    }
+                })
+                .collect(),
+        ))
+    }
+
+    fn verdict(&self, targets: Vec<Target>, decisions: Option<Vec<Vec<Decision>>>) -> Verdict {
+        let statuses: Vec<DescriptorStatus> = match decisions {
+            Some(decisions) => targets
+                .into_iter()
+                .zip(decisions)
+                .map(|(target, decisions)| self.status(target, &decisions))
+                .collect(),
+            None => targets
+                .into_iter()
+                .map(|target| self.failure_status(target))
+                .collect(),
+        };
+        let overall = if self.options.global_shadow_mode {
+            Code::Ok
+        } else {
+            overall_code(&statuses)
+        };
+        Verdict { overall, statuses }
+    }
+
+    fn quota_mode(&self, target: &Target) -> bool {
+        self.options.global_quota_mode || target.rule.as_ref().is_some_and(|r| r.quota_mode)
+    }
+
+    fn status(&self, target: Target, decisions: &[Decision]) -> DescriptorStatus {
+        let quota_mode = self.quota_mode(&target);
+        if target.unlimited {
+            return DescriptorStatus {
+                quota_mode,
+                rule: target.rule,
+                ..DescriptorStatus::no_limit(u32::MAX)
+            };
+        }
+        let Some(at) = reported(decisions) else {
+            return DescriptorStatus {
+                quota_mode,
+                rule: target.rule,
+                ..DescriptorStatus::no_limit(0)
+            };
+        };
+        let decision = &decisions[at];
+        let (rate, name, _) = &target.rates[at];
+        let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);
+        let code = if decision.allowed || shadow {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        };
+        let until_reset_us = if decision.allowed || rate.limit.algorithm == Algorithm::FixedWindow {
+            decision.reset_after_us
+        } else {
+            decision.retry_after_us
+        };
+        DescriptorStatus {
+            code,
+            current_limit: Some(current_limit(rate, name)),
+            limit_remaining: if decision.allowed {
+                clamp_u32(decision.remaining)
+            } else {
+                0
+            },
+            duration_until_reset: Some(Duration::from_secs(until_reset_us.div_ceil(1_000_000))),
+            retry_after: (!decision.allowed).then(|| Duration::from_micros(decision.retry_after_us)),
+            quota_mode,
+            rule: target.rule,
+            from_failure_mode: false,
+        }
+    }
+
+    /// The status of a descriptor whose store call failed: `failure_mode: open` allows, `closed`
+    /// denies; the most restrictive of a descriptor's limits wins. Nothing was counted, so nothing is
+    /// known about the remaining budget; the retry hint is one second.
+    fn failure_status(&self, target: Target) -> DescriptorStatus {
+        let quota_mode = self.quota_mode(&target);
+        if target.unlimited || target.rates.is_empty() {
+            return self.status(target, &[]);
+        }
+        let closed = target
+            .rates
+            .iter()
+            .position(|(_, _, mode)| *mode == Some(FailureMode::Closed));
+        let (rate, name, _) = &target.rates[closed.unwrap_or(0)];
+        let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);
+        DescriptorStatus {
+            code: if closed.is_some() && !shadow {
+                Code::OverLimit
+            } else {
+                Code::Ok
+            },
+            current_limit: Some(current_limit(rate, name)),
+            limit_remaining: 0,
+            duration_until_reset: Some(FAILURE_RETRY_HINT),
+            retry_after: closed.map(|_| FAILURE_RETRY_HINT),
+            quota_mode,
+            rule: target.rule.clone(),
+            from_failure_mode: true,
+        }
+    }
+}
+
+/// Retry hint given when the store is down and a rule fails closed: short, because the store usually
+/// comes back quickly and the client cannot know when.
+const FAILURE_RETRY_HINT: Duration = Duration::from_secs(1);
+
+fn current_limit(rate: &Rate, name: &Option<Arc<str>>) -> CurrentLimit {
+    CurrentLimit {
+        requests_per_unit: rate.requests_per_unit,
+        unit: rate.unit,
+        name: name.clone(),
+    }
+}
+
+fn every_limit_has_failure_mode(targets: &[Target]) -> bool {
+    targets
+        .iter()
+        .filter(|t| !t.unlimited)
+        .flat_map(|t| t.rates.iter())
+        .all(|(_, _, mode)| mode.is_some())
+}
+
+/// Drops every limit whose name another matched rule `replaces` (envoyproxy/ratelimit computes this
+/// after matching every descriptor, unlimited rules included).
+fn apply_replaces(targets: &mut [Target]) {
+    let replaced: HashSet<&str> = targets
+        .iter()
+        .filter_map(|t| t.rule.as_deref())
+        .flat_map(|rule| {
+            rule.limits
+                .iter()
+                .flat_map(|l| l.replaces.iter().map(String::as_str))
+        })
+        .collect();
+    if replaced.is_empty() {
+        return;
+    }
+    let replaced: HashSet<String> = replaced.into_iter().map(str::to_owned).collect();
+    for target in targets.iter_mut() {
+        let Some(rule) = target.rule.as_deref() else {
+            continue;
+        };
+        let is_replaced = |name: &Option<Arc<str>>| name.as_deref().is_some_and(|n| replaced.contains(n));
+        target.rates.retain(|(_, name, _)| !is_replaced(name));
+        if target.unlimited && rule.limits.iter().all(|l| is_replaced(&l.name)) {
+            target.unlimited = false;
+        }
+    }
+}
+
+/// Which of a descriptor's decisions to report: the denied one with the longest wait, else the one
+/// closest to its limit (first on ties).
+fn reported(decisions: &[Decision]) -> Option<usize> {
+    let denied = decisions
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| !d.allowed)
+        .max_by_key(|(i, d)| (d.retry_after_us, std::cmp::Reverse(*i)));
+    if let Some((at, _)) = denied {
+        return Some(at);
+    }
+    decisions
+        .iter()
+        .enumerate()
+        .min_by_key(|(i, d)| (d.remaining, *i))
+        .map(|(at, _)| at)
+}
+
+/// envoyproxy/ratelimit's overall code: OVER_LIMIT if any non-quota descriptor is over, or if there is
+/// at least one quota-mode descriptor and all of them are over.
+fn overall_code(statuses: &[DescriptorStatus]) -> Code {
+    let over = |s: &&DescriptorStatus| s.code == Code::OverLimit;
+    let non_quota_over = statuses.iter().filter(|s| !s.quota_mode).any(|s| over(&s));
+    let mut quota = statuses.iter().filter(|s| s.quota_mode).peekable();
+    let all_quota_over = quota.peek().is_some() && quota.all(|s| over(&s));
+    if non_quota_over || all_quota_over {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    }
+}
+
+fn clamp_u32(value: u64) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}

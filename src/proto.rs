@@ -1,0 +1,59 @@
+//! Generated protocol types, nested by proto package so generated cross-references resolve.
+//!
+//! The `.proto` sources are in `proto/`; `build.rs` compiles them with protox. Reflection serves
+//! [`FILE_DESCRIPTOR_SET`].
+
+#![allow(missing_docs, unreachable_pub, clippy::all)]
+
+/// Encoded `FileDescriptorSet` of every compiled proto, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor_set.bin"));
+
+/// `envoy.*` packages.
+pub mod envoy {
+    /// `envoy.service.*`
+    pub mod service {
+        /// `envoy.service.ratelimit.*`
+        pub mod ratelimit {
+            /// `envoy.service.ratelimit.v3`: the RateLimitService and its messages.
+            pub mod v3 {
+                include!(concat!(env!("OUT_DIR"), "/envoy.service.ratelimit.v3.rs"));
+            }
+        }
+    }
+    /// `envoy.extensions.*`
+    pub mod extensions {
+        /// `envoy.extensions.common.*`
+        pub mod common {
+            /// `envoy.extensions.common.ratelimit.*`
+            pub mod ratelimit {
+                /// `envoy.extensions.common.ratelimit.v3`: descriptors.
+                pub mod v3 {
+                    include!(concat!(
+                        env!("OUT_DIR"),
+                        "/envoy.extensions.common.ratelimit.v3.rs"
+                    ));
+                }
+            }
+        }
+    }
+    /// `envoy.type.*`
+    pub mod r#type {
+        /// `envoy.type.v3`: units.
+        pub mod v3 {
+            include!(concat!(env!("OUT_DIR"), "/envoy.r#type.v3.rs"));
+        }
+    }
+    /// `envoy.config.*`
+    pub mod config {
+        /// `envoy.config.core.*`
+        pub mod core {
+            /// `envoy.config.core.v3`: HeaderValue.
+            pub mod v3 {
+                include!(concat!(env!("OUT_DIR"), "/envoy.config.core.v3.rs"));
+            }
+        }
+    }
+}
+
+pub use envoy::extensions::common::ratelimit::v3 as descriptor;
+pub use envoy::service::ratelimit::v3 as rls;

@@ -1,0 +1,182 @@
+//! Validated config → lookup tree. Validation proper lives in [`crate::config`]; the only errors left
+//! here are the ones normalisation creates (two values that become equal once lowercased or grouped).
+
+use std::sync::Arc;
+
+use super::matcher::{KeyGroup, Level, Node};
+use super::normalize::Normalizer;
+use super::pattern::{Pattern, Wildcard};
+use super::{Domain, Rate, Rule, RuleLimit, RuleSet};
+use crate::algorithm::Algorithm;
+use crate::config::{ConfigError, DescriptorConfig, DomainConfig, LimitPolicy, RateLimitConfig, ValueMatch};
+
+/// Settings that shape compilation but live outside the rules files.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CompileOptions {
+    /// The algorithm of rules that do not name one (`TOLLGATE_DEFAULT_ALGORITHM`; fixed window, as
+    /// envoyproxy/ratelimit, unless changed).
+    pub default_algorithm: Algorithm,
+}
+
+impl RuleSet {
+    /// Compiles validated domains. Fails only when normalisation makes two sibling values collide.
+    pub fn compile(domains: &[DomainConfig], options: CompileOptions) -> Result<Self, ConfigError> {
+        let mut set = RuleSet::default();
+        for config in domains {
+            let mut ctx = Context {
+                file: &config.file,
+                options,
+                rules: Vec::new(),
+            };
+            let root = ctx.level(&config.descriptors, &config.domain)?;
+            let domain = Domain {
+                name: config.domain.clone(),
+                all_or_nothing: config.all_or_nothing,
+                root,
+                rules: ctx.rules,
+            };
+            set.domains.insert(config.domain.clone(), domain);
+        }
+        Ok(set)
+    }
+}
+
+struct Context<'a> {
+    file: &'a str,
+    options: CompileOptions,
+    rules: Vec<Arc<Rule>>,
+}
+
+impl Context<'_> {
+    fn level(&mut self, descriptors: &[DescriptorConfig], parent: &str) -> Result<Level, ConfigError> {
+        let mut level = Level::default();
+        // Normalisation is per key and level: settle it before inserting any value of that key.
+        for d in descriptors {
+            let group = level.keys.entry(d.key.clone()).or_default();
+            let normalizer = Normalizer::new(&d.normalize);
+            if !normalizer.is_identity() {
+                group.normalizer = normalizer;
+            }
+            group.hash |= d.normalize.hash;
+        }
+        for d in descriptors {
+            let path = match &d.value {
+                Some(value) => format!("{parent}.{}_{value}", d.key),
+                None => format!("{parent}.{}", d.key),
+            };
+            let node = self.node(d, &path)?;
+            let group = level.keys.entry(d.key.clone()).or_default();
+            self.insert(group, d, node, &path)?;
+        }
+        Ok(level)
+    }
+
+    fn node(&mut self, d: &DescriptorConfig, path: &str) -> Result<Node, ConfigError> {
+        let children = if d.descriptors.is_empty() {
+            None
+        } else {
+            Some(Box::new(self.level(&d.descriptors, path)?))
+        };
+        let rule = self.rule(d, path)?;
+        let shared_key_value = if d.share_threshold { d.value.clone() } else { None };
+        Ok(Node {
+            rule,
+            shared_key_value,
+            children,
+        })
+    }
+
+    fn insert(
+        &self,
+        group: &mut KeyGroup,
+        d: &DescriptorConfig,
+        node: Node,
+        path: &str,
+    ) -> Result<(), ConfigError> {
+        let duplicate = || ConfigError::Invalid {
+            file: self.file.to_owned(),
+            message: format!("duplicate descriptor composite key '{path}' (after value normalisation)"),
+        };
+        match (&d.value, &d.value_match) {
+            (None, _) => {
+                if group.default.replace(node).is_some() {
+                    return Err(duplicate());
+                }
+            }
+            (Some(value), ValueMatch::Exact) => {
+                let value = group.normalizer.apply(value).into_owned();
+                if group.exact.insert(value, node).is_some() {
+                    return Err(duplicate());
+                }
+            }
+            (Some(value), ValueMatch::Wildcard) => {
+                let pattern = Wildcard::new(&group.normalizer.apply(value));
+                group.patterns.push((Pattern::Wildcard(pattern), node));
+            }
+            (Some(_), ValueMatch::Cidr(net)) => group.patterns.push((Pattern::Cidr(*net), node)),
+        }
+        Ok(())
+    }
+
+    fn rule(&mut self, d: &DescriptorConfig, path: &str) -> Result<Option<Arc<Rule>>, ConfigError> {
+        if d.rate_limits.is_empty() {
+            return Ok(None);
+        }
+        let limits: Vec<RuleLimit> = d
+            .rate_limits
+            .iter()
+            .map(|rl| self.limit(rl))
+            .collect::<Result<_, _>>()?;
+        // Limits of one node are told apart in the store by algorithm and window; two equal ones (for
+        // example an unset algorithm and the default named explicitly) would share one counter.
+        let mut windows: Vec<_> = limits
+            .iter()
+            .filter_map(|l| l.rate)
+            .map(|r| (r.limit.algorithm, r.limit.window_us))
+            .collect();
+        windows.sort_unstable_by_key(|(a, w)| (a.as_str(), *w));
+        if windows.windows(2).any(|pair| pair[0] == pair[1]) {
+            return Err(ConfigError::Invalid {
+                file: self.file.to_owned(),
+                message: format!("rate_limits of '{path}' has two limits with the same algorithm and window"),
+            });
+        }
+        let rule = Arc::new(Rule {
+            path: path.to_owned(),
+            limits,
+            shadow_mode: d.shadow_mode,
+            quota_mode: d.quota_mode,
+            metadata: d.metadata.clone(),
+        });
+        self.rules.push(Arc::clone(&rule));
+        Ok(Some(rule))
+    }
+
+    fn limit(&self, config: &RateLimitConfig) -> Result<RuleLimit, ConfigError> {
+        let rate = match &config.policy {
+            LimitPolicy::Unlimited => None,
+            LimitPolicy::Limited(spec) => {
+                let algorithm = match &spec.algorithm {
+                    Some(name) => name.parse::<Algorithm>().map_err(|e| ConfigError::Invalid {
+                        file: self.file.to_owned(),
+                        message: e.to_string(),
+                    })?,
+                    None => self.options.default_algorithm,
+                };
+                Some(Rate::new(
+                    spec.requests_per_unit,
+                    spec.unit,
+                    spec.unit_multiplier,
+                    algorithm,
+                    spec.burst,
+                ))
+            }
+        };
+        Ok(RuleLimit {
+            name: config.name.as_deref().map(Arc::from),
+            replaces: config.replaces.clone(),
+            failure_mode: config.failure_mode,
+            rate,
+        })
+    }
+}

@@ -1,0 +1,116 @@
+//! Descriptor → rule, with envoyproxy/ratelimit's semantics ("most specific wins, same depth only"):
+//! at each level try the exact value, then the patterns in declaration order (first match wins), then
+//! the key's default node; a rule applies only when the request ends exactly at its node. There is no
+//! backtracking: once a level picked a node, a deeper miss means no limit.
+//!
+//! The walk also writes the storage key (envoyproxy/ratelimit's format minus the window suffix) into a
+//! caller-provided buffer, so matching a descriptor costs one allocation at most.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::normalize::{MAX_RAW_VALUE_IN_KEY, Normalizer, ValueHasher};
+use super::pattern::Pattern;
+use super::{Domain, Rule};
+
+/// One key/value pair of a request descriptor, whatever type carries it (proto message, tuple...).
+pub trait DescriptorEntry {
+    /// The entry's key.
+    fn key(&self) -> &str;
+    /// The entry's value (may be empty).
+    fn value(&self) -> &str;
+}
+
+impl<K: AsRef<str>, V: AsRef<str>> DescriptorEntry for (K, V) {
+    fn key(&self) -> &str {
+        self.0.as_ref()
+    }
+    fn value(&self) -> &str {
+        self.1.as_ref()
+    }
+}
+
+/// The children of one node, grouped by entry key.
+#[derive(Debug, Default)]
+pub(crate) struct Level {
+    pub(crate) keys: HashMap<String, KeyGroup>,
+}
+
+/// Every node of one key at one level.
+#[derive(Debug, Default)]
+pub(crate) struct KeyGroup {
+    pub(crate) normalizer: Normalizer,
+    /// `hash: true` on any node of this key: values enter storage keys hashed.
+    pub(crate) hash: bool,
+    pub(crate) exact: HashMap<String, Node>,
+    /// Wildcard and CIDR nodes in declaration order.
+    pub(crate) patterns: Vec<(Pattern, Node)>,
+    pub(crate) default: Option<Node>,
+}
+
+/// One descriptor node.
+#[derive(Debug, Default)]
+pub(crate) struct Node {
+    pub(crate) rule: Option<Arc<Rule>>,
+    /// With `share_threshold`, every matching value shares one counter keyed by this pattern text.
+    pub(crate) shared_key_value: Option<String>,
+    pub(crate) children: Option<Box<Level>>,
+}
+
+impl Domain {
+    /// Finds the rule for a descriptor. `key` must hold the key prefix (`CACHE_KEY_PREFIX + domain +
+    /// "_"`); on a match it is extended with `entry_key + "_" + value + "_"` for every entry. On `None`
+    /// its contents are unspecified.
+    pub fn find<'r, E: DescriptorEntry>(
+        &'r self,
+        entries: &[E],
+        hasher: &ValueHasher,
+        key: &mut String,
+    ) -> Option<&'r Arc<Rule>> {
+        let (last, init) = entries.split_last()?;
+        let mut level = &self.root;
+        for entry in init {
+            level = level.select(entry, hasher, key)?.children.as_deref()?;
+        }
+        level.select(last, hasher, key)?.rule.as_ref()
+    }
+
+    /// Appends the storage key of a descriptor that bypasses matching (a request limit override): raw
+    /// values, as envoyproxy/ratelimit keys them, except that over-long values are hashed.
+    pub fn raw_key<E: DescriptorEntry>(&self, entries: &[E], hasher: &ValueHasher, key: &mut String) {
+        for entry in entries {
+            key.push_str(entry.key());
+            key.push('_');
+            if entry.value().len() > MAX_RAW_VALUE_IN_KEY {
+                hasher.append_hash(key, entry.value());
+            } else {
+                key.push_str(entry.value());
+            }
+            key.push('_');
+        }
+    }
+}
+
+impl Level {
+    fn select<E: DescriptorEntry>(&self, entry: &E, hasher: &ValueHasher, key: &mut String) -> Option<&Node> {
+        let group = self.keys.get(entry.key())?;
+        let value = group.normalizer.apply(entry.value());
+        let node = group.exact.get(value.as_ref()).or_else(|| {
+            group
+                .patterns
+                .iter()
+                .find(|(pattern, _)| pattern.matches(&value))
+                .map(|(_, node)| node)
+                .or(group.default.as_ref())
+        })?;
+        key.push_str(entry.key());
+        key.push('_');
+        match &node.shared_key_value {
+            Some(pattern) => key.push_str(pattern),
+            None if group.hash || value.len() > MAX_RAW_VALUE_IN_KEY => hasher.append_hash(key, &value),
+            None => key.push_str(&value),
+        }
+        key.push('_');
+        Some(node)
+    }
+}

@@ -1,0 +1,167 @@
+//! The compiled rule set: validated rules files (see [`crate::config`]) turned into a lookup tree that
+//! answers "which rule applies to this descriptor?" with one hash lookup per entry.
+//!
+//! Layout: [`compile`] builds the tree, [`matcher`] walks it, [`normalize`] and [`pattern`] handle
+//! values that are not compared byte for byte.
+
+mod compile;
+mod matcher;
+mod normalize;
+mod pattern;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crate::algorithm::{Algorithm, Limit};
+use crate::config::{FailureMode, MetaValue, Unit};
+
+pub use compile::CompileOptions;
+pub use matcher::DescriptorEntry;
+pub use normalize::{MAX_RAW_VALUE_IN_KEY, ValueHasher};
+
+/// Every loaded domain, ready for matching. Immutable once built: a reload builds a new one and
+/// swaps it in whole, so a request sees either the old rules or the new ones, never a mix.
+#[derive(Debug, Default)]
+pub struct RuleSet {
+    domains: HashMap<String, Domain>,
+}
+
+impl RuleSet {
+    /// The domain named `name`, if any file defined it.
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.domains.get(name)
+    }
+
+    /// Number of domains.
+    pub fn len(&self) -> usize {
+        self.domains.len()
+    }
+
+    /// Whether no domain is loaded.
+    pub fn is_empty(&self) -> bool {
+        self.domains.is_empty()
+    }
+
+    /// One line per rule in envoyproxy/ratelimit's `/rlconfig` format, sorted by rule path:
+    /// `<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>, quota_mode: <bool>`.
+    pub fn dump(&self) -> String {
+        let mut lines: Vec<String> = self
+            .domains
+            .values()
+            .flat_map(|d| d.rules.iter())
+            .flat_map(|rule| rule.dump_lines())
+            .collect();
+        lines.sort();
+        lines.iter().map(|l| format!("{l}\n")).collect()
+    }
+}
+
+/// One domain's rules.
+#[derive(Debug)]
+pub struct Domain {
+    name: String,
+    all_or_nothing: bool,
+    root: matcher::Level,
+    rules: Vec<Arc<Rule>>,
+}
+
+impl Domain {
+    /// The domain name from the rules file.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Tollgate's `all_or_nothing: true`: a request consumes nothing unless every descriptor passes.
+    pub fn all_or_nothing(&self) -> bool {
+        self.all_or_nothing
+    }
+}
+
+/// The rate limits attached to one descriptor node, and how to report them.
+#[derive(Debug)]
+pub struct Rule {
+    /// The node's path as envoyproxy/ratelimit names it in stats: `domain.key_value.subkey`.
+    pub path: String,
+    /// One entry from `rate_limit`, or several from Tollgate's `rate_limits` (all must pass).
+    pub limits: Vec<RuleLimit>,
+    /// Evaluate and count, but always report OK for this rule.
+    pub shadow_mode: bool,
+    /// Quota mode: the request is only over the limit when every quota-mode descriptor is.
+    pub quota_mode: bool,
+    /// Free-form `metadata` echoed in dynamic metadata when this descriptor passes.
+    pub metadata: Option<BTreeMap<String, MetaValue>>,
+}
+
+impl Rule {
+    fn dump_lines(&self) -> impl Iterator<Item = String> + '_ {
+        self.limits.iter().map(move |limit| match &limit.rate {
+            Some(rate) => format!(
+                "{}: unit={} requests_per_unit={}, shadow_mode: {}, quota_mode: {}",
+                self.path,
+                rate.unit.name(),
+                rate.requests_per_unit,
+                self.shadow_mode,
+                self.quota_mode
+            ),
+            None => format!(
+                "{}: unlimited, shadow_mode: {}, quota_mode: {}",
+                self.path, self.shadow_mode, self.quota_mode
+            ),
+        })
+    }
+}
+
+/// One limit of a rule.
+#[derive(Debug, Clone)]
+pub struct RuleLimit {
+    /// `name`: returned as `current_limit.name` and the target of other rules' `replaces`.
+    pub name: Option<Arc<str>>,
+    /// Names of limits this one removes from the same request when it matches.
+    pub replaces: Vec<String>,
+    /// What to answer when the store fails; `None` means a gRPC error, as envoyproxy/ratelimit does.
+    pub failure_mode: Option<FailureMode>,
+    /// The rate; `None` for `unlimited: true`.
+    pub rate: Option<Rate>,
+}
+
+/// A number of requests per window, as configured and as the algorithms see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    /// Requests per window, as configured (reported back in `current_limit`).
+    pub requests_per_unit: u32,
+    /// The configured unit (reported back in `current_limit`).
+    pub unit: Unit,
+    /// Tollgate's `unit_multiplier`: the window is `unit × multiplier` long.
+    pub unit_multiplier: u32,
+    /// The algorithm's view: algorithm, window in microseconds, burst.
+    pub limit: Limit,
+}
+
+impl Rate {
+    /// A rate of `requests_per_unit` per `unit × unit_multiplier`, with `burst` defaulting to the rate.
+    pub fn new(
+        requests_per_unit: u32,
+        unit: Unit,
+        unit_multiplier: u32,
+        algorithm: Algorithm,
+        burst: Option<u32>,
+    ) -> Self {
+        let multiplier = u64::from(unit_multiplier.max(1));
+        let window_us = unit
+            .seconds()
+            .saturating_mul(multiplier)
+            .saturating_mul(1_000_000);
+        let limit = Limit {
+            algorithm,
+            requests: u64::from(requests_per_unit),
+            window_us,
+            burst: u64::from(burst.unwrap_or(requests_per_unit)),
+        };
+        Self {
+            requests_per_unit,
+            unit,
+            unit_multiplier: unit_multiplier.max(1),
+            limit,
+        }
+    }
+}

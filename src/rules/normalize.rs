@@ -1,0 +1,172 @@
+//! Value normalisation before matching and keying, and hashing of values before they enter a key.
+//!
+//! Normalisation is declared on descriptor nodes (`lowercase`, `trim`, `ip_prefix`) and applies to every
+//! node with the same key under the same parent, so that `User@Example.com ` and `user@example.com`
+//! hit the same rule and the same counter, and every address of one IPv6 /64 (which a single customer
+//! usually holds) shares one counter.
+//!
+//! Hashing (`hash: true`) happens only when the storage key is built: matching still sees the real value,
+//! but raw emails, phone numbers and API keys never reach Redis. The hash is keyed (BLAKE3 keyed mode with
+//! a secret from the settings) because an unkeyed hash of a phone number is reversed by enumerating the
+//! number space.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::config::{IpPrefix, Normalize};
+
+/// Values longer than this are hashed in storage keys even without `hash: true`, so a hostile client
+/// cannot make Tollgate write megabyte-long Redis keys. Real descriptor values (IPs, user ids, paths)
+/// are far shorter, so keys stay readable and compatible with envoyproxy/ratelimit's.
+pub const MAX_RAW_VALUE_IN_KEY: usize = 256;
+
+/// How many bytes of the BLAKE3 output go into a key: 128 bits make collisions between distinct values
+/// practically impossible while keeping keys short (32 hex characters).
+const HASH_BYTES: usize = 16;
+
+/// The compiled normalisation of one key at one level of a domain.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Normalizer {
+    lowercase: bool,
+    trim: bool,
+    ip_prefix: Option<IpPrefix>,
+}
+
+impl Normalizer {
+    /// Compiles a node's declaration.
+    pub(crate) fn new(n: &Normalize) -> Self {
+        Self {
+            lowercase: n.lowercase,
+            trim: n.trim,
+            ip_prefix: n.ip_prefix,
+        }
+    }
+
+    /// Whether this normaliser changes anything (most keys have none; they skip all work).
+    pub(crate) fn is_identity(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Normalises one value; borrows when nothing changes, which is the common case.
+    pub(crate) fn apply<'a>(&self, value: &'a str) -> Cow<'a, str> {
+        let mut out = Cow::Borrowed(if self.trim { value.trim() } else { value });
+        if self.lowercase && out.chars().any(char::is_uppercase) {
+            out = Cow::Owned(out.to_lowercase());
+        }
+        if let Some(grouped) = self.ip_prefix.as_ref().and_then(|prefix| group_ip(&out, prefix)) {
+            out = Cow::Owned(grouped);
+        }
+        out
+    }
+}
+
+/// Masks an address to its configured prefix. A full-length prefix keeps the plain canonical address,
+/// so `ip_prefix: {v4: 32}` only canonicalises; anything shorter gives `network/len`. Values that are
+/// not addresses are left alone (a descriptor may legitimately carry a hostname).
+fn group_ip(value: &str, prefix: &IpPrefix) -> Option<String> {
+    let ip: IpAddr = value.parse().ok()?;
+    let len = match ip {
+        IpAddr::V4(_) => prefix.v4,
+        IpAddr::V6(_) => prefix.v6,
+    };
+    let net = IpNet::new(ip, len).ok()?.trunc();
+    if net.prefix_len() == net.max_prefix_len() {
+        Some(net.addr().to_string())
+    } else {
+        Some(net.to_string())
+    }
+}
+
+/// Hashes descriptor values for storage keys with a deployment-wide secret.
+#[derive(Clone)]
+pub struct ValueHasher {
+    key: [u8; 32],
+}
+
+impl std::fmt::Debug for ValueHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key is a secret: never print it.
+        f.write_str("ValueHasher { key: <redacted> }")
+    }
+}
+
+impl ValueHasher {
+    /// Derives the hashing key from a secret. Every replica sharing a store must use the same secret,
+    /// or they will count the same caller under different keys.
+    pub fn new(secret: &str) -> Self {
+        Self {
+            key: blake3::derive_key("tollgate 2026-11 descriptor value hashing", secret.as_bytes()),
+        }
+    }
+
+    /// Appends the hex digest of `value` to `out`.
+    pub fn append_hash(&self, out: &mut String, value: &str) {
+        let digest = blake3::keyed_hash(&self.key, value.as_bytes());
+        for byte in &digest.as_bytes()[..HASH_BYTES] {
+            // Writing into a String cannot fail.
+            let _ = write!(out, "{byte:02x}");
+        }
+    }
+}
+
+impl Default for ValueHasher {
+    fn default() -> Self {
+        Self::new("")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn normalizer(lowercase: bool, trim: bool, ip_prefix: Option<(u8, u8)>) -> Normalizer {
+        Normalizer {
+            lowercase,
+            trim,
+            ip_prefix: ip_prefix.map(|(v4, v6)| IpPrefix { v4, v6 }),
+        }
+    }
+
+    #[test]
+    fn identity_borrows() {
+        let n = Normalizer::default();
+        assert!(n.is_identity());
+        assert!(matches!(n.apply("Value"), Cow::Borrowed("Value")));
+    }
+
+    #[test]
+    fn lowercase_and_trim() {
+        let n = normalizer(true, true, None);
+        assert_eq!(n.apply("  User@Example.COM \t"), "user@example.com");
+        assert!(matches!(n.apply(" already "), Cow::Borrowed("already")));
+    }
+
+    #[test]
+    fn ipv6_is_grouped_by_64_and_ipv4_kept_whole() {
+        let n = normalizer(false, false, Some((32, 64)));
+        assert_eq!(n.apply("2001:db8:1:2:aaaa::1"), "2001:db8:1:2::/64");
+        assert_eq!(n.apply("2001:db8:1:2:bbbb::9"), "2001:db8:1:2::/64");
+        assert_eq!(n.apply("192.0.2.7"), "192.0.2.7");
+        assert_eq!(n.apply("not-an-ip"), "not-an-ip");
+        let v4 = normalizer(false, false, Some((24, 128)));
+        assert_eq!(v4.apply("192.0.2.7"), "192.0.2.0/24");
+    }
+
+    #[test]
+    fn hashing_is_keyed_and_stable() {
+        let a = ValueHasher::new("secret-a");
+        let b = ValueHasher::new("secret-b");
+        let (mut x, mut y, mut z) = (String::new(), String::new(), String::new());
+        a.append_hash(&mut x, "alice@example.com");
+        a.append_hash(&mut y, "alice@example.com");
+        b.append_hash(&mut z, "alice@example.com");
+        assert_eq!(x, y);
+        assert_ne!(x, z);
+        assert_eq!(x.len(), 2 * HASH_BYTES);
+        assert!(!x.contains("alice"));
+        assert!(format!("{a:?}").contains("redacted"));
+    }
+}

@@ -1,0 +1,181 @@
+//! Startup and shutdown: binds nothing itself (the caller hands in bound listeners, so tests use port 0),
+//! loads the rules, wires the store, limiter and front ends, and owns the shutdown order:
+//! flip health to NOT_SERVING, keep answering for the drain period, stop accepting, finish in-flight
+//! calls.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use arc_swap::ArcSwapOption;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::SystemClock;
+use crate::grpc::{EnvoyOptions, HeaderNames};
+use crate::health::Health;
+use crate::limiter::{Limiter, LimiterOptions, RulesHandle};
+use crate::reload::Reloader;
+use crate::rules::{CompileOptions, ValueHasher};
+use crate::settings::Settings;
+use crate::store::memory::MemoryStore;
+
+/// How often the embedded store drops state that can no longer affect a decision.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The three bound listeners.
+#[derive(Debug)]
+pub struct Listeners {
+    /// gRPC (Envoy RLS, health, reflection).
+    pub grpc: TcpListener,
+    /// HTTP admin (`/healthcheck`).
+    pub http: TcpListener,
+    /// Debug (`/rlconfig`).
+    pub debug: TcpListener,
+}
+
+impl Listeners {
+    /// Binds the addresses in `settings`; port 0 picks a free port.
+    pub async fn bind(settings: &Settings) -> anyhow::Result<Self> {
+        let bind = |addr: String, what: &'static str| async move {
+            TcpListener::bind(&addr)
+                .await
+                .with_context(|| format!("cannot bind the {what} listener to {addr}"))
+        };
+        Ok(Self {
+            grpc: bind(settings.grpc_addr.clone(), "gRPC").await?,
+            http: bind(settings.http_addr.clone(), "HTTP").await?,
+            debug: bind(settings.debug_addr.clone(), "debug").await?,
+        })
+    }
+}
+
+/// Runs the service until `shutdown` completes, then drains and returns. Fails at startup if the rules
+/// do not load (naming the file and the reason).
+pub async fn run(
+    settings: Settings,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let algorithm = settings.algorithm()?;
+    let reloader = Reloader {
+        dir: settings.config_dir.clone(),
+        merge_domains: settings.merge_domain_config,
+        options: CompileOptions {
+            default_algorithm: algorithm,
+        },
+        interval: settings.reload_interval,
+    };
+    let rules: RulesHandle = Arc::new(ArcSwapOption::empty());
+    let version = reloader.load_into(&rules).context("cannot load the rules")?;
+
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let health = Health::new(reporter).await;
+    health.set_rules_loaded(true).await;
+
+    let store = MemoryStore::new(Arc::new(SystemClock));
+    let limiter = Arc::new(Limiter::new(
+        Arc::clone(&rules),
+        store,
+        ValueHasher::new(&settings.hash_key),
+        limiter_options(&settings, algorithm),
+    ));
+
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    tasks.spawn(reloader.run(Arc::clone(&rules), health.clone(), Some(version), stop.clone()));
+    tasks.spawn(sweep(Arc::clone(&limiter), stop.clone()));
+
+    let stopped = stop.clone();
+    let http = axum::serve(listeners.http, crate::http::admin_router(health.clone()))
+        .with_graceful_shutdown(async move { stopped.cancelled().await });
+    let stopped = stop.clone();
+    let debug = axum::serve(listeners.debug, crate::http::debug_router(Arc::clone(&rules)))
+        .with_graceful_shutdown(async move { stopped.cancelled().await });
+    let stopped = stop.clone();
+    let grpc = crate::grpc::serve(
+        listeners.grpc,
+        limiter,
+        envoy_options(&settings),
+        health_service,
+        async move { stopped.cancelled().await },
+    );
+
+    let drain = settings.drain_period;
+    let trigger = stop.clone();
+    tasks.spawn(async move {
+        shutdown.await;
+        tracing::info!(?drain, "shutting down: reporting NOT_SERVING, then draining");
+        health.set_draining().await;
+        tokio::time::sleep(drain).await;
+        trigger.cancel();
+    });
+    tracing::info!(rules = %settings.config_dir.display(), "tollgate serving");
+    let (grpc, http, debug) = tokio::join!(grpc, http, debug);
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    grpc.context("gRPC server failed")?;
+    http.context("HTTP server failed")?;
+    debug.context("debug server failed")?;
+    Ok(())
+}
+
+fn limiter_options(settings: &Settings, algorithm: crate::algorithm::Algorithm) -> LimiterOptions {
+    LimiterOptions {
+        cache_key_prefix: settings.cache_key_prefix.clone(),
+        stop_increment_when_over_limit: settings.stop_cache_key_increment_when_overlimit,
+        global_shadow_mode: settings.shadow_mode,
+        global_quota_mode: settings.quota_mode,
+        default_algorithm: algorithm,
+        max_descriptors: settings.max_descriptors,
+    }
+}
+
+fn envoy_options(settings: &Settings) -> EnvoyOptions {
+    EnvoyOptions {
+        response_headers: settings.limit_response_headers_enabled.then(|| HeaderNames {
+            limit: settings.limit_limit_header.clone(),
+            remaining: settings.limit_remaining_header.clone(),
+            reset: settings.limit_reset_header.clone(),
+        }),
+        dynamic_metadata: settings.response_dynamic_metadata,
+    }
+}
+
+async fn sweep(limiter: Arc<Limiter<MemoryStore>>, stop: CancellationToken) {
+    let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let dropped = limiter.store().sweep();
+        tracing::trace!(dropped, "swept expired state");
+    }
+}
+
+/// Completes on SIGTERM or Ctrl-C (in a container the first signal is SIGTERM).
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the server");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,413 @@
+//! Service settings, layered (later wins): built-in defaults, an optional YAML settings file,
+//! envoyproxy/ratelimit's environment variables (so an existing deployment's environment carries over),
+//! `TOLLGATE_*` environment variables, command-line flags.
+//!
+//! Go names honoured: `GRPC_HOST`/`GRPC_PORT`, `HOST`/`PORT`, `DEBUG_HOST`/`DEBUG_PORT`,
+//! `RUNTIME_ROOT`/`RUNTIME_SUBDIRECTORY`/`RUNTIME_APPDIRECTORY` (rules in `ROOT/SUBDIRECTORY/APPDIRECTORY`),
+//! `SHADOW_MODE`, `QUOTA_MODE`, `RESPONSE_DYNAMIC_METADATA`, `LIMIT_RESPONSE_HEADERS_ENABLED`,
+//! `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`, `MERGE_DOMAIN_CONFIG`,
+//! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, `CACHE_KEY_PREFIX`, `LOG_LEVEL`, `LOG_FORMAT`.
+//! Native names are the field names upper-cased with a `TOLLGATE_` prefix (`TOLLGATE_GRPC_ADDR`...).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use config::{Config, Environment, File, FileFormat, Map, Source, Value, ValueKind};
+use serde::{Deserialize, Serialize};
+
+use crate::algorithm::Algorithm;
+
+/// Every setting of `tollgate serve`.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// gRPC listener (`GRPC_HOST:GRPC_PORT`), default `0.0.0.0:8081`.
+    pub grpc_addr: String,
+    /// HTTP listener (`HOST:PORT`), default `0.0.0.0:8080`.
+    pub http_addr: String,
+    /// Debug listener (`DEBUG_HOST:DEBUG_PORT`), default `0.0.0.0:6070`.
+    pub debug_addr: String,
+    /// Directory of rules files, default `/srv/runtime_data/current/config` (envoyproxy/ratelimit's).
+    pub config_dir: PathBuf,
+    /// How often the rules directory is checked for changes.
+    #[serde(with = "humantime_serde")]
+    pub reload_interval: Duration,
+    /// `MERGE_DOMAIN_CONFIG`: several files may define one domain.
+    pub merge_domain_config: bool,
+    /// `SHADOW_MODE`: never answer OVER_LIMIT overall.
+    pub shadow_mode: bool,
+    /// `QUOTA_MODE`: every descriptor is in quota mode.
+    pub quota_mode: bool,
+    /// `RESPONSE_DYNAMIC_METADATA`.
+    pub response_dynamic_metadata: bool,
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED`.
+    pub limit_response_headers_enabled: bool,
+    /// `LIMIT_LIMIT_HEADER`.
+    pub limit_limit_header: String,
+    /// `LIMIT_REMAINING_HEADER`.
+    pub limit_remaining_header: String,
+    /// `LIMIT_RESET_HEADER`.
+    pub limit_reset_header: String,
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
+    pub stop_cache_key_increment_when_overlimit: bool,
+    /// `CACHE_KEY_PREFIX`.
+    pub cache_key_prefix: String,
+    /// `LOG_LEVEL`: error, warn, info, debug, trace (any case), or a tracing filter directive.
+    pub log_level: String,
+    /// `LOG_FORMAT`: `text` or `json`.
+    pub log_format: String,
+    /// Algorithm of rules and overrides that do not name one.
+    pub default_algorithm: String,
+    /// Secret for hashing descriptor values (`hash: true`); every replica must share it.
+    pub hash_key: String,
+    /// Requests with more descriptors are refused with INVALID_ARGUMENT.
+    pub max_descriptors: usize,
+    /// How long the server keeps answering after SIGTERM while health reports NOT_SERVING.
+    #[serde(with = "humantime_serde")]
+    pub drain_period: Duration,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("grpc_addr", &self.grpc_addr)
+            .field("http_addr", &self.http_addr)
+            .field("debug_addr", &self.debug_addr)
+            .field("config_dir", &self.config_dir)
+            .field("default_algorithm", &self.default_algorithm)
+            .field(
+                "hash_key",
+                &if self.hash_key.is_empty() {
+                    "<unset>"
+                } else {
+                    "<redacted>"
+                },
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            grpc_addr: "0.0.0.0:8081".into(),
+            http_addr: "0.0.0.0:8080".into(),
+            debug_addr: "0.0.0.0:6070".into(),
+            config_dir: PathBuf::from("/srv/runtime_data/current/config"),
+            reload_interval: Duration::from_secs(1),
+            merge_domain_config: false,
+            shadow_mode: false,
+            quota_mode: false,
+            response_dynamic_metadata: false,
+            limit_response_headers_enabled: false,
+            limit_limit_header: "RateLimit-Limit".into(),
+            limit_remaining_header: "RateLimit-Remaining".into(),
+            limit_reset_header: "RateLimit-Reset".into(),
+            stop_cache_key_increment_when_overlimit: false,
+            cache_key_prefix: String::new(),
+            log_level: "info".into(),
+            log_format: "text".into(),
+            default_algorithm: Algorithm::FixedWindow.as_str().into(),
+            hash_key: String::new(),
+            max_descriptors: crate::limiter::DEFAULT_MAX_DESCRIPTORS,
+            drain_period: Duration::from_secs(0),
+        }
+    }
+}
+
+/// Why settings could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// A source could not be read or a value has the wrong type.
+    #[error("invalid settings: {0}")]
+    Invalid(#[from] config::ConfigError),
+    /// A value parsed but makes no sense.
+    #[error("invalid setting {name}={value:?}: {reason}")]
+    BadValue {
+        /// The setting's name.
+        name: &'static str,
+        /// The value given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl Settings {
+    /// Reads settings from `file` (optional), the process environment and `flags` (field name → value).
+    pub fn load(file: Option<&Path>, flags: &[(&str, String)]) -> Result<Self, SettingsError> {
+        let env: HashMap<String, String> = std::env::vars().collect();
+        Self::load_from(file, &env, flags)
+    }
+
+    /// [`Settings::load`] with an explicit environment, for tests.
+    pub fn load_from(
+        file: Option<&Path>,
+        env: &HashMap<String, String>,
+        flags: &[(&str, String)],
+    ) -> Result<Self, SettingsError> {
+        let defaults = Config::try_from(&Settings::default())?;
+        let mut builder = Config::builder().add_source(defaults);
+        if let Some(file) = file {
+            builder = builder.add_source(File::from(file).format(FileFormat::Yaml).required(true));
+        }
+        builder = builder.add_source(GoEnvironment::from(env)?).add_source(
+            Environment::with_prefix("TOLLGATE")
+                .source(Some(native_env(env)))
+                .try_parsing(true),
+        );
+        for (name, value) in flags {
+            builder = builder.set_override(*name, value.as_str())?;
+        }
+        let settings: Settings = builder.build()?.try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> Result<(), SettingsError> {
+        self.algorithm()?;
+        if !matches!(self.log_format.to_ascii_lowercase().as_str(), "text" | "json") {
+            return Err(SettingsError::BadValue {
+                name: "log_format",
+                value: self.log_format.clone(),
+                reason: "expected text or json".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The default algorithm, parsed.
+    pub fn algorithm(&self) -> Result<Algorithm, SettingsError> {
+        self.default_algorithm
+            .parse()
+            .map_err(|e: crate::algorithm::UnknownAlgorithm| SettingsError::BadValue {
+                name: "default_algorithm",
+                value: self.default_algorithm.clone(),
+                reason: e.to_string(),
+            })
+    }
+}
+
+/// envoyproxy/ratelimit's environment variables, translated to Tollgate settings.
+#[derive(Debug, Clone)]
+struct GoEnvironment {
+    values: Map<String, Value>,
+}
+
+/// Go settings that map one-to-one onto a Tollgate setting of the same meaning.
+const GO_DIRECT: &[(&str, &str)] = &[
+    ("SHADOW_MODE", "shadow_mode"),
+    ("QUOTA_MODE", "quota_mode"),
+    ("RESPONSE_DYNAMIC_METADATA", "response_dynamic_metadata"),
+    ("LIMIT_RESPONSE_HEADERS_ENABLED", "limit_response_headers_enabled"),
+    ("LIMIT_LIMIT_HEADER", "limit_limit_header"),
+    ("LIMIT_REMAINING_HEADER", "limit_remaining_header"),
+    ("LIMIT_RESET_HEADER", "limit_reset_header"),
+    ("MERGE_DOMAIN_CONFIG", "merge_domain_config"),
+    (
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "stop_cache_key_increment_when_overlimit",
+    ),
+    ("CACHE_KEY_PREFIX", "cache_key_prefix"),
+    ("LOG_LEVEL", "log_level"),
+    ("LOG_FORMAT", "log_format"),
+];
+
+/// Go settings that are booleans, parsed with Go's `strconv.ParseBool` rules.
+const GO_BOOLS: &[&str] = &[
+    "SHADOW_MODE",
+    "QUOTA_MODE",
+    "RESPONSE_DYNAMIC_METADATA",
+    "LIMIT_RESPONSE_HEADERS_ENABLED",
+    "MERGE_DOMAIN_CONFIG",
+    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+];
+
+impl GoEnvironment {
+    fn from(env: &HashMap<String, String>) -> Result<Self, SettingsError> {
+        let origin = "environment".to_owned();
+        let mut values = Map::new();
+        let mut put = |key: &str, kind: ValueKind| {
+            values.insert(key.to_owned(), Value::new(Some(&origin), kind));
+        };
+        for (go, ours) in GO_DIRECT {
+            let Some(value) = env.get(*go) else { continue };
+            if GO_BOOLS.contains(go) {
+                put(ours, ValueKind::Boolean(parse_go_bool(go, value)?));
+            } else {
+                put(ours, ValueKind::String(value.clone()));
+            }
+        }
+        for (host, port, ours, default_host) in [
+            ("GRPC_HOST", "GRPC_PORT", "grpc_addr", "0.0.0.0"),
+            ("HOST", "PORT", "http_addr", "0.0.0.0"),
+            ("DEBUG_HOST", "DEBUG_PORT", "debug_addr", "0.0.0.0"),
+        ] {
+            if let Some(addr) = host_port(env, host, port, default_host) {
+                put(ours, ValueKind::String(addr));
+            }
+        }
+        if let Some(dir) = runtime_dir(env) {
+            put(
+                "config_dir",
+                ValueKind::String(dir.to_string_lossy().into_owned()),
+            );
+        }
+        Ok(Self { values })
+    }
+}
+
+impl Source for GoEnvironment {
+    fn clone_into_box(&self) -> Box<dyn Source + Send + Sync> {
+        Box::new(self.clone())
+    }
+
+    fn collect(&self) -> Result<Map<String, Value>, config::ConfigError> {
+        Ok(self.values.clone())
+    }
+}
+
+/// The `TOLLGATE_*` variables that are settings (the settings file's own path is not one of them).
+fn native_env(env: &HashMap<String, String>) -> HashMap<String, String> {
+    env.iter()
+        .filter(|(k, _)| k.starts_with("TOLLGATE_") && k.as_str() != SETTINGS_FILE_ENV)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Environment variable naming the settings file (read by the command line, not a setting itself).
+pub const SETTINGS_FILE_ENV: &str = "TOLLGATE_SETTINGS_FILE";
+
+/// `HOST` and `PORT` style pairs: either one alone overrides only its half of the default address.
+fn host_port(env: &HashMap<String, String>, host: &str, port: &str, default_host: &str) -> Option<String> {
+    let (h, p) = (env.get(host), env.get(port));
+    if h.is_none() && p.is_none() {
+        return None;
+    }
+    let default_port = match port {
+        "GRPC_PORT" => "8081",
+        "PORT" => "8080",
+        _ => "6070",
+    };
+    let h = h.map_or(default_host, String::as_str);
+    let p = p.map_or(default_port, String::as_str);
+    // An IPv6 literal needs brackets in `host:port` form.
+    Some(if h.contains(':') {
+        format!("[{h}]:{p}")
+    } else {
+        format!("{h}:{p}")
+    })
+}
+
+/// `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`, when any of them is set.
+fn runtime_dir(env: &HashMap<String, String>) -> Option<PathBuf> {
+    let keys = ["RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY"];
+    if keys.iter().all(|k| !env.contains_key(*k)) {
+        return None;
+    }
+    let root = env
+        .get(keys[0])
+        .map_or("/srv/runtime_data/current", String::as_str);
+    let sub = env.get(keys[1]).map_or("", String::as_str);
+    let app = env.get(keys[2]).map_or("config", String::as_str);
+    Some(Path::new(root).join(sub).join(app))
+}
+
+/// Go's `strconv.ParseBool`.
+fn parse_go_bool(name: &'static str, value: &str) -> Result<bool, SettingsError> {
+    match value {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(SettingsError::BadValue {
+            name,
+            value: value.into(),
+            reason: "expected a boolean".into(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_match_envoyproxy_ratelimit_ports() {
+        let s = Settings::load_from(None, &env(&[]), &[]).expect("defaults load");
+        assert_eq!(s.grpc_addr, "0.0.0.0:8081");
+        assert_eq!(s.http_addr, "0.0.0.0:8080");
+        assert_eq!(s.debug_addr, "0.0.0.0:6070");
+        assert_eq!(s.config_dir, PathBuf::from("/srv/runtime_data/current/config"));
+        assert_eq!(s.limit_remaining_header, "RateLimit-Remaining");
+    }
+
+    #[test]
+    fn go_names_are_honoured() {
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("GRPC_PORT", "9000"),
+                ("HOST", "127.0.0.1"),
+                ("RUNTIME_ROOT", "/data"),
+                ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+                ("SHADOW_MODE", "T"),
+                ("CACHE_KEY_PREFIX", "pre:"),
+                ("LIMIT_RESPONSE_HEADERS_ENABLED", "1"),
+            ]),
+            &[],
+        )
+        .expect("loads");
+        assert_eq!(s.grpc_addr, "0.0.0.0:9000");
+        assert_eq!(s.http_addr, "127.0.0.1:8080");
+        assert_eq!(s.config_dir, PathBuf::from("/data/ratelimit/config"));
+        assert!(s.shadow_mode);
+        assert!(s.limit_response_headers_enabled);
+        assert_eq!(s.cache_key_prefix, "pre:");
+    }
+
+    #[test]
+    fn native_names_beat_go_names_and_flags_beat_both() {
+        let e = env(&[
+            ("GRPC_PORT", "9000"),
+            ("TOLLGATE_GRPC_ADDR", "127.0.0.1:9001"),
+            ("TOLLGATE_SHADOW_MODE", "true"),
+        ]);
+        let s = Settings::load_from(None, &e, &[]).expect("loads");
+        assert_eq!(s.grpc_addr, "127.0.0.1:9001");
+        assert!(s.shadow_mode);
+        let s = Settings::load_from(None, &e, &[("grpc_addr", "127.0.0.1:0".into())]).expect("loads");
+        assert_eq!(s.grpc_addr, "127.0.0.1:0");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let err = Settings::load_from(None, &env(&[("SHADOW_MODE", "maybe")]), &[]).expect_err("rejects");
+        assert!(err.to_string().contains("SHADOW_MODE"), "{err}");
+        let err = Settings::load_from(None, &env(&[("TOLLGATE_DEFAULT_ALGORITHM", "leaky")]), &[])
+            .expect_err("rejects");
+        assert!(err.to_string().contains("leaky"), "{err}");
+    }
+
+    #[test]
+    fn settings_file_layers_under_the_environment() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("settings.yaml");
+        std::fs::write(
+            &file,
+            "grpc_addr: 127.0.0.1:7000\ndefault_algorithm: token_bucket\n",
+        )
+        .expect("write");
+        let s = Settings::load_from(Some(&file), &env(&[]), &[]).expect("loads");
+        assert_eq!(s.grpc_addr, "127.0.0.1:7000");
+        assert_eq!(s.algorithm().expect("valid"), Algorithm::TokenBucket);
+        let s = Settings::load_from(Some(&file), &env(&[("GRPC_PORT", "7001")]), &[]).expect("loads");
+        assert_eq!(s.grpc_addr, "0.0.0.0:7001");
+    }
+}

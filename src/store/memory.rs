@@ -1,0 +1,249 @@
+//! The embedded store: algorithm state in process memory, for single-instance deployments, development
+//! and tests.
+//!
+//! State lives in [`SHARDS`] independently locked hash tables. A batch locks the shards its keys fall
+//! in, in ascending order (so two batches can never deadlock), applies every item, and releases them:
+//! that makes a batch as atomic as a Redis script. The locks are plain `std` mutexes held only for
+//! the few hundred nanoseconds of arithmetic, never across an `.await`.
+//!
+//! Memory stays bounded under key churn: each entry records the instant after which its state can no
+//! longer change a decision ([`algorithm::expires_at_us`]); expired entries are ignored on lookup and
+//! removed by [`MemoryStore::sweep`], which the server runs periodically.
+
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use hashbrown::{DefaultHashBuilder, HashTable};
+
+use super::{BatchItem, CommitPolicy, Store, StoreError};
+use crate::algorithm::{self, Algorithm, Decision, Limit, State};
+use crate::clock::Clock;
+
+/// Number of independently locked tables. Enough that the runtime's worker threads rarely contend on
+/// one lock, few enough that a sweep walks them quickly.
+pub const SHARDS: usize = 64;
+
+/// The embedded store. Cheap to share: wrap it in an `Arc`.
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Box<[Mutex<HashTable<Entry>>]>,
+    hasher: DefaultHashBuilder,
+    clock: Arc<dyn Clock>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    key: String,
+    algorithm: Algorithm,
+    window_us: u64,
+    state: State,
+    expires_at_us: u64,
+}
+
+impl Entry {
+    fn is(&self, item: &BatchItem) -> bool {
+        self.window_us == item.limit.window_us
+            && self.algorithm == item.limit.algorithm
+            && self.key == item.key
+    }
+}
+
+/// Locked shards of one batch, in ascending shard order.
+struct Locked<'a> {
+    guards: Vec<(usize, MutexGuard<'a, HashTable<Entry>>)>,
+}
+
+impl Locked<'_> {
+    fn table(&mut self, shard: usize) -> &mut HashTable<Entry> {
+        let at = self.guards.partition_point(|(i, _)| *i < shard);
+        &mut self.guards[at].1
+    }
+}
+
+impl MemoryStore {
+    /// An empty store reading time from `clock`.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        let shards = (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect();
+        Self {
+            shards,
+            hasher: DefaultHashBuilder::default(),
+            clock,
+        }
+    }
+
+    /// Number of entries held, expired or not (for tests and metrics).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    /// Whether the store holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every entry that can no longer change a decision; returns how many were dropped. Locks one
+    /// shard at a time, so requests on other shards are never blocked by a sweep.
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.now_us();
+        let mut dropped = 0;
+        for shard in self.shards.iter() {
+            let mut table = lock(shard);
+            let before = table.len();
+            table.retain(|e| e.expires_at_us > now);
+            dropped += before - table.len();
+        }
+        dropped
+    }
+
+    fn hash(&self, item: &BatchItem) -> u64 {
+        self.hasher
+            .hash_one((&item.key, item.limit.window_us, item.limit.algorithm))
+    }
+
+    fn lock_shards(&self, hashes: &[u64]) -> Locked<'_> {
+        let mut wanted: Vec<usize> = hashes.iter().map(|h| shard_of(*h)).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        Locked {
+            guards: wanted.into_iter().map(|i| (i, lock(&self.shards[i]))).collect(),
+        }
+    }
+
+    /// The synchronous heart of [`Store::apply`].
+    fn apply_batch(&self, items: Vec<BatchItem>, policy: CommitPolicy) -> Vec<Decision> {
+        let now = self.clock.now_us();
+        let hashes: Vec<u64> = items.iter().map(|i| self.hash(i)).collect();
+        let mut locked = self.lock_shards(&hashes);
+        let keep_undo = policy != CommitPolicy::Independent;
+        let mut undo = Vec::with_capacity(if keep_undo { items.len() } else { 0 });
+        let costs: Vec<u64> = items.iter().map(|i| i.cost).collect();
+        let decisions = self.run(
+            &mut locked,
+            &items,
+            &hashes,
+            &costs,
+            now,
+            keep_undo.then_some(&mut undo),
+        );
+        let any_denied = decisions.iter().any(|d| !d.allowed);
+        match policy {
+            CommitPolicy::Independent => decisions,
+            _ if !any_denied => decisions,
+            CommitPolicy::AllOrNothing => {
+                rollback(&mut locked, &items, &hashes, undo);
+                let peeks = self.run(&mut locked, &items, &hashes, &vec![0; items.len()], now, None);
+                decisions
+                    .iter()
+                    .zip(peeks)
+                    .map(|(d, p)| unconsumed(d, &p))
+                    .collect()
+            }
+            CommitPolicy::StopIncrementWhenOverLimit => {
+                rollback(&mut locked, &items, &hashes, undo);
+                let costs: Vec<u64> = decisions
+                    .iter()
+                    .zip(&costs)
+                    .map(|(d, c)| if d.allowed { 0 } else { *c })
+                    .collect();
+                self.run(&mut locked, &items, &hashes, &costs, now, None)
+            }
+        }
+    }
+
+    /// Applies every item in order with the given costs, recording previous states in `undo`.
+    fn run(
+        &self,
+        locked: &mut Locked<'_>,
+        items: &[BatchItem],
+        hashes: &[u64],
+        costs: &[u64],
+        now: u64,
+        mut undo: Option<&mut Vec<Option<State>>>,
+    ) -> Vec<Decision> {
+        let mut decisions = Vec::with_capacity(items.len());
+        for ((item, hash), cost) in items.iter().zip(hashes).zip(costs) {
+            let table = locked.table(shard_of(*hash));
+            let entry = table
+                .find_mut(*hash, |e| e.is(item))
+                .filter(|e| e.expires_at_us > now);
+            let previous = entry.as_ref().map(|e| &e.state);
+            let (decision, next) = algorithm::decide(&item.limit, previous, now, *cost);
+            if let Some(undo) = undo.as_deref_mut() {
+                undo.push(previous.cloned());
+            }
+            if *cost > 0 {
+                self.store(table, *hash, item, &item.limit, next);
+            }
+            decisions.push(decision);
+        }
+        decisions
+    }
+
+    fn store(&self, table: &mut HashTable<Entry>, hash: u64, item: &BatchItem, limit: &Limit, state: State) {
+        let expires_at_us = algorithm::expires_at_us(limit, &state);
+        match table.find_mut(hash, |e| e.is(item)) {
+            Some(entry) => {
+                entry.state = state;
+                entry.expires_at_us = expires_at_us;
+            }
+            None => {
+                let entry = Entry {
+                    key: item.key.clone(),
+                    algorithm: limit.algorithm,
+                    window_us: limit.window_us,
+                    state,
+                    expires_at_us,
+                };
+                table.insert_unique(hash, entry, |e| {
+                    self.hasher.hash_one((&e.key, e.window_us, e.algorithm))
+                });
+            }
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    async fn apply(&self, items: Vec<BatchItem>, policy: CommitPolicy) -> Result<Vec<Decision>, StoreError> {
+        Ok(self.apply_batch(items, policy))
+    }
+}
+
+/// Restores the states recorded by [`MemoryStore::run`], newest first, so a key that appears twice in
+/// one batch ends at its original state.
+fn rollback(locked: &mut Locked<'_>, items: &[BatchItem], hashes: &[u64], undo: Vec<Option<State>>) {
+    for ((item, hash), previous) in items.iter().zip(hashes).zip(undo).rev() {
+        let table = locked.table(shard_of(*hash));
+        match (table.find_entry(*hash, |e| e.is(item)), previous) {
+            (Ok(mut entry), Some(state)) => {
+                let entry = entry.get_mut();
+                entry.expires_at_us = algorithm::expires_at_us(&item.limit, &state);
+                entry.state = state;
+            }
+            (Ok(entry), None) => {
+                entry.remove();
+            }
+            (Err(_), _) => {}
+        }
+    }
+}
+
+/// The decision reported for an item that was evaluated but not consumed: its verdict stands, the
+/// counters are what a zero-cost check sees now.
+fn unconsumed(evaluated: &Decision, peek: &Decision) -> Decision {
+    Decision {
+        remaining: peek.remaining,
+        reset_after_us: peek.reset_after_us,
+        ..*evaluated
+    }
+}
+
+fn shard_of(hash: u64) -> usize {
+    // The low bits pick the hash table bucket inside the shard; use the high bits for the shard.
+    (hash >> 58) as usize % SHARDS
+}
+
+/// A poisoned shard only means another thread panicked mid-update of plain counters; the data is still
+/// usable, and refusing service for the rest of the process's life would be worse.
+fn lock(shard: &Mutex<HashTable<Entry>>) -> MutexGuard<'_, HashTable<Entry>> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}

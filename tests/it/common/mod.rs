@@ -1,0 +1,269 @@
+//! Shared fixtures: a limiter over the embedded store with a manual clock, a real server on port-0
+//! listeners, request builders.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tollgate::algorithm::Algorithm;
+use tollgate::clock::ManualClock;
+use tollgate::config::parse_file;
+use tollgate::limiter::{
+    Code, DescriptorStatus, LimitOverride, Limiter, LimiterError, LimiterOptions, RequestDescriptor, Verdict,
+};
+use tollgate::proto::descriptor::RateLimitDescriptor;
+use tollgate::proto::descriptor::rate_limit_descriptor::{Entry, RateLimitOverride};
+use tollgate::proto::rls::RateLimitRequest;
+use tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+use tollgate::rules::{CompileOptions, RuleSet, ValueHasher};
+use tollgate::server::{Listeners, run};
+use tollgate::settings::Settings;
+use tollgate::store::memory::MemoryStore;
+use tonic::transport::Channel;
+
+/// 2026-11-29T12:00:00Z: an exact hour, so window arithmetic in tests is easy to follow.
+pub const T0_US: u64 = 1_764_417_600 * 1_000_000;
+
+/// A descriptor for limiter-level tests.
+#[derive(Debug, Clone, Default)]
+pub struct Desc {
+    pub entries: Vec<(String, String)>,
+    pub limit: Option<LimitOverride>,
+    pub hits: Option<u64>,
+}
+
+impl RequestDescriptor for Desc {
+    type Entry = (String, String);
+    fn entries(&self) -> &[(String, String)] {
+        &self.entries
+    }
+    fn limit_override(&self) -> Option<LimitOverride> {
+        self.limit
+    }
+    fn hits_addend(&self) -> Option<u64> {
+        self.hits
+    }
+}
+
+/// A descriptor from `[("key", "value"), ...]`.
+pub fn d(entries: &[(&str, &str)]) -> Desc {
+    Desc {
+        entries: entries
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Desc::default()
+    }
+}
+
+/// A limiter over the embedded store with a manual clock, from rules files given as text.
+pub struct Harness {
+    pub limiter: Limiter<MemoryStore>,
+    pub clock: ManualClock,
+}
+
+impl Harness {
+    pub fn new(files: &[&str]) -> Self {
+        Self::with_options(files, LimiterOptions::default())
+    }
+
+    pub fn with_options(files: &[&str], options: LimiterOptions) -> Self {
+        let clock = ManualClock::new(T0_US);
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        let rules = rules(files, options.default_algorithm);
+        let handle = Arc::new(ArcSwapOption::from_pointee(rules));
+        Self {
+            limiter: Limiter::new(handle, store, ValueHasher::new("test"), options),
+            clock,
+        }
+    }
+
+    pub async fn check(&self, domain: &str, descriptors: &[Desc]) -> Verdict {
+        self.try_check(domain, descriptors, 0)
+            .await
+            .expect("request decided")
+    }
+
+    pub async fn try_check(
+        &self,
+        domain: &str,
+        descriptors: &[Desc],
+        hits: u32,
+    ) -> Result<Verdict, LimiterError> {
+        self.limiter.should_rate_limit(domain, descriptors, hits).await
+    }
+
+    /// Checks one descriptor `n` times and returns how many were allowed.
+    pub async fn admitted(&self, domain: &str, descriptor: &Desc, n: usize) -> usize {
+        let mut ok = 0;
+        for _ in 0..n {
+            if self.check(domain, std::slice::from_ref(descriptor)).await.overall == Code::Ok {
+                ok += 1;
+            }
+        }
+        ok
+    }
+
+    pub fn advance_secs(&self, secs: u64) {
+        self.clock.advance_us(secs * 1_000_000);
+    }
+}
+
+/// Compiles rules files given as text (named `test-N.yaml`).
+pub fn rules(files: &[&str], default_algorithm: Algorithm) -> RuleSet {
+    let domains: Vec<_> = files
+        .iter()
+        .enumerate()
+        .map(|(i, text)| parse_file(&format!("test-{i}.yaml"), text).expect("valid rules"))
+        .collect();
+    RuleSet::compile(&domains, CompileOptions { default_algorithm }).expect("rules compile")
+}
+
+/// Shorthand assertions on a status.
+pub fn assert_status(status: &DescriptorStatus, code: Code, remaining: u32, limit: Option<u32>) {
+    assert_eq!(status.code, code, "code of {status:?}");
+    assert_eq!(status.limit_remaining, remaining, "remaining of {status:?}");
+    assert_eq!(
+        status.current_limit.as_ref().map(|l| l.requests_per_unit),
+        limit,
+        "limit of {status:?}"
+    );
+    assert_eq!(
+        status.duration_until_reset.is_some(),
+        limit.is_some(),
+        "reset presence of {status:?}"
+    );
+}
+
+/// A real server on port-0 listeners over a temporary rules directory.
+pub struct TestServer {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    pub debug: SocketAddr,
+    pub dir: TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl TestServer {
+    /// Starts a server with the given rules files (name, text) and Go-style environment.
+    pub async fn start(files: &[(&str, &str)], env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).expect("write rules");
+        }
+        Self::start_in(dir, env).await
+    }
+
+    pub async fn start_in(dir: TempDir, env: &[(&str, &str)]) -> Self {
+        let env: HashMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let flags = [
+            ("config_dir", dir.path().to_string_lossy().into_owned()),
+            ("grpc_addr", "127.0.0.1:0".to_owned()),
+            ("http_addr", "127.0.0.1:0".to_owned()),
+            ("debug_addr", "127.0.0.1:0".to_owned()),
+            ("reload_interval", "100ms".to_owned()),
+        ];
+        let settings = Settings::load_from(None, &env, &flags).expect("settings");
+        let listeners = Listeners::bind(&settings).await.expect("bind");
+        let grpc = listeners.grpc.local_addr().expect("addr");
+        let http = listeners.http.local_addr().expect("addr");
+        let debug = listeners.debug.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(run(settings, listeners, async move {
+            let _ = stopped.await;
+        }));
+        Self {
+            grpc,
+            http,
+            debug,
+            dir,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::new(self.channel().await)
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.grpc))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    /// Stops the server and waits for it to finish; fails the test if it failed.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task)
+            .await
+            .expect("server task")
+            .expect("server ran cleanly");
+    }
+}
+
+/// A minimal HTTP/1.1 request over a raw socket; returns (status, body).
+pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A wire request with one descriptor per entry list.
+pub fn wire_request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: descriptors
+            .iter()
+            .map(|entries| wire_descriptor(entries))
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+pub fn wire_descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+pub fn wire_override(requests_per_unit: u32, unit: i32) -> Option<RateLimitOverride> {
+    Some(RateLimitOverride {
+        requests_per_unit,
+        unit,
+    })
+}

@@ -1,0 +1,8 @@
+//! Tollgate's integration tests, in one binary so they link once. Each module is one area.
+
+// Test helpers are `pub` for the sibling modules; there is no API here to document.
+#![allow(unreachable_pub, missing_docs)]
+
+mod common;
+
+mod compat;
