@@ -336,13 +336,14 @@ impl<S: Store> Limiter<S> {
         policy: CommitPolicy,
     ) -> Result<Option<Vec<Vec<Decision>>>, LimiterError> {
         let mut items = Vec::with_capacity(targets.len());
-        for target in targets.iter_mut().filter(|t| !t.unlimited) {
+        for (group, target) in (0u32..).zip(targets.iter_mut()).filter(|(_, t)| !t.unlimited) {
             let key = std::mem::take(&mut target.key);
             for (rate, _, _) in &target.rates {
                 items.push(BatchItem {
                     key: key.clone(),
                     limit: rate.limit,
                     cost: target.cost,
+                    group,
                 });
             }
         }

@@ -67,6 +67,11 @@ pub async fn run(
         },
         interval: settings.reload_interval,
     };
+    let addresses = (
+        listeners.grpc.local_addr()?,
+        listeners.http.local_addr()?,
+        listeners.debug.local_addr()?,
+    );
     let rules: RulesHandle = Arc::new(ArcSwapOption::empty());
     let version = reloader.load_into(&rules).context("cannot load the rules")?;
 
@@ -111,7 +116,12 @@ pub async fn run(
         tokio::time::sleep(drain).await;
         trigger.cancel();
     });
-    tracing::info!(rules = %settings.config_dir.display(), "tollgate serving");
+    let (grpc_addr, http_addr, debug_addr) = addresses;
+    // Logged with the real ports so a caller that bound port 0 can find them.
+    tracing::info!(
+        grpc = %grpc_addr, http = %http_addr, debug = %debug_addr,
+        rules = %settings.config_dir.display(), "tollgate serving"
+    );
     let (grpc, http, debug) = tokio::join!(grpc, http, debug);
     stop.cancel();
     tasks.close();

@@ -109,45 +109,40 @@ impl MemoryStore {
         }
     }
 
-    /// The synchronous heart of [`Store::apply`].
+    /// The synchronous heart of [`Store::apply`]: apply every item; if the policy says some of them
+    /// must not consume after all, restore the previous states and apply again with those costs at 0.
     fn apply_batch(&self, items: Vec<BatchItem>, policy: CommitPolicy) -> Vec<Decision> {
         let now = self.clock.now_us();
         let hashes: Vec<u64> = items.iter().map(|i| self.hash(i)).collect();
         let mut locked = self.lock_shards(&hashes);
-        let keep_undo = policy != CommitPolicy::Independent;
-        let mut undo = Vec::with_capacity(if keep_undo { items.len() } else { 0 });
         let costs: Vec<u64> = items.iter().map(|i| i.cost).collect();
-        let decisions = self.run(
+        let may_settle = policy != CommitPolicy::Independent || has_shared_group(&items);
+        let mut undo = Vec::with_capacity(if may_settle { items.len() } else { 0 });
+        let first = self.run(
             &mut locked,
             &items,
             &hashes,
             &costs,
             now,
-            keep_undo.then_some(&mut undo),
+            may_settle.then_some(&mut undo),
         );
-        let any_denied = decisions.iter().any(|d| !d.allowed);
-        match policy {
-            CommitPolicy::Independent => decisions,
-            _ if !any_denied => decisions,
-            CommitPolicy::AllOrNothing => {
-                rollback(&mut locked, &items, &hashes, undo);
-                let peeks = self.run(&mut locked, &items, &hashes, &vec![0; items.len()], now, None);
-                decisions
-                    .iter()
-                    .zip(peeks)
-                    .map(|(d, p)| unconsumed(d, &p))
-                    .collect()
-            }
-            CommitPolicy::StopIncrementWhenOverLimit => {
-                rollback(&mut locked, &items, &hashes, undo);
-                let costs: Vec<u64> = decisions
-                    .iter()
-                    .zip(&costs)
-                    .map(|(d, c)| if d.allowed { 0 } else { *c })
-                    .collect();
-                self.run(&mut locked, &items, &hashes, &costs, now, None)
-            }
-        }
+        let Some(settled) = settled_costs(&items, &first, policy) else {
+            return first;
+        };
+        rollback(&mut locked, &items, &hashes, undo);
+        let second = self.run(&mut locked, &items, &hashes, &settled, now, None);
+        first
+            .iter()
+            .zip(second)
+            .zip(costs.iter().zip(&settled))
+            .map(|((first, second), (cost, settled))| {
+                if cost == settled {
+                    second
+                } else {
+                    unconsumed(first, &second)
+                }
+            })
+            .collect()
     }
 
     /// Applies every item in order with the given costs, recording previous states in `undo`.
@@ -206,6 +201,51 @@ impl Store for MemoryStore {
     async fn apply(&self, items: Vec<BatchItem>, policy: CommitPolicy) -> Result<Vec<Decision>, StoreError> {
         Ok(self.apply_batch(items, policy))
     }
+}
+
+/// Whether some group has more than one item (only then can `Independent` need a second pass).
+fn has_shared_group(items: &[BatchItem]) -> bool {
+    items.windows(2).any(|pair| pair[0].group == pair[1].group)
+}
+
+/// The costs a batch must finally be applied with, or `None` if the first pass stands: when an item is
+/// denied, the allowed items of its group (of the whole batch under `StopIncrementWhenOverLimit`) consume
+/// nothing, and under `AllOrNothing` nothing at all does.
+fn settled_costs(items: &[BatchItem], decisions: &[Decision], policy: CommitPolicy) -> Option<Vec<u64>> {
+    if decisions.iter().all(|d| d.allowed) {
+        return None;
+    }
+    let zero_if_allowed = |i: usize, refund: bool| {
+        if refund && decisions[i].allowed {
+            0
+        } else {
+            items[i].cost
+        }
+    };
+    let settled: Vec<u64> = match policy {
+        CommitPolicy::AllOrNothing => vec![0; items.len()],
+        CommitPolicy::StopIncrementWhenOverLimit => {
+            (0..items.len()).map(|i| zero_if_allowed(i, true)).collect()
+        }
+        CommitPolicy::Independent => {
+            // Groups are contiguous: mark each run that holds a denied item.
+            let mut refund = vec![false; items.len()];
+            let mut start = 0;
+            while start < items.len() {
+                let end = start
+                    + items[start..]
+                        .iter()
+                        .take_while(|i| i.group == items[start].group)
+                        .count();
+                let denied = decisions[start..end].iter().any(|d| !d.allowed);
+                refund[start..end].fill(denied && end - start > 1);
+                start = end;
+            }
+            (0..items.len()).map(|i| zero_if_allowed(i, refund[i])).collect()
+        }
+    };
+    let unchanged = settled.iter().zip(items).all(|(s, i)| *s == i.cost);
+    (!unchanged).then_some(settled)
 }
 
 /// Restores the states recorded by [`MemoryStore::run`], newest first, so a key that appears twice in

@@ -24,20 +24,25 @@ pub struct BatchItem {
     pub limit: Limit,
     /// Units to consume; 0 checks without consuming.
     pub cost: u64,
+    /// Items of one group (the limits of one descriptor) are contiguous in the batch and pass or fail
+    /// together: when one is denied, the others consume nothing, so a request refused by a per-second
+    /// limit does not eat into the per-day budget of the same caller.
+    pub group: u32,
 }
 
-/// What a batch may change when some of its items are denied.
+/// What a batch may change when some of its items are denied. In every policy a denied item itself is
+/// still applied, so a fixed-window counter keeps counting past its limit as envoyproxy/ratelimit's does
+/// (for the other algorithms applying a denied item changes nothing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CommitPolicy {
-    /// Every item is applied on its own (envoyproxy/ratelimit's default): a denied descriptor does not
-    /// stop the others from consuming. Fixed window still counts denied hits, as Go does.
+    /// Every group is applied on its own (envoyproxy/ratelimit's default): a denied descriptor does not
+    /// stop the others from consuming.
     #[default]
     Independent,
     /// Tollgate's `all_or_nothing`: if any item is denied, nothing is consumed at all.
     AllOrNothing,
     /// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: if any item is denied, only the
-    /// denied items are applied (so fixed-window counters over the limit keep counting) and the others
-    /// consume nothing.
+    /// denied items are applied and the others consume nothing.
     StopIncrementWhenOverLimit,
 }
 

@@ -180,13 +180,33 @@ impl TestServer {
         let task = tokio::spawn(run(settings, listeners, async move {
             let _ = stopped.await;
         }));
-        Self {
+        let server = Self {
             grpc,
             http,
             debug,
             dir,
             stop: Some(stop),
             task,
+        };
+        server.wait_ready().await;
+        server
+    }
+
+    /// Waits until the server has loaded its rules and answers `/healthcheck` with 200.
+    async fn wait_ready(&self) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            assert!(!self.task.is_finished(), "the server stopped during startup");
+            let attempt = try_http(self.http, "GET", "/healthcheck", "");
+            if let Ok(Some((200, _))) = tokio::time::timeout(std::time::Duration::from_secs(1), attempt).await
+            {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the server never became ready"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }
 
@@ -216,24 +236,25 @@ impl TestServer {
 
 /// A minimal HTTP/1.1 request over a raw socket; returns (status, body).
 pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    try_http(addr, method, path, body).await.expect("HTTP exchange")
+}
+
+/// [`http`], or `None` if the exchange failed.
+pub async fn try_http(addr: SocketAddr, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    stream.write_all(request.as_bytes()).await.expect("write");
+    stream.write_all(request.as_bytes()).await.ok()?;
     let mut response = String::new();
-    stream.read_to_string(&mut response).await.expect("read");
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status line");
+    stream.read_to_string(&mut response).await.ok()?;
+    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok())?;
     let body = response
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
-    (status, body)
+    Some((status, body))
 }
 
 /// A wire request with one descriptor per entry list.

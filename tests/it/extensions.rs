@@ -1,0 +1,289 @@
+//! Tollgate's extensions to the rules format: algorithms per rule, several limits per key, custom
+//! windows, value normalisation and hashing, CIDR values, all-or-nothing domains.
+
+use std::time::Duration;
+
+use tollgate::algorithm::Algorithm;
+use tollgate::limiter::{Code, LimiterOptions};
+use tollgate::rules::ValueHasher;
+
+use crate::common::{Harness, assert_status, d, rules};
+
+const ALGORITHMS: &str = r#"
+domain: algo
+descriptors:
+  - key: bucket
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: token_bucket, burst: 5}
+  - key: gcra
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: gcra, burst: 5}
+  - key: sliding
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: sliding_window}
+  - key: log
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_log}
+  - key: quarter
+    rate_limit: {unit: minute, unit_multiplier: 15, requests_per_unit: 2}
+"#;
+
+#[tokio::test]
+async fn token_bucket_allows_the_burst_then_refills_continuously() {
+    let h = Harness::new(&[ALGORITHMS]);
+    let key = d(&[("bucket", "u")]);
+    assert_eq!(h.admitted("algo", &key, 10).await, 5, "burst of 5");
+    let v = h.check("algo", std::slice::from_ref(&key)).await;
+    assert_eq!(v.statuses[0].code, Code::OverLimit);
+    // 2 per second: the next token is 0.5 s away; the hint is rounded up to whole seconds on the wire
+    // and exact in `retry_after`.
+    assert_eq!(v.statuses[0].retry_after, Some(Duration::from_millis(500)));
+    assert_eq!(v.statuses[0].duration_until_reset, Some(Duration::from_secs(1)));
+    h.clock.advance_us(500_000);
+    assert_eq!(h.admitted("algo", &key, 3).await, 1);
+    h.advance_secs(10);
+    assert_eq!(
+        h.admitted("algo", &key, 10).await,
+        5,
+        "refilled to the burst, not beyond"
+    );
+}
+
+#[tokio::test]
+async fn gcra_admits_exactly_like_the_token_bucket() {
+    let h = Harness::new(&[ALGORITHMS]);
+    for step_ms in [0u64, 100, 250, 499, 500, 1_000, 3_000] {
+        h.clock.advance_us(step_ms * 1_000);
+        let bucket = h.admitted("algo", &d(&[("bucket", "x")]), 4).await;
+        let gcra = h.admitted("algo", &d(&[("gcra", "x")]), 4).await;
+        assert_eq!(bucket, gcra, "after a step of {step_ms} ms");
+    }
+}
+
+#[tokio::test]
+async fn sliding_window_weights_the_previous_window() {
+    let h = Harness::new(&[ALGORITHMS]);
+    let key = d(&[("sliding", "u")]);
+    assert_eq!(h.admitted("algo", &key, 12).await, 10);
+    // Half-way through the next minute the previous minute still weighs half: 5 of 10 are used.
+    h.advance_secs(90);
+    assert_eq!(h.admitted("algo", &key, 10).await, 5);
+}
+
+#[tokio::test]
+async fn sliding_log_is_exact_across_the_window_edge() {
+    let h = Harness::new(&[ALGORITHMS]);
+    let key = d(&[("log", "u")]);
+    h.advance_secs(59);
+    assert_eq!(h.admitted("algo", &key, 5).await, 3);
+    // A fixed window would reset here; the log still remembers the last 60 seconds.
+    h.advance_secs(2);
+    let v = h.check("algo", std::slice::from_ref(&key)).await;
+    assert_eq!(v.statuses[0].code, Code::OverLimit);
+    assert_eq!(v.statuses[0].retry_after, Some(Duration::from_secs(58)));
+    h.advance_secs(58);
+    assert_eq!(h.admitted("algo", &key, 5).await, 3);
+}
+
+#[tokio::test]
+async fn unit_multiplier_makes_a_fifteen_minute_window() {
+    let h = Harness::new(&[ALGORITHMS]);
+    let key = d(&[("quarter", "u")]);
+    assert_eq!(h.admitted("algo", &key, 3).await, 2);
+    let v = h.check("algo", std::slice::from_ref(&key)).await;
+    // T0 is on an hour boundary, so the 15-minute window ends 900 s later.
+    assert_eq!(v.statuses[0].duration_until_reset, Some(Duration::from_secs(900)));
+    h.advance_secs(899);
+    assert_eq!(h.admitted("algo", &key, 1).await, 0);
+    h.advance_secs(1);
+    assert_eq!(h.admitted("algo", &key, 3).await, 2);
+}
+
+const SEVERAL_LIMITS: &str = r#"
+domain: multi
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: per-second, unit: second, requests_per_unit: 2}
+      - {name: per-day, unit: day, requests_per_unit: 5}
+"#;
+
+#[tokio::test]
+async fn several_limits_on_one_key_must_all_pass() {
+    let h = Harness::new(&[SEVERAL_LIMITS]);
+    let key = d(&[("user", "alice")]);
+    let v = h.check("multi", std::slice::from_ref(&key)).await;
+    // The limit closest to exhaustion is reported: 1 of 2 left this second.
+    assert_status(&v.statuses[0], Code::Ok, 1, Some(2));
+    assert_eq!(h.admitted("multi", &key, 3).await, 1, "the per-second limit");
+    h.advance_secs(1);
+    assert_eq!(h.admitted("multi", &key, 2).await, 2);
+    h.advance_secs(1);
+    // Denied requests did not eat the daily budget: 1 + 1 + 2 used, so the fifth is allowed...
+    let v = h.check("multi", std::slice::from_ref(&key)).await;
+    assert_status(&v.statuses[0], Code::Ok, 0, Some(5));
+    h.advance_secs(1);
+    // ...and the sixth is refused by the per-day limit, which is the one reported.
+    let v = h.check("multi", std::slice::from_ref(&key)).await;
+    assert_status(&v.statuses[0], Code::OverLimit, 0, Some(5));
+    assert_eq!(
+        v.statuses[0]
+            .current_limit
+            .as_ref()
+            .and_then(|l| l.name.as_deref()),
+        Some("per-day")
+    );
+}
+
+const NORMALISED: &str = r#"
+domain: norm
+descriptors:
+  - key: email
+    lowercase: true
+    trim: true
+    hash: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: email
+    value: VIP@Example.com
+  - key: remote_address
+    ip_prefix: {v4: 32, v6: 64}
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: remote_address
+    value: 10.0.0.0/8
+    match: cidr
+    rate_limit: {unit: hour, requests_per_unit: 100}
+"#;
+
+#[tokio::test]
+async fn lowercase_and_trim_share_one_counter_and_apply_to_configured_values() {
+    let h = Harness::new(&[NORMALISED]);
+    let v = h
+        .check(
+            "norm",
+            &[
+                d(&[("email", "Alice@Example.com")]),
+                d(&[("email", " alice@example.COM ")]),
+            ],
+        )
+        .await;
+    assert_status(&v.statuses[0], Code::Ok, 1, Some(2));
+    assert_status(&v.statuses[1], Code::Ok, 0, Some(2));
+    // The configured value is normalised too, so any spelling of the VIP address is whitelisted.
+    let v = h.check("norm", &[d(&[("email", "vip@example.COM")])]).await;
+    assert_status(&v.statuses[0], Code::Ok, 0, None);
+}
+
+#[tokio::test]
+async fn ipv6_addresses_of_one_slash_64_share_a_counter_ipv4_does_not() {
+    let h = Harness::new(&[NORMALISED]);
+    let v = h
+        .check(
+            "norm",
+            &[
+                d(&[("remote_address", "2001:db8:1:2::1")]),
+                d(&[("remote_address", "2001:db8:1:2:ffff::9")]),
+                d(&[("remote_address", "2001:db8:1:3::1")]),
+                d(&[("remote_address", "192.0.2.1")]),
+                d(&[("remote_address", "192.0.2.2")]),
+            ],
+        )
+        .await;
+    assert_status(&v.statuses[0], Code::Ok, 1, Some(2));
+    assert_status(&v.statuses[1], Code::Ok, 0, Some(2));
+    assert_status(&v.statuses[2], Code::Ok, 1, Some(2));
+    assert_status(&v.statuses[3], Code::Ok, 1, Some(2));
+    assert_status(&v.statuses[4], Code::Ok, 1, Some(2));
+}
+
+#[tokio::test]
+async fn cidr_values_match_ranges_before_the_key_default() {
+    let h = Harness::new(&[NORMALISED]);
+    let v = h
+        .check(
+            "norm",
+            &[
+                d(&[("remote_address", "10.1.2.3")]),
+                d(&[("remote_address", "11.1.2.3")]),
+            ],
+        )
+        .await;
+    assert_status(&v.statuses[0], Code::Ok, 99, Some(100));
+    assert_status(&v.statuses[1], Code::Ok, 1, Some(2));
+}
+
+#[test]
+fn hashed_values_never_reach_the_storage_key() {
+    let set = rules(&[NORMALISED], Algorithm::FixedWindow);
+    let domain = set.domain("norm").expect("domain");
+    let mut key = String::from("norm_");
+    domain
+        .find(
+            &[("email", " Alice@Example.com")],
+            &ValueHasher::new("secret"),
+            &mut key,
+        )
+        .expect("rule");
+    assert!(!key.to_lowercase().contains("alice"), "{key}");
+    assert!(key.starts_with("norm_email_") && key.ends_with('_'), "{key}");
+    let digest = &key["norm_email_".len()..key.len() - 1];
+    assert_eq!(digest.len(), 32);
+    assert!(digest.chars().all(|c| c.is_ascii_hexdigit()), "{key}");
+    // The same caller, spelled differently, gets the same key; another secret gives another key.
+    let mut again = String::from("norm_");
+    domain
+        .find(
+            &[("email", "alice@example.com")],
+            &ValueHasher::new("secret"),
+            &mut again,
+        )
+        .expect("rule");
+    assert_eq!(key, again);
+    let mut other = String::from("norm_");
+    domain
+        .find(
+            &[("email", "alice@example.com")],
+            &ValueHasher::new("other"),
+            &mut other,
+        )
+        .expect("rule");
+    assert_ne!(key, other);
+}
+
+const ALL_OR_NOTHING: &str = r#"
+domain: aon
+all_or_nothing: true
+descriptors:
+  - key: roomy
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: tight
+    rate_limit: {unit: hour, requests_per_unit: 1}
+"#;
+
+#[tokio::test]
+async fn all_or_nothing_consumes_nothing_when_one_descriptor_is_over() {
+    let h = Harness::new(&[ALL_OR_NOTHING]);
+    let pair = [d(&[("roomy", "a")]), d(&[("tight", "a")])];
+    let v = h.check("aon", &pair).await;
+    assert_status(&v.statuses[0], Code::Ok, 9, Some(10));
+    assert_status(&v.statuses[1], Code::Ok, 0, Some(1));
+    for _ in 0..3 {
+        let v = h.check("aon", &pair).await;
+        assert_eq!(v.overall, Code::OverLimit);
+        // The roomy descriptor passed but consumed nothing: still 9 left.
+        assert_status(&v.statuses[0], Code::Ok, 9, Some(10));
+        assert_status(&v.statuses[1], Code::OverLimit, 0, Some(1));
+    }
+}
+
+#[tokio::test]
+async fn default_algorithm_applies_to_rules_and_overrides_that_name_none() {
+    let yaml =
+        "domain: dflt\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2}\n";
+    let options = LimiterOptions {
+        default_algorithm: Algorithm::TokenBucket,
+        ..LimiterOptions::default()
+    };
+    let h = Harness::with_options(&[yaml], options);
+    let key = d(&[("k", "v")]);
+    assert_eq!(h.admitted("dflt", &key, 3).await, 2);
+    // A token bucket refills continuously: half a second later one more is allowed (a fixed window
+    // starting at T0 would still be closed).
+    h.clock.advance_us(500_000);
+    assert_eq!(h.admitted("dflt", &key, 2).await, 1);
+}

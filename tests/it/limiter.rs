@@ -1,0 +1,201 @@
+//! The decision core and the embedded store: atomicity under concurrency, failure modes when the store
+//! fails, and memory that stays bounded under key churn.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use arc_swap::ArcSwapOption;
+use tollgate::algorithm::{Algorithm, Decision, Limit};
+use tollgate::clock::ManualClock;
+use tollgate::limiter::{Code, Limiter, LimiterError, LimiterOptions};
+use tollgate::rules::ValueHasher;
+use tollgate::store::memory::MemoryStore;
+use tollgate::store::{BatchItem, CommitPolicy, Store, StoreError};
+
+use crate::common::{Harness, T0_US, assert_status, d, rules};
+
+/// A store that is always down, as Redis is when it has been killed.
+struct DownStore;
+
+impl Store for DownStore {
+    async fn apply(&self, _: Vec<BatchItem>, _: CommitPolicy) -> Result<Vec<Decision>, StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+}
+
+const FAILURE_MODES: &str = r#"
+domain: fm
+descriptors:
+  - key: open
+    rate_limit: {unit: second, requests_per_unit: 5, failure_mode: open}
+  - key: closed
+    rate_limit: {unit: second, requests_per_unit: 5, failure_mode: closed}
+  - key: unset
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: free
+    rate_limit: {unlimited: true}
+"#;
+
+fn down_limiter() -> Limiter<DownStore> {
+    let set = rules(&[FAILURE_MODES], Algorithm::FixedWindow);
+    Limiter::new(
+        Arc::new(ArcSwapOption::from_pointee(set)),
+        DownStore,
+        ValueHasher::default(),
+        LimiterOptions::default(),
+    )
+}
+
+#[tokio::test]
+async fn failure_mode_open_allows_and_closed_denies() {
+    let limiter = down_limiter();
+    let v = limiter
+        .should_rate_limit("fm", &[d(&[("open", "a")]), d(&[("free", "x")])], 0)
+        .await
+        .expect("open");
+    assert_eq!(v.overall, Code::Ok);
+    assert!(v.statuses[0].from_failure_mode);
+    assert_status(&v.statuses[0], Code::Ok, 0, Some(5));
+    assert_eq!(v.statuses[1].limit_remaining, u32::MAX);
+    let v = limiter
+        .should_rate_limit("fm", &[d(&[("closed", "a")]), d(&[("open", "b")])], 0)
+        .await
+        .expect("closed");
+    assert_eq!(v.overall, Code::OverLimit);
+    assert_status(&v.statuses[0], Code::OverLimit, 0, Some(5));
+    assert_status(&v.statuses[1], Code::Ok, 0, Some(5));
+}
+
+#[tokio::test]
+async fn a_limit_without_failure_mode_turns_a_store_failure_into_an_error() {
+    let limiter = down_limiter();
+    for descriptors in [
+        vec![d(&[("unset", "a")])],
+        vec![d(&[("open", "a")]), d(&[("unset", "a")])],
+    ] {
+        let err = limiter
+            .should_rate_limit("fm", &descriptors, 0)
+            .await
+            .expect_err("store down");
+        assert!(
+            matches!(err, LimiterError::Store(StoreError::Unavailable(_))),
+            "{err:?}"
+        );
+    }
+    // Nothing to count means nothing to fail: unmatched and unlimited descriptors still answer.
+    let v = limiter
+        .should_rate_limit("fm", &[d(&[("free", "x")]), d(&[("none", "x")])], 0)
+        .await
+        .expect("ok");
+    assert_eq!(v.overall, Code::Ok);
+}
+
+fn concurrency_rules(algorithm: Algorithm) -> String {
+    format!(
+        "domain: race\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: 100, algorithm: {}}}\n",
+        algorithm.as_str()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_concurrent_clients_get_exactly_the_limit() {
+    for algorithm in Algorithm::ALL {
+        let h = Arc::new(Harness::new(&[&concurrency_rules(algorithm)]));
+        let admitted = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..64)
+            .map(|_| {
+                let (h, admitted) = (Arc::clone(&h), Arc::clone(&admitted));
+                tokio::spawn(async move {
+                    for _ in 0..10 {
+                        let v = h.check("race", &[d(&[("k", "hot")])]).await;
+                        if v.overall == Code::Ok {
+                            admitted.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("task");
+        }
+        assert_eq!(admitted.load(Ordering::SeqCst), 100, "{}", algorithm.as_str());
+    }
+}
+
+#[tokio::test]
+async fn the_same_key_twice_in_one_request_counts_twice() {
+    let h = Harness::new(&[&concurrency_rules(Algorithm::FixedWindow)]);
+    let v = h.check("race", &[d(&[("k", "a")]), d(&[("k", "a")])]).await;
+    assert_status(&v.statuses[0], Code::Ok, 99, Some(100));
+    assert_status(&v.statuses[1], Code::Ok, 98, Some(100));
+}
+
+fn item(key: String, cost: u64) -> BatchItem {
+    let limit = Limit {
+        algorithm: Algorithm::FixedWindow,
+        requests: 10,
+        window_us: 1_000_000,
+        burst: 10,
+    };
+    BatchItem {
+        key,
+        limit,
+        cost,
+        group: 0,
+    }
+}
+
+#[tokio::test]
+async fn a_million_distinct_keys_are_dropped_once_they_cannot_matter() {
+    let clock = ManualClock::new(T0_US);
+    let store = MemoryStore::new(Arc::new(clock.clone()));
+    const KEYS: usize = 1_000_000;
+    for i in 0..KEYS {
+        let decisions = store
+            .apply(vec![item(format!("churn_ip_{i}_"), 1)], CommitPolicy::Independent)
+            .await;
+        assert!(decisions.expect("memory store never fails")[0].allowed);
+    }
+    assert_eq!(store.len(), KEYS);
+    // Nothing expires while the window is open...
+    assert_eq!(store.sweep(), 0);
+    // ...and everything once it has closed.
+    clock.advance_us(1_000_000);
+    assert_eq!(store.sweep(), KEYS);
+    assert!(store.is_empty());
+}
+
+#[tokio::test]
+async fn expired_state_is_ignored_even_before_a_sweep() {
+    let clock = ManualClock::new(T0_US);
+    let store = MemoryStore::new(Arc::new(clock.clone()));
+    let first = store
+        .apply(vec![item("k_v_".into(), 10)], CommitPolicy::Independent)
+        .await
+        .expect("ok");
+    assert_eq!(first[0].remaining, 0);
+    clock.advance_us(1_000_000);
+    let again = store
+        .apply(vec![item("k_v_".into(), 1)], CommitPolicy::Independent)
+        .await
+        .expect("ok");
+    assert_eq!(again[0].remaining, 9);
+}
+
+#[tokio::test]
+async fn all_or_nothing_rolls_back_a_key_seen_twice() {
+    let clock = ManualClock::new(T0_US);
+    let store = MemoryStore::new(Arc::new(clock.clone()));
+    let mut batch = vec![item("a_".into(), 4), item("a_".into(), 4), item("b_".into(), 11)];
+    batch[1].group = 1;
+    batch[2].group = 2;
+    let decisions = store.apply(batch, CommitPolicy::AllOrNothing).await.expect("ok");
+    assert!(decisions[0].allowed && decisions[1].allowed && !decisions[2].allowed);
+    // Nothing was consumed: the full budget is still there for "a".
+    let after = store
+        .apply(vec![item("a_".into(), 10)], CommitPolicy::Independent)
+        .await
+        .expect("ok");
+    assert!(after[0].allowed);
+    assert_eq!(after[0].remaining, 0);
+}
