@@ -1,6 +1,8 @@
 //! Logging: `LOG_LEVEL` (envoyproxy/ratelimit's names, any case, or a full tracing filter directive) and
 //! `LOG_FORMAT` (`text` or `json`).
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber. Logs go to stderr so `tollgate query` output stays clean on stdout.
