@@ -30,6 +30,33 @@ enum Command {
     /// Send one ShouldRateLimit request and print the answer as JSON. Exit code: 0 OK, 1 OVER_LIMIT,
     /// 2 error.
     Query(QueryArgs),
+    /// Load-test an Envoy RLS server: decisions/s and latency percentiles.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// The server's gRPC address.
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    addr: String,
+    /// The rate limit domain.
+    #[arg(long)]
+    domain: String,
+    /// A descriptor template `key=value[,key=value...]`; `{i}` becomes the key index. Repeatable.
+    #[arg(long = "descriptor", short = 'd', required = true)]
+    descriptors: Vec<String>,
+    /// Distinct values of `{i}`.
+    #[arg(long, default_value_t = 10_000)]
+    keys: u64,
+    /// Requests in flight.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// HTTP/2 connections.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// How long to run (e.g. 10s).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: std::time::Duration,
 }
 
 #[derive(Debug, Args)]
@@ -83,6 +110,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => report(serve(args)),
         Command::CheckConfig(args) => check_config(args),
         Command::Query(args) => query(args),
+        Command::Bench(args) => report(bench(args)),
     }
 }
 
@@ -117,6 +145,22 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let listeners = crate::server::Listeners::bind(&settings).await?;
         crate::server::run(settings, listeners, crate::server::shutdown_signal()).await
     })
+}
+
+fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let plan = crate::loadgen::LoadPlan {
+        addr: args.addr,
+        domain: args.domain,
+        descriptors: args.descriptors,
+        keys: args.keys,
+        concurrency: args.concurrency,
+        connections: args.connections,
+        duration: args.duration,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let report = runtime.block_on(crate::loadgen::run(plan))?;
+    println!("{report}");
+    Ok(())
 }
 
 fn check_config(args: CheckConfigArgs) -> ExitCode {

@@ -16,6 +16,7 @@
 //! - [`grpc`]: Envoy's RateLimitService, health, reflection. [`http`]: admin and debug HTTP endpoints.
 //! - [`json`]: proto3 JSON of the Envoy messages.
 //! - [`health`], [`reload`], [`settings`], [`telemetry`], [`server`], [`cli`]: running the service.
+//! - [`loadgen`]: `tollgate bench`, the load generator.
 //! - [`proto`]: generated protocol types.
 
 pub mod algorithm;
@@ -27,6 +28,7 @@ pub mod health;
 pub mod http;
 pub mod json;
 pub mod limiter;
+pub mod loadgen;
 pub mod proto;
 pub mod reload;
 pub mod rules;

@@ -5,4 +5,10 @@
 
 mod common;
 
+mod cli;
 mod compat;
+mod extensions;
+mod grpc;
+mod hostile_input;
+mod limiter;
+mod reload;

@@ -1,0 +1,211 @@
+//! `tollgate bench`: a closed-loop load generator for any Envoy RLS server (Tollgate or another), so
+//! throughput and latency are measured end to end, over real sockets, the way Envoy calls.
+//!
+//! `concurrency` workers each keep one request in flight, spread over `connections` HTTP/2 connections.
+//! Each request carries one descriptor per `-d` template, with `{i}` replaced by a key index cycling
+//! through `keys` distinct values, so the store sees realistic key churn.
+
+use std::time::{Duration, Instant};
+
+use tonic::transport::Channel;
+
+use crate::proto::descriptor::RateLimitDescriptor;
+use crate::proto::descriptor::rate_limit_descriptor::Entry;
+use crate::proto::rls::RateLimitRequest;
+use crate::proto::rls::rate_limit_response::Code;
+use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+
+/// What to send and for how long.
+#[derive(Debug, Clone)]
+pub struct LoadPlan {
+    /// Server address, e.g. `http://127.0.0.1:8081`.
+    pub addr: String,
+    /// Domain of every request.
+    pub domain: String,
+    /// Descriptor templates (`key=value-{i},key2=...`).
+    pub descriptors: Vec<String>,
+    /// Distinct values substituted for `{i}`.
+    pub keys: u64,
+    /// Requests in flight at once.
+    pub concurrency: usize,
+    /// HTTP/2 connections shared by the workers.
+    pub connections: usize,
+    /// How long to send.
+    pub duration: Duration,
+}
+
+/// What the run measured.
+#[derive(Debug, Clone, Default)]
+pub struct LoadReport {
+    /// Answered requests.
+    pub requests: u64,
+    /// Requests answered OVER_LIMIT.
+    pub over_limit: u64,
+    /// Requests that failed (transport error or gRPC status).
+    pub errors: u64,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+    /// Latency percentiles (p50, p90, p99, p99.9, max).
+    pub latency: [Duration; 5],
+}
+
+impl std::fmt::Display for LoadReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let per_second = self.requests as f64 / self.elapsed.as_secs_f64().max(f64::EPSILON);
+        let [p50, p90, p99, p999, max] = self.latency;
+        writeln!(
+            f,
+            "requests:    {} in {:.2?} ({per_second:.0} decisions/s)",
+            self.requests, self.elapsed
+        )?;
+        writeln!(f, "over limit:  {}", self.over_limit)?;
+        writeln!(f, "errors:      {}", self.errors)?;
+        write!(
+            f,
+            "latency:     p50 {p50:.2?}  p90 {p90:.2?}  p99 {p99:.2?}  p99.9 {p999:.2?}  max {max:.2?}"
+        )
+    }
+}
+
+/// Runs the plan and reports.
+pub async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
+    let templates = parse_templates(&plan.descriptors)?;
+    let mut channels = Vec::with_capacity(plan.connections.max(1));
+    for _ in 0..plan.connections.max(1) {
+        channels.push(Channel::from_shared(plan.addr.clone())?.connect().await?);
+    }
+    let start = Instant::now();
+    let deadline = start + plan.duration;
+    let workers: Vec<_> = (0..plan.concurrency.max(1))
+        .map(|worker| {
+            let client = RateLimitServiceClient::new(channels[worker % channels.len()].clone());
+            let (templates, domain) = (templates.clone(), plan.domain.clone());
+            let stride = plan.concurrency.max(1) as u64;
+            tokio::spawn(work(
+                client,
+                domain,
+                templates,
+                worker as u64,
+                stride,
+                plan.keys.max(1),
+                deadline,
+            ))
+        })
+        .collect();
+    let mut report = LoadReport::default();
+    let mut latencies = Vec::new();
+    for worker in workers {
+        let (counts, mut samples) = worker.await?;
+        report.requests += counts.0;
+        report.over_limit += counts.1;
+        report.errors += counts.2;
+        latencies.append(&mut samples);
+    }
+    report.elapsed = start.elapsed();
+    latencies.sort_unstable();
+    report.latency = [0.5, 0.9, 0.99, 0.999, 1.0].map(|q| percentile(&latencies, q));
+    Ok(report)
+}
+
+type Template = Vec<(String, String)>;
+
+fn parse_templates(texts: &[String]) -> anyhow::Result<Vec<Template>> {
+    texts
+        .iter()
+        .map(|text| {
+            text.split(',')
+                .map(|pair| {
+                    let (k, v) = pair
+                        .split_once('=')
+                        .ok_or_else(|| anyhow::anyhow!("descriptor entry {pair:?} is not key=value"))?;
+                    Ok((k.to_owned(), v.to_owned()))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// One worker: requests back to back until the deadline. Returns (answered, over limit, errors) and
+/// the latency of every answered request.
+async fn work(
+    mut client: RateLimitServiceClient<Channel>,
+    domain: String,
+    templates: Vec<Template>,
+    first_key: u64,
+    stride: u64,
+    keys: u64,
+    deadline: Instant,
+) -> ((u64, u64, u64), Vec<Duration>) {
+    let (mut answered, mut over, mut errors) = (0, 0, 0);
+    let mut latencies = Vec::new();
+    let mut key = first_key;
+    while Instant::now() < deadline {
+        let request = request(&domain, &templates, key % keys);
+        key += stride;
+        let sent = Instant::now();
+        match client.should_rate_limit(request).await {
+            Ok(response) => {
+                latencies.push(sent.elapsed());
+                answered += 1;
+                if response.into_inner().overall_code == Code::OverLimit as i32 {
+                    over += 1;
+                }
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    ((answered, over, errors), latencies)
+}
+
+fn request(domain: &str, templates: &[Template], key: u64) -> RateLimitRequest {
+    let index = key.to_string();
+    let descriptors = templates
+        .iter()
+        .map(|entries| RateLimitDescriptor {
+            entries: entries
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: k.clone(),
+                    value: v.replace("{i}", &index),
+                })
+                .collect(),
+            ..Default::default()
+        })
+        .collect();
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let samples: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&samples, 0.5), Duration::from_millis(50));
+        assert_eq!(percentile(&samples, 0.99), Duration::from_millis(99));
+        assert_eq!(percentile(&samples, 1.0), Duration::from_millis(100));
+        assert_eq!(percentile(&[], 0.5), Duration::ZERO);
+    }
+
+    #[test]
+    fn templates_substitute_the_key_index() {
+        let templates = parse_templates(&["user=u-{i},path=/x".to_owned()]).expect("valid");
+        let request = request("d", &templates, 42);
+        assert_eq!(request.descriptors[0].entries[0].value, "u-42");
+        assert_eq!(request.descriptors[0].entries[1].value, "/x");
+        assert!(parse_templates(&["novalue".to_owned()]).is_err());
+    }
+}

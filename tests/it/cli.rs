@@ -1,0 +1,514 @@
+//! The `tollgate` binary: `serve` (flags and envoyproxy/ratelimit's environment names, port 0, SIGTERM),
+//! `check-config` and `query`. Children run with a cleared environment, are killed on drop, and every
+//! wait is bounded.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tollgate::proto::rls::rate_limit_response::Code as WireCode;
+use tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+
+use crate::common::{TestServer, http, wire_request};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+
+const RULES: &str = r#"
+domain: cli
+descriptors:
+  - key: user
+    rate_limit:
+      unit: hour
+      requests_per_unit: 2
+"#;
+
+/// `ratelimit` instead of `rate_limit`: Go's "unknown key" error.
+const MISSPELLED: &str = r#"
+domain: broken
+descriptors:
+  - key: user
+    ratelimit:
+      unit: hour
+      requests_per_unit: 2
+"#;
+
+const STARTUP: Duration = Duration::from_secs(10);
+const EXIT: Duration = Duration::from_secs(5);
+const POLL: Duration = Duration::from_millis(10);
+
+/// A command for the binary with an empty environment (so the developer's variables cannot leak in).
+fn tollgate(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .args(args)
+        .env_clear()
+        .envs(env.iter().copied())
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null());
+    command
+}
+
+/// A child process that is killed and reaped when dropped, whatever happened to the test.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+impl Guard {
+    /// Waits for the exit within `bound` by polling; `None` if it is still running.
+    fn wait_for(&mut self, bound: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Some(status) = self.0.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
+/// Reads a pipe to the end on a thread.
+fn collect(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        bytes
+    })
+}
+
+/// Runs a short command to completion within the bound (off the async runtime, so an in-process
+/// server it talks to keeps running).
+async fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = tollgate(args, env);
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    tokio::task::spawn_blocking(move || {
+        let mut child = Guard(command.spawn().expect("spawn tollgate"));
+        let stdout = collect(child.0.stdout.take().expect("stdout piped"));
+        let stderr = collect(child.0.stderr.take().expect("stderr piped"));
+        let status = child
+            .wait_for(EXIT)
+            .expect("the command finished within the bound");
+        Output {
+            status,
+            stdout: stdout.join().expect("stdout reader"),
+            stderr: stderr.join().expect("stderr reader"),
+        }
+    })
+    .await
+    .expect("runner thread")
+}
+
+fn rules_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_files(dir.path(), files);
+    dir
+}
+
+fn write_files(dir: &Path, files: &[(&str, &str)]) {
+    std::fs::create_dir_all(dir).expect("create rules dir");
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).expect("write rules");
+    }
+}
+
+/// Removes ANSI escape sequences (`ESC [ ... letter`), in case the log is coloured.
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The addresses from the `tollgate serving grpc=ADDR http=ADDR debug=ADDR` log line.
+fn parse_serving(line: &str) -> Option<(SocketAddr, SocketAddr, SocketAddr)> {
+    let line = strip_ansi(line);
+    if !line.contains("tollgate serving") {
+        return None;
+    }
+    let field = |name: &str| -> Option<SocketAddr> {
+        line.split_whitespace()
+            .find_map(|token| token.strip_prefix(&format!("{name}=")))
+            .and_then(|value| value.trim_matches('"').parse().ok())
+    };
+    Some((field("grpc")?, field("http")?, field("debug")?))
+}
+
+/// A running `tollgate serve`, killed on drop unless it exited.
+struct Served {
+    child: Guard,
+    grpc: SocketAddr,
+    http: SocketAddr,
+    debug: SocketAddr,
+    stderr: mpsc::Receiver<String>,
+    log: Vec<String>,
+}
+
+impl Served {
+    async fn start(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut command = tollgate(args, env);
+        command.stdout(Stdio::null()).stderr(Stdio::piped());
+        tokio::task::spawn_blocking(move || Self::start_blocking(command))
+            .await
+            .expect("starter thread")
+    }
+
+    fn start_blocking(mut command: Command) -> Self {
+        let mut child = Guard(command.spawn().expect("spawn tollgate serve"));
+        let stderr = child.0.stderr.take().expect("stderr piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + STARTUP;
+        let mut log = Vec::new();
+        let addresses = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    let parsed = parse_serving(&line);
+                    log.push(line);
+                    if let Some(addresses) = parsed {
+                        break addresses;
+                    }
+                }
+                Err(_) => {
+                    let exit = child.0.try_wait().ok().flatten();
+                    panic!(
+                        "no `tollgate serving` line with addresses (exit: {exit:?}); stderr so far:\n{}",
+                        log.join("\n")
+                    );
+                }
+            }
+        };
+        let (grpc, http, debug) = addresses;
+        Self {
+            child,
+            grpc,
+            http,
+            debug,
+            stderr: rx,
+            log,
+        }
+    }
+
+    /// Sends SIGTERM and returns the exit code, bounded.
+    async fn terminate(mut self) -> Option<i32> {
+        let pid = self.child.0.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM delivered");
+        tokio::task::spawn_blocking(move || {
+            let Some(status) = self.child.wait_for(EXIT) else {
+                self.log.extend(self.stderr.try_iter());
+                panic!(
+                    "no exit within {EXIT:?} of SIGTERM; stderr:\n{}",
+                    self.log.join("\n")
+                );
+            };
+            status.code()
+        })
+        .await
+        .expect("waiter thread")
+    }
+}
+
+async fn ask_user(grpc: SocketAddr, domain: &str, user: &str) -> tollgate::proto::rls::RateLimitResponse {
+    let mut client = tokio::time::timeout(STARTUP, RateLimitServiceClient::connect(format!("http://{grpc}")))
+        .await
+        .expect("connect within the bound")
+        .expect("connect");
+    tokio::time::timeout(
+        EXIT,
+        client.should_rate_limit(wire_request(domain, &[&[("user", user)]])),
+    )
+    .await
+    .expect("answer within the bound")
+    .expect("ShouldRateLimit")
+    .into_inner()
+}
+
+#[test]
+fn serving_line_parser() {
+    let plain = "2026-01-01T00:00:00Z  INFO tollgate::server: tollgate serving grpc=127.0.0.1:1 \
+                 http=127.0.0.1:2 debug=[::1]:3 rules=/tmp/x";
+    let (g, h, d) = parse_serving(plain).expect("parsed");
+    assert_eq!((g.port(), h.port(), d.port()), (1, 2, 3));
+    let coloured = "\u{1b}[32m INFO\u{1b}[0m tollgate serving \u{1b}[3mgrpc\u{1b}[0m\u{1b}[2m=\u{1b}[0m127.0.0.1:9 \
+                    \u{1b}[3mhttp\u{1b}[0m\u{1b}[2m=\u{1b}[0m127.0.0.1:8 \u{1b}[3mdebug\u{1b}[0m\u{1b}[2m=\u{1b}[0m127.0.0.1:7";
+    let (g, h, d) = parse_serving(coloured).expect("parsed");
+    assert_eq!((g.port(), h.port(), d.port()), (9, 8, 7));
+    assert!(parse_serving("something else grpc=127.0.0.1:1").is_none());
+}
+
+#[tokio::test]
+async fn serve_with_flags_answers_then_exits_zero_on_sigterm() {
+    let dir = rules_dir(&[("cli.yaml", RULES)]);
+    let config_dir = dir.path().to_str().expect("utf-8 path");
+    let served = Served::start(
+        &[
+            "serve",
+            "--config-dir",
+            config_dir,
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--debug-addr",
+            "127.0.0.1:0",
+        ],
+        &[],
+    )
+    .await;
+    for addr in [served.grpc, served.http, served.debug] {
+        assert!(addr.ip().is_loopback() && addr.port() != 0, "{addr}");
+    }
+    let r = ask_user(served.grpc, "cli", "a").await;
+    assert_eq!(r.overall_code, WireCode::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    let (status, body) = http(served.http, "GET", "/healthcheck", "").await;
+    assert_eq!((status, body.as_str()), (200, "OK"));
+    let (status, body) = http(served.debug, "GET", "/rlconfig", "").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body.trim_end(),
+        "cli.user: unit=HOUR requests_per_unit=2, shadow_mode: false, quota_mode: false"
+    );
+    assert_eq!(served.terminate().await, Some(0), "exit code after SIGTERM");
+}
+
+#[tokio::test]
+async fn serve_with_go_environment_names() {
+    let root = tempfile::tempdir().expect("tempdir");
+    write_files(&root.path().join("sub").join("app"), &[("cli.yaml", RULES)]);
+    let root_path = root.path().to_str().expect("utf-8 path");
+    let served = Served::start(
+        &["serve"],
+        &[
+            ("RUNTIME_ROOT", root_path),
+            ("RUNTIME_SUBDIRECTORY", "sub"),
+            ("RUNTIME_APPDIRECTORY", "app"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            ("DEBUG_HOST", "127.0.0.1"),
+            ("DEBUG_PORT", "0"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LOG_LEVEL", "info"),
+        ],
+    )
+    .await;
+    for addr in [served.grpc, served.http, served.debug] {
+        assert_eq!(addr.ip().to_string(), "127.0.0.1");
+        assert_ne!(addr.port(), 0);
+    }
+    let r = ask_user(served.grpc, "cli", "b").await;
+    assert_eq!(r.overall_code, WireCode::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    // LIMIT_RESPONSE_HEADERS_ENABLED reached the binary too.
+    let keys: Vec<&str> = r.response_headers_to_add.iter().map(|h| h.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"]
+    );
+    let (status, body) = http(served.http, "GET", "/healthcheck", "").await;
+    assert_eq!((status, body.as_str()), (200, "OK"));
+    let (_, body) = http(served.debug, "GET", "/rlconfig", "").await;
+    assert!(body.contains("cli.user: unit=HOUR requests_per_unit=2"), "{body}");
+    assert_eq!(served.terminate().await, Some(0));
+}
+
+#[tokio::test]
+async fn invalid_rules_at_startup_exit_non_zero_naming_file_and_reason() {
+    let dir = rules_dir(&[("good.yaml", RULES), ("broken.yaml", MISSPELLED)]);
+    let config_dir = dir.path().to_str().expect("utf-8 path");
+    let out = run(
+        &[
+            "serve",
+            "--config-dir",
+            config_dir,
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--debug-addr",
+            "127.0.0.1:0",
+        ],
+        &[],
+    )
+    .await;
+    let stderr = strip_ansi(&String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "non-zero exit; stderr:\n{stderr}");
+    assert!(stderr.contains("broken.yaml"), "names the file: {stderr}");
+    assert!(
+        stderr.contains("config error, unknown key 'ratelimit'"),
+        "gives the reason: {stderr}"
+    );
+    assert!(!stderr.contains("tollgate serving"), "{stderr}");
+}
+
+#[tokio::test]
+async fn serve_fails_clearly_when_the_port_is_taken() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let dir = rules_dir(&[("cli.yaml", RULES)]);
+    let config_dir = dir.path().to_str().expect("utf-8 path");
+    let out = run(
+        &[
+            "serve",
+            "--config-dir",
+            config_dir,
+            "--grpc-addr",
+            &addr,
+            "--http-addr",
+            "127.0.0.1:0",
+            "--debug-addr",
+            "127.0.0.1:0",
+        ],
+        &[],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(&addr), "names the address: {stderr}");
+}
+
+#[tokio::test]
+async fn check_config_accepts_a_good_directory() {
+    let dir = rules_dir(&[("cli.yaml", RULES)]);
+    let out = run(&["check-config", dir.path().to_str().expect("utf-8 path")], &[]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("OK"), "{stdout}");
+}
+
+#[tokio::test]
+async fn check_config_rejects_a_bad_directory_with_gos_message() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "misspelled.yaml",
+            MISSPELLED,
+            "config error, unknown key 'ratelimit'",
+        ),
+        (
+            "nodomain.yaml",
+            "descriptors:\n  - key: a\n",
+            "config file cannot have empty domain",
+        ),
+        (
+            "unit.yaml",
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
+            "invalid rate limit unit 'fortnight'",
+        ),
+    ];
+    for (name, text, message) in cases {
+        let dir = rules_dir(&[("fine.yaml", RULES), (name, text)]);
+        let out = run(&["check-config", dir.path().to_str().expect("utf-8 path")], &[]).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: non-zero exit");
+        assert!(stderr.contains(name), "{name}: file named in {stderr}");
+        assert!(stderr.contains(message), "{name}: {message:?} in {stderr}");
+    }
+    // A missing directory is an error too.
+    let out = run(&["check-config", "/nonexistent/tollgate-rules"], &[]).await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/tollgate-rules"));
+}
+
+async fn query(addr: &str, descriptors: &[&str]) -> (Option<i32>, String, String) {
+    let mut args = vec!["query", "--addr", addr, "--domain", "cli"];
+    for d in descriptors {
+        args.extend(["-d", d]);
+    }
+    let out = run(&args, &[]).await;
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn query_prints_json_and_exits_by_overall_code() {
+    let server = TestServer::start(&[("cli.yaml", RULES)], &[]).await;
+    let addr = format!("http://{}", server.grpc);
+    for remaining in [1, 0] {
+        let (code, stdout, stderr) = query(&addr, &["user=q", "other=x,more=y"]).await;
+        assert_eq!(code, Some(0), "stdout: {stdout}\nstderr: {stderr}");
+        let json: Value = serde_json::from_str(stdout.trim()).expect("stdout is JSON");
+        assert_eq!(json["overallCode"], "OK", "{json}");
+        let statuses = json["statuses"].as_array().expect("statuses");
+        assert_eq!(statuses.len(), 2);
+        assert_eq!(statuses[0]["code"], "OK");
+        assert_eq!(statuses[0]["currentLimit"]["requestsPerUnit"], 2, "{json}");
+        if remaining == 0 {
+            assert!(
+                statuses[0].get("limitRemaining").is_none(),
+                "zero omitted: {json}"
+            );
+        } else {
+            assert_eq!(statuses[0]["limitRemaining"], remaining, "{json}");
+        }
+    }
+    let (code, stdout, stderr) = query(&addr, &["user=q"]).await;
+    assert_eq!(
+        code,
+        Some(1),
+        "OVER_LIMIT exits 1; stdout: {stdout}\nstderr: {stderr}"
+    );
+    let json: Value = serde_json::from_str(stdout.trim()).expect("stdout is JSON");
+    assert_eq!(json["overallCode"], "OVER_LIMIT", "{json}");
+    assert_eq!(json["statuses"][0]["code"], "OVER_LIMIT", "{json}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn query_errors_exit_two() {
+    // Nothing listens here once the listener is dropped.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let (code, stdout, stderr) = query(&format!("http://{closed}"), &["user=a"]).await;
+    assert_eq!(code, Some(2), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.is_empty());
+    // A malformed descriptor.
+    let (code, _, stderr) = query("http://127.0.0.1:1", &["novalue"]).await;
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("not key=value"), "{stderr}");
+}
