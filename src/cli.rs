@@ -34,17 +34,41 @@ enum Command {
     Bench(BenchArgs),
 }
 
+/// Where to send requests and what they carry (`query` and `bench`).
 #[derive(Debug, Args)]
-struct BenchArgs {
+struct Target {
     /// The server's gRPC address.
     #[arg(long, default_value = "http://127.0.0.1:8081")]
     addr: String,
     /// The rate limit domain.
     #[arg(long)]
     domain: String,
-    /// A descriptor template `key=value[,key=value...]`; `{i}` becomes the key index. Repeatable.
-    #[arg(long = "descriptor", short = 'd', required = true)]
-    descriptors: Vec<String>,
+    /// A descriptor as `key=value[,key=value...]`; repeat for several descriptors. In `bench`, `{i}` in a
+    /// value becomes the key index.
+    #[arg(long = "descriptor", short = 'd', required = true, value_parser = parse_descriptor)]
+    descriptors: Vec<Descriptor>,
+}
+
+/// One descriptor's entries from the command line.
+#[derive(Debug, Clone)]
+struct Descriptor(Vec<(String, String)>);
+
+fn parse_descriptor(text: &str) -> Result<Descriptor, String> {
+    text.split(',')
+        .map(|pair| {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("descriptor entry {pair:?} is not key=value"))?;
+            Ok((key.to_owned(), value.to_owned()))
+        })
+        .collect::<Result<_, _>>()
+        .map(Descriptor)
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    target: Target,
     /// Distinct values of `{i}`.
     #[arg(long, default_value_t = 10_000)]
     keys: u64,
@@ -89,15 +113,8 @@ struct CheckConfigArgs {
 
 #[derive(Debug, Args)]
 struct QueryArgs {
-    /// The server's gRPC address.
-    #[arg(long, default_value = "http://127.0.0.1:8081")]
-    addr: String,
-    /// The rate limit domain.
-    #[arg(long)]
-    domain: String,
-    /// A descriptor as `key=value[,key=value...]`; repeat for several descriptors.
-    #[arg(long = "descriptor", short = 'd', required = true)]
-    descriptors: Vec<String>,
+    #[command(flatten)]
+    target: Target,
     /// Request-level hits_addend (0 means 1).
     #[arg(long, default_value_t = 0)]
     hits: u32,
@@ -149,9 +166,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let plan = crate::loadgen::LoadPlan {
-        addr: args.addr,
-        domain: args.domain,
-        descriptors: args.descriptors,
+        addr: args.target.addr,
+        domain: args.target.domain,
+        descriptors: args.target.descriptors.into_iter().map(|d| d.0).collect(),
         keys: args.keys,
         concurrency: args.concurrency,
         connections: args.connections,
@@ -190,12 +207,19 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
 }
 
 fn query(args: QueryArgs) -> ExitCode {
-    let request = match query_request(&args) {
-        Ok(request) => request,
-        Err(message) => {
-            eprintln!("tollgate: {message}");
-            return ExitCode::from(2);
-        }
+    let descriptors = args
+        .target
+        .descriptors
+        .into_iter()
+        .map(|d| RateLimitDescriptor {
+            entries: d.0.into_iter().map(|(key, value)| Entry { key, value }).collect(),
+            ..Default::default()
+        })
+        .collect();
+    let request = RateLimitRequest {
+        domain: args.target.domain,
+        descriptors,
+        hits_addend: args.hits,
     };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -205,7 +229,7 @@ fn query(args: QueryArgs) -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        let mut client = RateLimitServiceClient::connect(args.addr.clone()).await?;
+        let mut client = RateLimitServiceClient::connect(args.target.addr).await?;
         anyhow::Ok(client.should_rate_limit(request).await?.into_inner())
     });
     match result {
@@ -224,34 +248,4 @@ fn query(args: QueryArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-fn query_request(args: &QueryArgs) -> Result<RateLimitRequest, String> {
-    let descriptors = args
-        .descriptors
-        .iter()
-        .map(|text| {
-            let entries = text
-                .split(',')
-                .map(|pair| {
-                    let (key, value) = pair
-                        .split_once('=')
-                        .ok_or_else(|| format!("descriptor entry {pair:?} is not key=value"))?;
-                    Ok(Entry {
-                        key: key.to_owned(),
-                        value: value.to_owned(),
-                    })
-                })
-                .collect::<Result<Vec<_>, String>>()?;
-            Ok(RateLimitDescriptor {
-                entries,
-                ..Default::default()
-            })
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    Ok(RateLimitRequest {
-        domain: args.domain.clone(),
-        descriptors,
-        hits_addend: args.hits,
-    })
 }

@@ -77,7 +77,7 @@ pub(crate) fn expires_at_us(limit: &Limit, state: &State) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{admitted, check_invariants, run, small_case};
+    use super::super::tests::{admitted, check_invariants, run, small_case, timeline};
     use super::super::{Algorithm, Decision, Limit};
     use super::*;
     use proptest::prelude::*;
@@ -116,7 +116,7 @@ mod tests {
             (limit, start, steps) in small_case(Algorithm::FixedWindow)
         ) {
             let run = run(&limit, start, &steps);
-            let timeline: Vec<_> = run.iter().map(|s| (s.now, s.cost)).collect();
+            let timeline = timeline(&run);
             let got: Vec<_> = run.iter().map(|s| s.decision).collect();
             prop_assert_eq!(got, model(&limit, &timeline));
             check_invariants(&limit, &run);

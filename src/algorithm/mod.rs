@@ -288,6 +288,25 @@ pub(crate) mod tests {
             .collect()
     }
 
+    /// The (time, cost) of every step, to feed a model.
+    pub(crate) fn timeline(steps: &[Step]) -> Vec<(u64, u64)> {
+        steps.iter().map(|s| (s.now, s.cost)).collect()
+    }
+
+    /// Token bucket and GCRA promise: any interval admits at most `burst` plus what refills during it.
+    pub(crate) fn check_burst_plus_refill(limit: &Limit, steps: &[Step]) -> Result<(), TestCaseError> {
+        let log = admitted(steps);
+        for (i, &(from, _)) in log.iter().enumerate() {
+            let mut sum = 0;
+            for &(to, cost) in &log[i..] {
+                sum += cost;
+                let refill = (to - from) * limit.requests / limit.window();
+                prop_assert!(sum <= limit.burst + refill);
+            }
+        }
+        Ok(())
+    }
+
     /// Largest cost the limit can ever admit; denials of larger costs have no exact retry.
     fn max_admissible(limit: &Limit) -> u64 {
         match limit.algorithm {

@@ -188,7 +188,7 @@ pub(crate) fn expires_at_us(limit: &Limit, state: &State) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{admitted, check_invariants, large_case, run, small_case};
+    use super::super::tests::{admitted, check_invariants, large_case, run, small_case, timeline};
     use super::super::{Algorithm, Decision, Limit};
     use super::*;
     use proptest::prelude::*;
@@ -238,7 +238,7 @@ mod tests {
             (limit, start, steps) in small_case(Algorithm::SlidingWindow)
         ) {
             let run = run(&limit, start, &steps);
-            let timeline: Vec<_> = run.iter().map(|s| (s.now, s.cost)).collect();
+            let timeline = timeline(&run);
             let got: Vec<_> = run.iter().map(|s| (s.decision.allowed, s.decision.remaining)).collect();
             prop_assert_eq!(got, model(&limit, &timeline));
             check_invariants(&limit, &run);
@@ -249,7 +249,7 @@ mod tests {
             (limit, start, steps) in large_case(Algorithm::SlidingWindow)
         ) {
             let run = run(&limit, start, &steps);
-            let timeline: Vec<_> = run.iter().map(|s| (s.now, s.cost)).collect();
+            let timeline = timeline(&run);
             let got: Vec<_> = run.iter().map(|s| (s.decision.allowed, s.decision.remaining)).collect();
             prop_assert_eq!(got, model(&limit, &timeline));
         }

@@ -107,7 +107,9 @@ pub(crate) fn expires_at_us(limit: &Limit, state: &State) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{admitted, check_invariants, large_case, run, small_case};
+    use super::super::tests::{
+        check_burst_plus_refill, check_invariants, large_case, run, small_case, timeline,
+    };
     use super::super::{Algorithm, Decision, Limit};
     use super::*;
     use proptest::prelude::*;
@@ -158,7 +160,7 @@ mod tests {
             (limit, start, steps) in small_case(Algorithm::TokenBucket)
         ) {
             let run = run(&limit, start, &steps);
-            let timeline: Vec<_> = run.iter().map(|s| (s.now, s.cost)).collect();
+            let timeline = timeline(&run);
             let got: Vec<_> = run.iter().map(|s| s.decision.allowed).collect();
             prop_assert_eq!(got, model(&limit, &timeline));
             check_invariants(&limit, &run);
@@ -168,15 +170,7 @@ mod tests {
         fn any_interval_admits_at_most_burst_plus_refill(
             (limit, start, steps) in small_case(Algorithm::TokenBucket)
         ) {
-            let log = admitted(&run(&limit, start, &steps));
-            for (i, &(from, _)) in log.iter().enumerate() {
-                let mut sum = 0;
-                for &(to, cost) in &log[i..] {
-                    sum += cost;
-                    let refill = (to - from) * limit.requests / limit.window();
-                    prop_assert!(sum <= limit.burst + refill);
-                }
-            }
+            check_burst_plus_refill(&limit, &run(&limit, start, &steps))?;
         }
 
         #[test]
