@@ -15,7 +15,7 @@ use arc_swap::ArcSwapOption;
 use crate::algorithm::{Algorithm, Decision};
 use crate::config::{FailureMode, Unit};
 use crate::rules::{DescriptorEntry, Rate, Rule, RuleSet, ValueHasher};
-use crate::store::{BatchItem, CommitPolicy, Store, StoreError};
+use crate::store::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 
 /// The currently loaded rules; `None` until a rule set has loaded successfully. Shared between the
 /// limiter and the reloader, which swaps in a new set atomically.
@@ -251,7 +251,8 @@ impl<S: Store> Limiter<S> {
         } else {
             CommitPolicy::Independent
         };
-        let decisions = self.decide(&mut targets, policy).await?;
+        let scope_len = self.options.cache_key_prefix.len() + domain.len();
+        let decisions = self.decide(&mut targets, policy, scope_len).await?;
         Ok(self.verdict(targets, decisions))
     }
 
@@ -334,6 +335,7 @@ impl<S: Store> Limiter<S> {
         &self,
         targets: &mut [Target],
         policy: CommitPolicy,
+        scope_len: usize,
     ) -> Result<Option<Vec<Vec<Decision>>>, LimiterError> {
         let mut items = Vec::with_capacity(targets.len());
         for (group, target) in (0u32..).zip(targets.iter_mut()).filter(|(_, t)| !t.unlimited) {
@@ -350,7 +352,15 @@ impl<S: Store> Limiter<S> {
         let decisions = if items.is_empty() {
             Vec::new()
         } else {
-            match self.store.apply(items, policy).await {
+            match self
+                .store
+                .apply(Batch {
+                    items,
+                    policy,
+                    scope_len,
+                })
+                .await
+            {
                 Ok(decisions) => decisions,
                 Err(error) if every_limit_has_failure_mode(targets) => {
                     tracing::warn!(%error, "store failed; answering from the rules' failure_mode");

@@ -12,14 +12,17 @@ use arc_swap::ArcSwapOption;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::SystemClock;
+use crate::clock::{Clock, SystemClock};
 use crate::grpc::{EnvoyOptions, HeaderNames};
 use crate::health::Health;
 use crate::limiter::{Limiter, LimiterOptions, RulesHandle};
 use crate::reload::Reloader;
 use crate::rules::{CompileOptions, ValueHasher};
 use crate::settings::Settings;
+use crate::store::AnyStore;
+use crate::store::local_cache::LocalCache;
 use crate::store::memory::MemoryStore;
+use crate::store::redis::{RedisOptions, RedisStore};
 
 /// How often the embedded store drops state that can no longer affect a decision.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
@@ -79,16 +82,23 @@ pub async fn run(
     let health = Health::new(reporter).await;
     health.set_rules_loaded(true).await;
 
-    let store = MemoryStore::new(Arc::new(SystemClock));
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let store = build_store(&settings, stop.clone())?;
+    if let AnyStore::Redis(cache) = &store {
+        health.set_store_reachable(false).await;
+        tasks.spawn(watch_redis(
+            Arc::clone(cache.inner()),
+            health.clone(),
+            stop.clone(),
+        ));
+    }
     let limiter = Arc::new(Limiter::new(
         Arc::clone(&rules),
         store,
         ValueHasher::new(&settings.hash_key),
         limiter_options(&settings, algorithm),
     ));
-
-    let stop = CancellationToken::new();
-    let tasks = tokio_util::task::TaskTracker::new();
     tasks.spawn(reloader.run(Arc::clone(&rules), health.clone(), Some(version), stop.clone()));
     tasks.spawn(sweep(Arc::clone(&limiter), stop.clone()));
 
@@ -132,6 +142,53 @@ pub async fn run(
     Ok(())
 }
 
+/// The embedded store, or Redis (connecting in the background) behind the local over-limit cache.
+fn build_store(settings: &Settings, stop: CancellationToken) -> anyhow::Result<AnyStore> {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let Some(target) = settings.redis_target()? else {
+        tracing::info!("no REDIS_URL: counting in the embedded store (one instance only)");
+        return Ok(AnyStore::Memory(MemoryStore::new(clock)));
+    };
+    let options = RedisOptions {
+        target,
+        connections: settings.redis_pool_size,
+        deadline: settings.redis_deadline,
+        connect_timeout: settings.redis_connect_timeout,
+        expiration_jitter_max_secs: settings.expiration_jitter_max_seconds,
+    };
+    let redis = RedisStore::start(options, Arc::clone(&clock), stop);
+    Ok(AnyStore::Redis(LocalCache::new(
+        redis,
+        settings.local_cache_size_in_bytes,
+        clock,
+    )))
+}
+
+/// Keeps readiness in step with Redis: a PING every [`STORE_PROBE_INTERVAL`]; state changes are logged.
+async fn watch_redis(redis: Arc<RedisStore>, health: Health, stop: CancellationToken) {
+    let mut ticker = tokio::time::interval(STORE_PROBE_INTERVAL);
+    let mut reachable = false;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let now = redis.ping().await;
+        if now != reachable {
+            reachable = now;
+            if reachable {
+                tracing::info!("Redis answers: ready");
+            } else {
+                tracing::warn!("Redis does not answer: not ready (rules with failure_mode still answer)");
+            }
+            health.set_store_reachable(reachable).await;
+        }
+    }
+}
+
+/// How often readiness checks that Redis answers.
+const STORE_PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
 fn limiter_options(settings: &Settings, algorithm: crate::algorithm::Algorithm) -> LimiterOptions {
     LimiterOptions {
         cache_key_prefix: settings.cache_key_prefix.clone(),
@@ -154,14 +211,17 @@ fn envoy_options(settings: &Settings) -> EnvoyOptions {
     }
 }
 
-async fn sweep(limiter: Arc<Limiter<MemoryStore>>, stop: CancellationToken) {
+async fn sweep(limiter: Arc<Limiter<AnyStore>>, stop: CancellationToken) {
+    let AnyStore::Memory(store) = limiter.store() else {
+        return;
+    };
     let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let dropped = limiter.store().sweep();
+        let dropped = store.sweep();
         tracing::trace!(dropped, "swept expired state");
     }
 }

@@ -66,6 +66,30 @@ pub struct Settings {
     /// How long the server keeps answering after SIGTERM while health reports NOT_SERVING.
     #[serde(with = "humantime_serde")]
     pub drain_period: Duration,
+    /// `BACKEND_TYPE`: `redis` (the only remote store; used when `redis_url` is set).
+    pub backend_type: String,
+    /// `REDIS_URL`: empty means the embedded in-memory store. See [`crate::store::redis::RedisTarget`].
+    pub redis_url: String,
+    /// `REDIS_TYPE`: `single`, `cluster` (or `sentinel`, refused for now).
+    pub redis_type: String,
+    /// `REDIS_SOCKET_TYPE`: `tcp` or `unix`.
+    pub redis_socket_type: String,
+    /// `REDIS_AUTH`: `password` or `user:password` (secret).
+    pub redis_auth: String,
+    /// `REDIS_TLS`.
+    pub redis_tls: bool,
+    /// `REDIS_POOL_SIZE`: multiplexed connections to a single node, used round-robin.
+    pub redis_pool_size: usize,
+    /// Longest a decision waits for Redis before the rule's failure mode applies.
+    #[serde(with = "humantime_serde")]
+    pub redis_deadline: Duration,
+    /// `REDIS_TIMEOUT`: longest a connection attempt takes.
+    #[serde(with = "humantime_serde")]
+    pub redis_connect_timeout: Duration,
+    /// `EXPIRATION_JITTER_MAX_SECONDS`.
+    pub expiration_jitter_max_seconds: u64,
+    /// `LOCAL_CACHE_SIZE_IN_BYTES`: the over-limit cache in front of Redis (0 turns it off).
+    pub local_cache_size_in_bytes: usize,
 }
 
 impl std::fmt::Debug for Settings {
@@ -76,15 +100,20 @@ impl std::fmt::Debug for Settings {
             .field("debug_addr", &self.debug_addr)
             .field("config_dir", &self.config_dir)
             .field("default_algorithm", &self.default_algorithm)
-            .field(
-                "hash_key",
-                &if self.hash_key.is_empty() {
-                    "<unset>"
-                } else {
-                    "<redacted>"
-                },
-            )
+            .field("hash_key", &redacted(&self.hash_key))
+            .field("redis_url", &self.redis_url)
+            .field("redis_type", &self.redis_type)
+            .field("redis_auth", &redacted(&self.redis_auth))
             .finish_non_exhaustive()
+    }
+}
+
+/// How a secret appears in `Debug` output.
+fn redacted(secret: &str) -> &'static str {
+    if secret.is_empty() {
+        "<unset>"
+    } else {
+        "<redacted>"
     }
 }
 
@@ -112,9 +141,31 @@ impl Default for Settings {
             hash_key: String::new(),
             max_descriptors: crate::limiter::DEFAULT_MAX_DESCRIPTORS,
             drain_period: Duration::from_secs(0),
+            backend_type: "redis".into(),
+            redis_url: String::new(),
+            redis_type: "single".into(),
+            redis_socket_type: "tcp".into(),
+            redis_auth: String::new(),
+            redis_tls: false,
+            redis_pool_size: DEFAULT_REDIS_CONNECTIONS,
+            redis_deadline: DEFAULT_REDIS_DEADLINE,
+            redis_connect_timeout: Duration::from_secs(1),
+            expiration_jitter_max_seconds: 300,
+            local_cache_size_in_bytes: DEFAULT_LOCAL_CACHE_BYTES,
         }
     }
 }
+
+/// Default per-call Redis deadline: far inside Envoy's default 20 ms rate-limit timeout, so a slow Redis
+/// is answered by the rules' failure mode before Envoy gives up on Tollgate.
+pub const DEFAULT_REDIS_DEADLINE: Duration = Duration::from_millis(10);
+
+/// Default number of multiplexed connections to one Redis node. Each carries many requests in
+/// flight; two keep one slow reply from stalling everything behind it on one socket.
+pub const DEFAULT_REDIS_CONNECTIONS: usize = 2;
+
+/// Default over-limit cache budget (envoyproxy/ratelimit's is 0, off): about 25,000 blocked keys.
+pub const DEFAULT_LOCAL_CACHE_BYTES: usize = 4 << 20;
 
 /// Why settings could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -167,6 +218,21 @@ impl Settings {
 
     fn validate(&self) -> Result<(), SettingsError> {
         self.algorithm()?;
+        if !self.backend_type.eq_ignore_ascii_case("redis") {
+            return Err(SettingsError::BadValue {
+                name: "backend_type",
+                value: self.backend_type.clone(),
+                reason: "only redis is supported (memcache is not)".into(),
+            });
+        }
+        if self.redis_deadline.is_zero() {
+            return Err(SettingsError::BadValue {
+                name: "redis_deadline",
+                value: "0s".into(),
+                reason: "a deadline of zero would fail every request".into(),
+            });
+        }
+        self.redis_target()?;
         if !matches!(self.log_format.to_ascii_lowercase().as_str(), "text" | "json") {
             return Err(SettingsError::BadValue {
                 name: "log_format",
@@ -175,6 +241,26 @@ impl Settings {
             });
         }
         Ok(())
+    }
+
+    /// Where Redis is, or `None` for the embedded store.
+    pub fn redis_target(&self) -> Result<Option<crate::store::redis::RedisTarget>, SettingsError> {
+        if self.redis_url.trim().is_empty() {
+            return Ok(None);
+        }
+        let target = crate::store::redis::RedisTarget::parse(
+            &self.redis_url,
+            &self.redis_type,
+            &self.redis_socket_type,
+            &self.redis_auth,
+            self.redis_tls,
+        )
+        .map_err(|e| SettingsError::BadValue {
+            name: "redis_url",
+            value: self.redis_url.clone(),
+            reason: e.to_string(),
+        })?;
+        Ok(Some(target))
     }
 
     /// The default algorithm, parsed.
@@ -212,6 +298,16 @@ const GO_DIRECT: &[(&str, &str)] = &[
     ("CACHE_KEY_PREFIX", "cache_key_prefix"),
     ("LOG_LEVEL", "log_level"),
     ("LOG_FORMAT", "log_format"),
+    ("BACKEND_TYPE", "backend_type"),
+    ("REDIS_URL", "redis_url"),
+    ("REDIS_TYPE", "redis_type"),
+    ("REDIS_SOCKET_TYPE", "redis_socket_type"),
+    ("REDIS_AUTH", "redis_auth"),
+    ("REDIS_TLS", "redis_tls"),
+    ("REDIS_POOL_SIZE", "redis_pool_size"),
+    ("REDIS_TIMEOUT", "redis_connect_timeout"),
+    ("EXPIRATION_JITTER_MAX_SECONDS", "expiration_jitter_max_seconds"),
+    ("LOCAL_CACHE_SIZE_IN_BYTES", "local_cache_size_in_bytes"),
 ];
 
 /// Go settings that are booleans, parsed with Go's `strconv.ParseBool` rules.
@@ -222,6 +318,7 @@ const GO_BOOLS: &[&str] = &[
     "LIMIT_RESPONSE_HEADERS_ENABLED",
     "MERGE_DOMAIN_CONFIG",
     "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+    "REDIS_TLS",
 ];
 
 impl GoEnvironment {

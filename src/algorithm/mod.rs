@@ -123,7 +123,7 @@ impl Limit {
 
 /// The outcome of one decision. The module docs of each algorithm say exactly what
 /// `remaining` and `reset_after_us` mean for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Decision {
     /// Whether the request (with its cost) is admitted.
     pub allowed: bool,

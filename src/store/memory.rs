@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
-use super::{BatchItem, CommitPolicy, Store, StoreError};
+use super::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 use crate::algorithm::{self, Algorithm, Decision, Limit, State};
 use crate::clock::Clock;
 
@@ -198,8 +198,8 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    async fn apply(&self, items: Vec<BatchItem>, policy: CommitPolicy) -> Result<Vec<Decision>, StoreError> {
-        Ok(self.apply_batch(items, policy))
+    async fn apply(&self, batch: Batch) -> Result<Vec<Decision>, StoreError> {
+        Ok(self.apply_batch(batch.items, batch.policy))
     }
 }
 

@@ -7,7 +7,9 @@
 //!
 //! Backends: [`memory::MemoryStore`] (embedded, the default when no Redis is configured).
 
+pub mod local_cache;
 pub mod memory;
+pub mod redis;
 
 use std::future::Future;
 
@@ -30,9 +32,9 @@ pub struct BatchItem {
     pub group: u32,
 }
 
-/// What a batch may change when some of its items are denied. In every policy a denied item itself is
-/// still applied, so a fixed-window counter keeps counting past its limit as envoyproxy/ratelimit's does
-/// (for the other algorithms applying a denied item changes nothing).
+/// What a batch may change when some of its items are denied. Except under `AllOrNothing`, a denied item
+/// itself is still applied, so a fixed-window counter keeps counting past its limit as
+/// envoyproxy/ratelimit's does (for the other algorithms applying a denied item changes nothing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CommitPolicy {
     /// Every group is applied on its own (envoyproxy/ratelimit's default): a denied descriptor does not
@@ -58,12 +60,58 @@ pub enum StoreError {
     Timeout(std::time::Duration),
 }
 
+/// Every limit of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// The items, grouped by descriptor (see [`BatchItem::group`]).
+    pub items: Vec<BatchItem>,
+    /// What may change when some items are denied.
+    pub policy: CommitPolicy,
+    /// Every item key starts with the same scope, `CACHE_KEY_PREFIX + domain`, this many bytes long.
+    /// A store that must keep a whole batch together (Redis Cluster under `AllOrNothing`) places keys
+    /// by it.
+    pub scope_len: usize,
+}
+
+impl Batch {
+    /// A batch of items that share no scope (tests and benchmarks).
+    pub fn new(items: Vec<BatchItem>, policy: CommitPolicy) -> Self {
+        Self {
+            items,
+            policy,
+            scope_len: 0,
+        }
+    }
+
+    /// The shared key prefix (`CACHE_KEY_PREFIX + domain`).
+    pub fn scope(&self) -> &str {
+        self.items
+            .first()
+            .and_then(|i| i.key.get(..self.scope_len))
+            .unwrap_or_default()
+    }
+}
+
 /// A place to keep counters.
 pub trait Store: Send + Sync + 'static {
-    /// Applies `items` atomically under `policy` and returns one decision per item, in order.
-    fn apply(
-        &self,
-        items: Vec<BatchItem>,
-        policy: CommitPolicy,
-    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+    /// Applies a batch atomically and returns one decision per item, in order.
+    fn apply(&self, batch: Batch) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+}
+
+/// The store chosen at startup: the embedded one, or Redis behind the local over-limit cache.
+#[derive(Debug)]
+pub enum AnyStore {
+    /// No Redis configured.
+    Memory(memory::MemoryStore),
+    /// `REDIS_URL` set.
+    Redis(local_cache::LocalCache<std::sync::Arc<redis::RedisStore>>),
+}
+
+impl Store for AnyStore {
+    async fn apply(&self, batch: Batch) -> Result<Vec<Decision>, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.apply(batch).await,
+            AnyStore::Redis(store) => store.apply(batch).await,
+        }
+    }
 }

@@ -10,7 +10,7 @@ use tollgate::clock::ManualClock;
 use tollgate::limiter::{Code, Limiter, LimiterError, LimiterOptions};
 use tollgate::rules::ValueHasher;
 use tollgate::store::memory::MemoryStore;
-use tollgate::store::{BatchItem, CommitPolicy, Store, StoreError};
+use tollgate::store::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 
 use crate::common::{Harness, T0_US, assert_status, d, rules};
 
@@ -18,7 +18,7 @@ use crate::common::{Harness, T0_US, assert_status, d, rules};
 struct DownStore;
 
 impl Store for DownStore {
-    async fn apply(&self, _: Vec<BatchItem>, _: CommitPolicy) -> Result<Vec<Decision>, StoreError> {
+    async fn apply(&self, _: Batch) -> Result<Vec<Decision>, StoreError> {
         Err(StoreError::Unavailable("connection refused".into()))
     }
 }
@@ -152,7 +152,10 @@ async fn a_million_distinct_keys_are_dropped_once_they_cannot_matter() {
     const KEYS: usize = 1_000_000;
     for i in 0..KEYS {
         let decisions = store
-            .apply(vec![item(format!("churn_ip_{i}_"), 1)], CommitPolicy::Independent)
+            .apply(Batch::new(
+                vec![item(format!("churn_ip_{i}_"), 1)],
+                CommitPolicy::Independent,
+            ))
             .await;
         assert!(decisions.expect("memory store never fails")[0].allowed);
     }
@@ -170,13 +173,19 @@ async fn expired_state_is_ignored_even_before_a_sweep() {
     let clock = ManualClock::new(T0_US);
     let store = MemoryStore::new(Arc::new(clock.clone()));
     let first = store
-        .apply(vec![item("k_v_".into(), 10)], CommitPolicy::Independent)
+        .apply(Batch::new(
+            vec![item("k_v_".into(), 10)],
+            CommitPolicy::Independent,
+        ))
         .await
         .expect("ok");
     assert_eq!(first[0].remaining, 0);
     clock.advance_us(1_000_000);
     let again = store
-        .apply(vec![item("k_v_".into(), 1)], CommitPolicy::Independent)
+        .apply(Batch::new(
+            vec![item("k_v_".into(), 1)],
+            CommitPolicy::Independent,
+        ))
         .await
         .expect("ok");
     assert_eq!(again[0].remaining, 9);
@@ -189,11 +198,14 @@ async fn all_or_nothing_rolls_back_a_key_seen_twice() {
     let mut batch = vec![item("a_".into(), 4), item("a_".into(), 4), item("b_".into(), 11)];
     batch[1].group = 1;
     batch[2].group = 2;
-    let decisions = store.apply(batch, CommitPolicy::AllOrNothing).await.expect("ok");
+    let decisions = store
+        .apply(Batch::new(batch, CommitPolicy::AllOrNothing))
+        .await
+        .expect("ok");
     assert!(decisions[0].allowed && decisions[1].allowed && !decisions[2].allowed);
     // Nothing was consumed: the full budget is still there for "a".
     let after = store
-        .apply(vec![item("a_".into(), 10)], CommitPolicy::Independent)
+        .apply(Batch::new(vec![item("a_".into(), 10)], CommitPolicy::Independent))
         .await
         .expect("ok");
     assert!(after[0].allowed);

@@ -11,4 +11,7 @@ mod extensions;
 mod grpc;
 mod hostile_input;
 mod limiter;
+mod redis_fixture;
+mod redis_parity;
+mod redis_store;
 mod reload;

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod redis;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -163,6 +165,13 @@ impl TestServer {
     }
 
     pub async fn start_in(dir: TempDir, env: &[(&str, &str)]) -> Self {
+        let server = Self::start_unready(dir, env).await;
+        server.wait_ready().await;
+        server
+    }
+
+    /// Starts a server without waiting for readiness (for tests of startup while Redis is down).
+    pub async fn start_unready(dir: TempDir, env: &[(&str, &str)]) -> Self {
         let env: HashMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let flags = [
             ("config_dir", dir.path().to_string_lossy().into_owned()),
@@ -180,20 +189,18 @@ impl TestServer {
         let task = tokio::spawn(run(settings, listeners, async move {
             let _ = stopped.await;
         }));
-        let server = Self {
+        Self {
             grpc,
             http,
             debug,
             dir,
             stop: Some(stop),
             task,
-        };
-        server.wait_ready().await;
-        server
+        }
     }
 
     /// Waits until the server has loaded its rules and answers `/healthcheck` with 200.
-    async fn wait_ready(&self) {
+    pub async fn wait_ready(&self) {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             assert!(!self.task.is_finished(), "the server stopped during startup");

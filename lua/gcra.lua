@@ -1,0 +1,90 @@
+-- gcra.lua: the Generic Cell Rate Algorithm, decided in Redis. Mirrors src/algorithm/gcra.rs
+-- field for field (same module docs for remaining/reset/retry).
+--
+-- Part of Tollgate's batch script (exact.lua + the five algorithm files + batch.lua, concatenated
+-- into one chunk; batch.lua reads KEYS/ARGV and performs every Redis call). This file defines
+-- `gcra_decide` (decides one item, writes nothing), `gcra_expires`, `gcra_encode` and
+-- `gcra_decode`.
+--
+-- Representation: exactly Rust's state, the theoretical arrival time `tat_us + tat_frac /
+-- requests` µs (tat_frac < requests), as the string `4:<window_us>:<tat_us>:<tat_frac>` (batch.lua
+-- adds and checks the `4:<window_us>:` prefix), set with PXAT = TAT rounded up, so every key
+-- has a TTL. Keeping Rust's representation means a changed `requests` reinterprets the state
+-- exactly as Rust does (the fraction clamped to requests - 1).
+--
+-- Arithmetic: Rust counts debt in ticks of 1 / requests µs, up to burst * window_us ticks
+-- (3.2 * 10^19 for a burst of 10^6 over a year): too big for a double. Here the debt is split as
+-- `d * window_us + e` with 0 <= e < window_us, i.e. d whole emission intervals plus a remainder,
+-- and every product goes through muldiv.
+--
+-- Arguments: `lim` = { requests, window_us, w = max(window_us, 1), burst }; `st` = { tat, frac }
+-- or nil; `now` = Redis TIME in µs; `cost` >= 0.
+-- Returns: allowed, remaining, reset_after_us, retry_after_us, next state (`st` itself when
+-- unchanged: denials, peeks and requests == 0).
+--
+-- Atomicity: see batch.lua. Time: batch.lua's single TIME read.
+--
+-- Exactness: all fields and the stored TAT are exact when requests, burst, costs and window_us
+-- are < 2^52 and now + burst * window_us / requests (the latest TAT; also the longest reported
+-- duration) is < 2^53 µs, i.e. a full replenishment shorter than ~230 years. Example: 10^6 per
+-- day, or per 365 days, with a burst of 10^6: exact. 1 per 365 days with a burst of 10^6 (10^6
+-- years to replenish): TAT and durations rounded to the nearest representable µs (finite, never
+-- negative).
+
+local function gcra_decide(lim, st, now, cost)
+  local w, r, burst = lim.w, lim.requests, lim.burst
+  if r == 0 then
+    -- An infinite emission interval: every costed request is denied, like the token bucket.
+    return never_refills(w, cost, st)
+  end
+  -- Debt = ahead * requests + frac ticks = d * window + e.
+  local d, e = 0, 0
+  if st and st.tat >= now then
+    local frac = math.min(st.frac, r - 1)
+    local q, rem = muldiv(st.tat - now, r, w)
+    local q2, e2 = divmod(rem + frac, w)
+    d, e = q + q2, e2
+  end
+  -- New debt = (d + cost) * window + e; tolerance = burst * window.
+  local nd = d + cost
+  if nd > burst or (nd == burst and e > 0) then
+    local reset = ceil_qr(muldiv_add(d, w, e, r))
+    -- A cost above the burst never fits; the hint is then the full reset.
+    local retry = reset
+    if cost <= burst then
+      retry = ceil_qr(muldiv_add(nd - burst, w, e, r))
+    end
+    return false, 0, reset, retry, st
+  end
+  -- floor((burst * window - new debt) / window)
+  local remaining = burst - nd
+  if e > 0 then
+    remaining = remaining - 1
+  end
+  local q, m = muldiv_add(nd, w, e, r)
+  local next_state = st
+  if cost > 0 then
+    next_state = { tat = now + q, frac = m }
+  end
+  return true, remaining, ceil_qr(q, m), 0, next_state
+end
+
+-- TAT rounded up to a whole µs: from then on there is no debt.
+local function gcra_expires(lim, st)
+  if st.frac > 0 then
+    return st.tat + 1
+  end
+  return st.tat
+end
+
+local function gcra_encode(lim, st)
+  return int_str(st.tat) .. ':' .. int_str(st.frac)
+end
+
+-- `f` holds the numeric fields, the state's from index `i`; nil when malformed.
+local function gcra_decode(lim, f, i)
+  if #f ~= i + 1 then
+    return nil
+  end
+  return { tat = f[i], frac = f[i + 1] }
+end

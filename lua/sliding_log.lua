@@ -1,0 +1,127 @@
+-- sliding_log.lua: the exact sliding window over a log of admitted requests, decided in Redis.
+-- Mirrors src/algorithm/sliding_log.rs field for field (same module docs for remaining/reset/retry).
+--
+-- Part of Tollgate's batch script (exact.lua + the five algorithm files + batch.lua, concatenated
+-- into one chunk; batch.lua reads KEYS/ARGV and performs every Redis call). This file defines
+-- `sliding_log_decide` (decides one item, writes nothing), `sliding_log_expires`,
+-- `sliding_log_encode` and `sliding_log_decode`.
+--
+-- Representation: a string `2:<window_us>:<t1>:<c1>:<d2>:<c2>:...` (batch.lua adds and checks the
+-- `2:<window_us>:` prefix): the oldest entry's timestamp t1 in µs, then each later entry as the
+-- delta from the previous one, each with its cost (>= 1). Entries are sorted and have distinct
+-- timestamps; admitting drops expired ones, and an admission needs live total + cost <=
+-- requests, so the log holds at most `requests` entries (memory bounded as in Rust). Set with
+-- PXAT = expiry of the newest entry, so every key has a TTL.
+--
+-- Arguments: `lim` = { requests, window_us, w = max(window_us, 1), burst }; `st` = { at = {...},
+-- c = {...} } (parallel arrays, oldest first) or nil; `now` = Redis TIME in µs; `cost` >= 0.
+-- Returns: allowed, remaining, reset_after_us, retry_after_us, next state (`st` itself when
+-- unchanged: denials and peeks).
+--
+-- Atomicity: see batch.lua. Time: batch.lua's single TIME read.
+--
+-- Exactness: sums of costs are bounded by requests + cost and times by now + window: exact when
+-- requests and costs are < 2^52 and instants + window_us < 2^53. Cost per decision: O(entries).
+
+local function sliding_log_decide(lim, st, now, cost)
+  local w = lim.w
+  local ats, cs = {}, {}
+  if st then
+    ats, cs = st.at, st.c
+  end
+  local n = #ats
+  -- First live entry: binary search for the first with at + w > now (the log is sorted).
+  local lo, hi = 1, n + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if ats[mid] + w <= now then
+      lo = mid + 1
+    else
+      hi = mid
+    end
+  end
+  local first = lo
+  local used = 0
+  for i = first, n do
+    used = used + cs[i]
+  end
+  local after = used + cost
+  -- Time until the newest entry expires (0 when empty or already expired).
+  local function reset_of(last_at)
+    if last_at == nil then
+      return 0
+    end
+    return math.max(last_at + w - now, 0)
+  end
+  if after > lim.requests then
+    local reset = reset_of(ats[n])
+    -- A cost above `requests` needs more freed than the log holds: full reset then.
+    local retry = reset
+    local excess = after - lim.requests
+    local freed = 0
+    for i = first, n do
+      freed = freed + cs[i]
+      if freed >= excess then
+        retry = math.max(ats[i] + w - now, 0)
+        break
+      end
+    end
+    return false, 0, reset, retry, st
+  end
+  if cost == 0 then
+    return true, lim.requests - after, reset_of(ats[n]), 0, st
+  end
+  -- Keep the live entries, then append (or merge into the newest) an entry stamped now, or the
+  -- newest timestamp if the clock stepped back, so the log stays sorted.
+  local nat, nc = {}, {}
+  local m = 0
+  for i = first, n do
+    m = m + 1
+    nat[m], nc[m] = ats[i], cs[i]
+  end
+  local stamp = now
+  if m > 0 and nat[m] > now then
+    stamp = nat[m]
+  end
+  if m > 0 and nat[m] == stamp then
+    nc[m] = nc[m] + cost
+  else
+    m = m + 1
+    nat[m], nc[m] = stamp, cost
+  end
+  return true, lim.requests - after, reset_of(nat[m]), 0, { at = nat, c = nc }
+end
+
+-- Expiry of the newest entry; an empty log is already expired.
+local function sliding_log_expires(lim, st)
+  local n = #st.at
+  if n == 0 then
+    return 0
+  end
+  return st.at[n] + lim.w
+end
+
+local function sliding_log_encode(lim, st)
+  local parts, previous = {}, 0
+  for i = 1, #st.at do
+    parts[#parts + 1] = int_str(st.at[i] - previous)
+    parts[#parts + 1] = int_str(st.c[i])
+    previous = st.at[i]
+  end
+  return table.concat(parts, ':')
+end
+
+-- `f` holds the numeric fields, the state's from index `i`; nil when malformed.
+local function sliding_log_decode(lim, f, i)
+  local n = #f
+  if n < i or math.fmod(n - i + 1, 2) ~= 0 then
+    return nil
+  end
+  local ats, cs, at = {}, {}, 0
+  for j = i, n, 2 do
+    at = at + f[j]
+    ats[#ats + 1] = at
+    cs[#cs + 1] = f[j + 1]
+  end
+  return { at = ats, c = cs }
+end

@@ -1,0 +1,111 @@
+-- sliding_window.lua: the two-window weighted counter, decided in Redis. Mirrors
+-- src/algorithm/sliding_window.rs field for field (same module docs for remaining/reset/retry).
+--
+-- Part of Tollgate's batch script (exact.lua + the five algorithm files + batch.lua, concatenated
+-- into one chunk; batch.lua reads KEYS/ARGV and performs every Redis call). This file defines
+-- `sliding_window_decide` (decides one item, writes nothing), `sliding_window_expires`,
+-- `sliding_window_encode` and `sliding_window_decode`.
+--
+-- Representation: a string `1:<window_us>:<window_start_us>:<current>:<previous>` (batch.lua
+-- adds and checks the `1:<window_us>:` prefix), set with PXAT = the state's expiry (end of the
+-- next window), so every key has a TTL.
+--
+-- Arguments: `lim` = { requests, window_us, w = max(window_us, 1), burst }; `st` = { start, cur,
+-- prev } or nil; `now` = Redis TIME in µs; `cost` >= 0.
+-- Returns: allowed, remaining, reset_after_us, retry_after_us, next state (`st` itself when
+-- unchanged: denials and peeks).
+--
+-- Atomicity: see batch.lua. Time: batch.lua's single TIME read.
+--
+-- Exactness: the Rust `previous * (window - elapsed) vs (requests - current - cost) * window`
+-- comparison is evaluated as ceil(previous * (window - elapsed) / window) via muldiv, never
+-- forming the product, so every field is exact when requests, counts, costs and window_us are
+-- < 2^52 and instants < 2^53 (any window up to 142 years, any requests up to 4.5 * 10^15).
+
+-- µs from the view's instant until the estimate reaches 0.
+local function sliding_window_reset(w, cur, prev, elapsed)
+  if cur == 0 and prev == 0 then
+    return 0
+  end
+  if cur == 0 then
+    return w - elapsed
+  end
+  return 2 * w - elapsed
+end
+
+-- Smallest elapsed e in [0, w] with weight * (w - e) <= room * w.
+local function sliding_window_earliest(weight, room, w)
+  if weight == 0 or room >= weight then
+    return 0
+  end
+  local q = muldiv(room, w, weight)
+  return w - q
+end
+
+local function sliding_window_decide(lim, st, now, cost)
+  local w = lim.w
+  -- A clock that stepped back into an earlier window must not forget the counts.
+  local at = now
+  if st and st.start > now then
+    at = st.start
+  end
+  local lag = at - now
+  local start = at - math.fmod(at, w)
+  local cur, prev = 0, 0
+  if st then
+    if st.start == start then
+      cur, prev = st.cur, st.prev
+    elseif st.start + w == start then
+      prev = st.cur
+    end
+  end
+  local elapsed = at - start
+  -- usage <= budget  <=>  prev * (w - elapsed) <= room * w  <=>  ceil(prev * (w - elapsed) / w) <= room
+  local dq, dr = muldiv(prev, w - elapsed, w)
+  local decayed = ceil_qr(dq, dr)
+  local room = lim.requests - cur - cost
+  if room < 0 or decayed > room then
+    local reset = lag + sliding_window_reset(w, cur, prev, elapsed)
+    local retry
+    local room_later = lim.requests - cost
+    if room_later < 0 then
+      retry = reset
+    else
+      -- Still in this window: wait for the previous window's weight to decay enough.
+      if room_later >= cur then
+        local e = sliding_window_earliest(prev, room_later - cur, w)
+        if e < w then
+          retry = lag + math.max(e - elapsed, 0)
+        end
+      end
+      -- Else after the roll-over, where `current` is the decaying weight.
+      if retry == nil then
+        retry = lag + (w - elapsed) + sliding_window_earliest(cur, room_later, w)
+      end
+    end
+    return false, 0, reset, retry, st
+  end
+  local next_state = st
+  if cost > 0 then
+    cur = cur + cost
+    next_state = { start = start, cur = cur, prev = prev }
+  end
+  return true, room - decayed, lag + sliding_window_reset(w, cur, prev, elapsed), 0, next_state
+end
+
+-- The instant the estimate reaches 0; from then on the state decides like no state.
+local function sliding_window_expires(lim, st)
+  return st.start + sliding_window_reset(lim.w, st.cur, st.prev, 0)
+end
+
+local function sliding_window_encode(lim, st)
+  return int_str(st.start) .. ':' .. int_str(st.cur) .. ':' .. int_str(st.prev)
+end
+
+-- `f` holds the numeric fields, the state's from index `i`; nil when malformed.
+local function sliding_window_decode(lim, f, i)
+  if #f ~= i + 2 then
+    return nil
+  end
+  return { start = f[i], cur = f[i + 1], prev = f[i + 2] }
+end

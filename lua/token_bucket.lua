@@ -1,0 +1,100 @@
+-- token_bucket.lua: the continuously refilling token bucket, decided in Redis. Mirrors
+-- src/algorithm/token_bucket.rs field for field (same module docs for remaining/reset/retry).
+--
+-- Part of Tollgate's batch script (exact.lua + the five algorithm files + batch.lua, concatenated
+-- into one chunk; batch.lua reads KEYS/ARGV and performs every Redis call). This file defines
+-- `token_bucket_decide` (decides one item, writes nothing), `token_bucket_expires`,
+-- `token_bucket_encode` and `token_bucket_decode`.
+--
+-- Representation: Rust keeps `credits = tokens * window_us` (refill: `requests` credits per µs),
+-- which reaches burst * window_us (3.2 * 10^19 for 10^6 tokens a year) and does not fit a
+-- double. Here the same credits are split as `t * window_us + f` with 0 <= f < window_us: whole
+-- tokens t and the fraction f, each small. Stored as the string
+-- `3:<window_us>:<requests>:<burst>:<t>:<f>:<updated_us>` (batch.lua adds and checks the
+-- `3:<window_us>:` prefix; requests and burst are recorded only so that a reconfigured limit
+-- changes the stored string and batch.lua rewrites the TTL), set with PXAT = the instant the
+-- bucket is full again, so every key has a TTL.
+--
+-- Arguments: `lim` = { requests, window_us, w = max(window_us, 1), burst }; `st` = { t, f, at }
+-- or nil (a full bucket); `now` = Redis TIME in µs; `cost` >= 0.
+-- Returns: allowed, remaining, reset_after_us, retry_after_us, next state (`st` itself when
+-- unchanged: denials, peeks and requests == 0).
+--
+-- Atomicity: see batch.lua. Time: batch.lua's single TIME read.
+--
+-- Exactness: every product (elapsed * requests, tokens * window_us) goes through muldiv, so all
+-- fields are exact when requests, burst, costs and window_us are < 2^52, instants < 2^53, and the
+-- true results (reset/retry in µs: at most burst * window_us / requests) are < 2^53 (285 years).
+-- Example: 10^6 per day, or per 365 days, with a burst of 10^6: exact. 1 per 365 days with a burst
+-- of 10^6: allowed/remaining and the stored state stay exact, durations beyond 285 years come back
+-- rounded (never NaN/inf, never negative).
+
+local function token_bucket_decide(lim, st, now, cost)
+  local w, r, burst = lim.w, lim.requests, lim.burst
+  if r == 0 then
+    -- Nothing ever refills: every costed request is denied, even on a full bucket.
+    return never_refills(w, cost, st)
+  end
+  local t, f, updated = burst, 0, now
+  if st then
+    t, f, updated = st.t, st.f, st.at
+  end
+  -- A clock that stepped back mints no tokens; decide as of the last update.
+  local at = math.max(now, updated)
+  local lag = at - now
+  if t >= burst then
+    -- At (or, after a burst reduction, above) capacity: capped.
+    t, f = burst, 0
+  elseif at > updated then
+    -- Refill (at - updated) * requests credits = q whole tokens + m credits.
+    local q, m = muldiv(at - updated, r, w)
+    if f >= w - m then
+      f = f - (w - m)
+      q = q + 1
+    else
+      f = f + m
+    end
+    t = t + q
+    if t >= burst then
+      t, f = burst, 0
+    end
+  end
+  -- credits >= cost * window  <=>  t >= cost, since 0 <= f < window.
+  if t < cost then
+    local reset = lag + ceil_sub(burst - t, w, f, r)
+    local retry = reset
+    -- A cost above the capacity never fits; the hint is then the full reset.
+    if cost <= burst then
+      retry = lag + ceil_sub(cost - t, w, f, r)
+    end
+    return false, 0, reset, retry, st
+  end
+  local left = t - cost
+  local reset = lag + ceil_sub(burst - left, w, f, r)
+  local next_state = st
+  if cost > 0 then
+    next_state = { t = left, f = f, at = at }
+  end
+  return true, left, reset, 0, next_state
+end
+
+-- The instant the bucket is full again; with requests == 0 the state never matters.
+local function token_bucket_expires(lim, st)
+  if lim.requests == 0 then
+    return st.at
+  end
+  return st.at + ceil_sub(lim.burst - st.t, lim.w, st.f, lim.requests)
+end
+
+local function token_bucket_encode(lim, st)
+  return int_str(lim.requests) .. ':' .. int_str(lim.burst) .. ':' .. int_str(st.t) .. ':'
+    .. int_str(st.f) .. ':' .. int_str(st.at)
+end
+
+-- `f` holds the numeric fields, the state's from index `i`; nil when malformed.
+local function token_bucket_decode(lim, f, i)
+  if #f ~= i + 4 or f[i + 3] >= lim.w then
+    return nil
+  end
+  return { t = f[i + 2], f = f[i + 3], at = f[i + 4] }
+end

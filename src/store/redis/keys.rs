@@ -1,0 +1,156 @@
+//! Redis key names and Redis Cluster slots.
+//!
+//! - **Fixed window, one limit per descriptor**: envoyproxy/ratelimit's exact key,
+//!   `CACHE_KEY_PREFIX + domain + "_" + key + "_" + value + "_" … + window_start_seconds`, holding a plain
+//!   counter. A fleet mixing the Go service and Tollgate during a rolling migration shares these counters.
+//! - **Everything else** (other algorithms, several limits on one descriptor, `all_or_nothing`
+//!   domains): Tollgate keys, `{tag}rest` + `algorithm_windowS` (+ `_start` for fixed windows). The
+//!   hash tag keeps together what one script must touch atomically in Redis Cluster. It is the
+//!   descriptor's key (all limits of one descriptor, one slot), or for `all_or_nothing` domains the
+//!   domain (the whole request, one slot). `rest` is the remainder of the descriptor's key.
+//!
+//! In Redis Cluster a request's items are grouped by [`slot`] and each group is one script call.
+
+use crate::algorithm::{Algorithm, Limit};
+
+/// Number of Redis Cluster hash slots.
+pub(crate) const SLOTS: u16 = 16_384;
+
+/// How a batch's keys are placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placement<'a> {
+    /// Each descriptor on its own; single-limit fixed windows use envoyproxy/ratelimit's key.
+    PerDescriptor {
+        /// Whether this item's descriptor has several limits (they must share a slot).
+        shared: bool,
+    },
+    /// The whole batch in the slot of this scope (`CACHE_KEY_PREFIX + domain`).
+    Scope(&'a str),
+}
+
+/// The Redis key for one item. `window_start_us` is used only by fixed windows. Windows are named in
+/// whole seconds: rules can only express whole-second windows (unit × multiplier), so no two limits
+/// of one descriptor can share a name.
+pub(crate) fn redis_key(
+    descriptor_key: &str,
+    limit: &Limit,
+    window_start_us: u64,
+    placement: Placement<'_>,
+) -> String {
+    let window_secs = limit.window_us / 1_000_000;
+    let start_secs = window_start_us / 1_000_000;
+    if limit.algorithm == Algorithm::FixedWindow && placement == (Placement::PerDescriptor { shared: false })
+    {
+        return format!("{descriptor_key}{start_secs}");
+    }
+    let (tag, rest) = match placement {
+        Placement::Scope(scope) => descriptor_key.split_at(scope.len().min(descriptor_key.len())),
+        Placement::PerDescriptor { .. } => (descriptor_key, ""),
+    };
+    let algorithm = limit.algorithm.as_str();
+    match limit.algorithm {
+        Algorithm::FixedWindow => format!("{{{tag}}}{rest}{algorithm}_{window_secs}s_{start_secs}"),
+        _ => format!("{{{tag}}}{rest}{algorithm}_{window_secs}s"),
+    }
+}
+
+/// The Redis Cluster slot of a key: CRC16 (XMODEM) of the hash tag (the text between the first `{`
+/// and the next `}`, if non-empty) or of the whole key, modulo 16384 — the cluster specification's
+/// rule, so Tollgate groups keys exactly as the cluster places them.
+pub fn slot(key: &str) -> u16 {
+    crc16_xmodem(hash_tag(key.as_bytes())) % SLOTS
+}
+
+fn hash_tag(key: &[u8]) -> &[u8] {
+    let Some(open) = key.iter().position(|&b| b == b'{') else {
+        return key;
+    };
+    match key[open + 1..].iter().position(|&b| b == b'}') {
+        Some(0) | None => key,
+        Some(len) => &key[open + 1..open + 1 + len],
+    }
+}
+
+fn crc16_xmodem(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limit(algorithm: Algorithm, window_secs: u64) -> Limit {
+        Limit {
+            algorithm,
+            requests: 10,
+            window_us: window_secs * 1_000_000,
+            burst: 10,
+        }
+    }
+
+    #[test]
+    fn fixed_window_keys_are_envoyproxy_ratelimit_keys() {
+        // envoyproxy/ratelimit's own examples: `domain_key_value_1234` and, with a prefix,
+        // `prefix:domain_key_value_1234`.
+        let l = limit(Algorithm::FixedWindow, 60);
+        let key = redis_key(
+            "domain_key_value_",
+            &l,
+            1_234_000_000,
+            Placement::PerDescriptor { shared: false },
+        );
+        assert_eq!(key, "domain_key_value_1234");
+        let key = redis_key(
+            "prefix:domain_key2_value2_subkey2_subvalue2_",
+            &l,
+            1_200_000_000,
+            Placement::PerDescriptor { shared: false },
+        );
+        assert_eq!(key, "prefix:domain_key2_value2_subkey2_subvalue2_1200");
+    }
+
+    #[test]
+    fn tollgate_keys_are_tagged_readable_and_distinct_per_limit() {
+        let per_second = limit(Algorithm::FixedWindow, 1);
+        let per_day = limit(Algorithm::FixedWindow, 86_400);
+        let shared = Placement::PerDescriptor { shared: true };
+        let a = redis_key("api_user_alice_", &per_second, 86_400_000_000, shared);
+        let b = redis_key("api_user_alice_", &per_day, 86_400_000_000, shared);
+        assert_eq!(a, "{api_user_alice_}fixed_window_1s_86400");
+        assert_eq!(b, "{api_user_alice_}fixed_window_86400s_86400");
+        assert_eq!(slot(&a), slot(&b));
+        let bucket = redis_key("api_user_alice_", &limit(Algorithm::TokenBucket, 60), 0, shared);
+        assert_eq!(bucket, "{api_user_alice_}token_bucket_60s");
+    }
+
+    #[test]
+    fn scope_placement_puts_a_whole_domain_in_one_slot() {
+        let l = limit(Algorithm::Gcra, 60);
+        let a = redis_key("pre:api_user_alice_", &l, 0, Placement::Scope("pre:api"));
+        let b = redis_key("pre:api_ip_10.0.0.1_", &l, 0, Placement::Scope("pre:api"));
+        assert_eq!(a, "{pre:api}_user_alice_gcra_60s");
+        assert_eq!(slot(&a), slot(&b));
+    }
+
+    #[test]
+    fn slots_follow_the_cluster_specification() {
+        // The specification's CRC16 check value, and its hash tag examples.
+        assert_eq!(crc16_xmodem(b"123456789"), 0x31C3);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        assert_eq!(slot("foo{}{bar}"), crc16_xmodem(b"foo{}{bar}") % SLOTS);
+        assert_eq!(slot("foo{{bar}}zap"), crc16_xmodem(b"{bar") % SLOTS);
+        assert_eq!(slot("foo{bar}{zap}"), slot("bar"));
+        assert_eq!(slot("foo"), 12182);
+    }
+}

@@ -1,0 +1,317 @@
+//! The Redis store: every replica of Tollgate shares the same counters, and every request costs at most
+//! one Redis round trip (one `EVALSHA` of the batch script; in Redis Cluster, one per hash slot the
+//! request touches, sent in parallel).
+//!
+//! - **Atomic.** The whole batch is decided inside one Lua script ([`script`]), so no other request
+//!   interleaves between reading and writing a counter, and `all_or_nothing` is exact.
+//! - **Redis clock.** Scripts read `TIME`. Fixed-window keys carry their window start in the name (as
+//!   envoyproxy/ratelimit's do); Tollgate names them from its clock corrected by the offset to the
+//!   Redis clock that every reply reports, so replicas with skewed clocks still agree.
+//! - **Bounded.** Every call has a deadline ([`RedisOptions::deadline`]); a slow or dead Redis yields
+//!   [`StoreError::Timeout`] or [`StoreError::Unavailable`], and the limiter applies each rule's
+//!   `failure_mode`.
+//! - **No startup dependency.** Connections are made in the background with backoff; until Redis
+//!   answers, calls fail fast and readiness reports NOT_SERVING. Reconnection after a Redis restart is
+//!   automatic; a `NOSCRIPT` after a restart or `SCRIPT FLUSH` costs one reload, not a failed request.
+//!
+//! Connections are redis-rs multiplexed connections: one socket carries many requests in flight, so a
+//! checkout pool only adds waiting (see the README's design notes for the measurements).
+
+mod keys;
+pub mod script;
+mod target;
+
+use std::collections::BTreeMap;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use tokio_util::sync::CancellationToken;
+
+pub use keys::slot;
+pub use target::{RedisMode, RedisTarget, TargetError};
+
+use self::keys::{Placement, redis_key};
+use self::script::{BatchScript, ScriptItem, ScriptReply};
+use super::{Batch, BatchItem, CommitPolicy, Store, StoreError};
+use crate::algorithm::{Algorithm, Decision};
+use crate::clock::Clock;
+
+/// How to talk to Redis.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// Where Redis is.
+    pub target: RedisTarget,
+    /// Multiplexed connections to a single node, used round-robin (`REDIS_POOL_SIZE`).
+    pub connections: usize,
+    /// Longest a decision may wait for Redis; then the call fails with [`StoreError::Timeout`].
+    pub deadline: Duration,
+    /// Longest a connection attempt may take.
+    pub connect_timeout: Duration,
+    /// Fixed-window keys expire after their window plus up to this much (`EXPIRATION_JITTER_MAX_SECONDS`),
+    /// spreading expirations as envoyproxy/ratelimit does.
+    pub expiration_jitter_max_secs: u64,
+}
+
+/// Live connections, filled in by the background connector.
+enum Connections {
+    Single {
+        pool: Vec<ConnectionManager>,
+        next: AtomicUsize,
+    },
+    Cluster(ClusterConnection),
+}
+
+/// The Redis store.
+pub struct RedisStore {
+    options: RedisOptions,
+    connections: ArcSwapOption<Connections>,
+    script: BatchScript,
+    clock: Arc<dyn Clock>,
+    /// Redis clock minus local clock, in µs, from the latest reply.
+    offset_us: AtomicI64,
+    jitter_hasher: hashbrown::DefaultHashBuilder,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("target", &self.options.target)
+            .field("connected", &self.connections.load().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// First and longest pause between connection attempts.
+const RECONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+
+impl RedisStore {
+    /// Creates the store and starts connecting in the background until `stop` is cancelled. Returns at
+    /// once: a Redis that is down at startup is not an error, only a store that is not ready yet.
+    pub fn start(options: RedisOptions, clock: Arc<dyn Clock>, stop: CancellationToken) -> Arc<Self> {
+        let store = Arc::new(Self {
+            options,
+            connections: ArcSwapOption::empty(),
+            script: BatchScript::new(),
+            clock,
+            offset_us: AtomicI64::new(0),
+            jitter_hasher: hashbrown::DefaultHashBuilder::default(),
+        });
+        tokio::spawn(Arc::clone(&store).connect_until_connected(stop));
+        store
+    }
+
+    async fn connect_until_connected(self: Arc<Self>, stop: CancellationToken) {
+        let mut backoff = RECONNECT_BACKOFF.0;
+        loop {
+            match self.connect().await {
+                Ok(connections) => {
+                    self.connections.store(Some(Arc::new(connections)));
+                    tracing::info!(target = %self.options.target, "connected to Redis");
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(target = %self.options.target, %error, retry_in = ?backoff, "cannot connect to Redis");
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(RECONNECT_BACKOFF.1);
+        }
+    }
+
+    async fn connect(&self) -> Result<Connections, redis::RedisError> {
+        let timeout = self.options.connect_timeout;
+        match &self.options.target.mode {
+            RedisMode::Single(info) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    // The per-call deadline is enforced above this layer; this only stops a dead
+                    // socket from holding a multiplexed connection forever.
+                    .set_response_timeout(Some(self.options.deadline.max(timeout)))
+                    .set_number_of_retries(1);
+                let client = redis::Client::open(info.clone())?;
+                let mut pool = Vec::with_capacity(self.options.connections.max(1));
+                for _ in 0..self.options.connections.max(1) {
+                    pool.push(ConnectionManager::new_with_config(client.clone(), config.clone()).await?);
+                }
+                Ok(Connections::Single {
+                    pool,
+                    next: AtomicUsize::new(0),
+                })
+            }
+            RedisMode::Cluster(nodes) => {
+                let client = ClusterClient::builder(nodes.clone())
+                    .connection_timeout(timeout)
+                    .response_timeout(self.options.deadline.max(timeout))
+                    .retries(2)
+                    .build()?;
+                Ok(Connections::Cluster(client.get_async_connection().await?))
+            }
+        }
+    }
+
+    /// Whether Redis answers a `PING` within the deadline (readiness).
+    pub async fn ping(&self) -> bool {
+        let Some(connections) = self.connections.load_full() else {
+            return false;
+        };
+        let command = redis::cmd("PING");
+        let reply = match &*connections {
+            Connections::Single { pool, next } => {
+                let mut conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
+                tokio::time::timeout(self.options.deadline, command.query_async::<String>(&mut conn)).await
+            }
+            Connections::Cluster(conn) => {
+                let mut conn = conn.clone();
+                tokio::time::timeout(self.options.deadline, command.query_async::<String>(&mut conn)).await
+            }
+        };
+        matches!(reply, Ok(Ok(_)))
+    }
+
+    /// The local estimate of the Redis clock, in µs since the epoch.
+    fn redis_now_us(&self) -> u64 {
+        let local = i128::from(self.clock.now_us());
+        let offset = i128::from(self.offset_us.load(Ordering::Relaxed));
+        u64::try_from((local + offset).max(0)).unwrap_or(u64::MAX)
+    }
+
+    fn script_items<'a>(&self, batch: &'a Batch) -> Vec<(String, ScriptItem<'a>)> {
+        let now = self.redis_now_us();
+        let items = &batch.items;
+        items
+            .iter()
+            .enumerate()
+            .map(|(at, item)| {
+                let placement = match batch.policy {
+                    CommitPolicy::AllOrNothing => Placement::Scope(batch.scope()),
+                    _ => Placement::PerDescriptor {
+                        shared: shares_group(items, at),
+                    },
+                };
+                let fixed = item.limit.algorithm == Algorithm::FixedWindow;
+                let window = item.limit.window_us.max(1);
+                let window_start_us = if fixed { now / window * window } else { 0 };
+                let key = redis_key(&item.key, &item.limit, window_start_us, placement);
+                let ttl_secs = if fixed {
+                    window.div_ceil(1_000_000) + self.jitter(&key)
+                } else {
+                    0
+                };
+                (
+                    key,
+                    ScriptItem {
+                        key: "",
+                        limit: item.limit,
+                        cost: item.cost,
+                        group: item.group,
+                        window_start_us,
+                        ttl_secs,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// A per-key expiry jitter in `0..max`, derived from the key so no random source is needed.
+    fn jitter(&self, key: &str) -> u64 {
+        let max = self.options.expiration_jitter_max_secs;
+        if max == 0 {
+            0
+        } else {
+            self.jitter_hasher.hash_one(key) % max
+        }
+    }
+
+    async fn invoke<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        items: &[ScriptItem<'_>],
+        policy: CommitPolicy,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let sent_at = self.clock.now_us();
+        let invocation = self.script.invocation(items, policy);
+        let reply = tokio::time::timeout(
+            self.options.deadline,
+            invocation.invoke_async::<redis::Value>(conn),
+        )
+        .await
+        .map_err(|_| StoreError::Timeout(self.options.deadline))?
+        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let ScriptReply { now_us, decisions } = BatchScript::decode(reply, items.len())
+            .map_err(|e| StoreError::Unavailable(format!("unexpected script reply: {e}")))?;
+        self.track_offset(sent_at, now_us);
+        Ok(decisions)
+    }
+
+    /// Records the Redis clock offset, assuming the script ran half-way through the round trip.
+    fn track_offset(&self, sent_at_us: u64, redis_now_us: u64) {
+        let received = self.clock.now_us();
+        let midpoint = i128::from(sent_at_us) + (i128::from(received) - i128::from(sent_at_us)) / 2;
+        let offset = i128::from(redis_now_us) - midpoint;
+        self.offset_us
+            .store(i64::try_from(offset).unwrap_or(0), Ordering::Relaxed);
+    }
+}
+
+/// Whether the item at `at` belongs to a group of several items (groups are contiguous).
+fn shares_group(items: &[BatchItem], at: usize) -> bool {
+    let group = items[at].group;
+    (at > 0 && items[at - 1].group == group) || items.get(at + 1).is_some_and(|next| next.group == group)
+}
+
+impl Store for Arc<RedisStore> {
+    async fn apply(&self, batch: Batch) -> Result<Vec<Decision>, StoreError> {
+        let Some(connections) = self.connections.load_full() else {
+            return Err(StoreError::Unavailable("not connected to Redis yet".into()));
+        };
+        let named = self.script_items(&batch);
+        let items: Vec<ScriptItem<'_>> = named
+            .iter()
+            .map(|(key, item)| ScriptItem { key, ..*item })
+            .collect();
+        match &*connections {
+            Connections::Single { pool, next } => {
+                let mut conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
+                self.invoke(&mut conn, &items, batch.policy).await
+            }
+            Connections::Cluster(conn) => self.apply_per_slot(conn, &items, batch.policy).await,
+        }
+    }
+}
+
+impl RedisStore {
+    /// Redis Cluster: one script call per hash slot, all in parallel, answers put back in request order.
+    async fn apply_per_slot(
+        &self,
+        conn: &ClusterConnection,
+        items: &[ScriptItem<'_>],
+        policy: CommitPolicy,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (at, item) in items.iter().enumerate() {
+            by_slot.entry(slot(item.key)).or_default().push(at);
+        }
+        let calls = by_slot.values().map(|positions| {
+            let part: Vec<ScriptItem<'_>> = positions.iter().map(|&at| ScriptItem { ..items[at] }).collect();
+            let mut conn = conn.clone();
+            async move { self.invoke(&mut conn, &part, policy).await }
+        });
+        let answers = futures_util::future::try_join_all(calls).await?;
+        let mut decisions = vec![Decision::default(); items.len()];
+        for (positions, answer) in by_slot.values().zip(answers) {
+            for (&at, decision) in positions.iter().zip(answer) {
+                decisions[at] = decision;
+            }
+        }
+        Ok(decisions)
+    }
+}

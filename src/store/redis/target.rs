@@ -1,0 +1,223 @@
+//! Where Redis is: envoyproxy/ratelimit's `REDIS_URL` / `REDIS_TYPE` / `REDIS_SOCKET_TYPE` /
+//! `REDIS_AUTH` / `REDIS_TLS` forms, and plain `redis://` URLs.
+//!
+//! - single: `host:port`, a unix socket path (with `REDIS_SOCKET_TYPE=unix` or an absolute path), or a
+//!   `redis://` / `rediss://` / `redis+unix://` URL;
+//! - cluster: `host:port,host:port,...` (seed nodes; the rest are discovered);
+//! - sentinel: `master_name,sentinel_host:port,...` (recognised, not yet supported: refused clearly).
+//!
+//! TLS (`REDIS_TLS=true`, `rediss://`) is refused clearly too, until it can be tested end to end.
+
+use std::fmt;
+
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+
+/// A parsed Redis location, ready to connect.
+#[derive(Debug, Clone)]
+pub struct RedisTarget {
+    /// Single node or cluster, with connection details.
+    pub mode: RedisMode,
+    /// What to print in logs (never the password).
+    described: String,
+}
+
+/// Deployment shape.
+#[derive(Debug, Clone)]
+pub enum RedisMode {
+    /// One node (or a proxy in front of several).
+    Single(ConnectionInfo),
+    /// Redis Cluster seed nodes.
+    Cluster(Vec<ConnectionInfo>),
+}
+
+/// Why a Redis location was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    /// `REDIS_TYPE` is not single, cluster or sentinel.
+    #[error("unknown REDIS_TYPE '{0}' (expected SINGLE, CLUSTER or SENTINEL)")]
+    UnknownType(String),
+    /// An address could not be parsed.
+    #[error("invalid Redis address '{address}': {reason}")]
+    BadAddress {
+        /// The address as given.
+        address: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A feature this build does not offer.
+    #[error("{0}")]
+    Unsupported(&'static str),
+}
+
+impl fmt::Display for RedisTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.described)
+    }
+}
+
+impl RedisTarget {
+    /// Parses envoyproxy/ratelimit's settings. `auth` is `password` or `user:password` (may be empty).
+    pub fn parse(
+        url: &str,
+        kind: &str,
+        socket_type: &str,
+        auth: &str,
+        tls: bool,
+    ) -> Result<Self, TargetError> {
+        let addresses: Vec<&str> = url.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
+        let one = |address: &str| node(address, socket_type, auth, tls);
+        let mode = match kind.to_ascii_lowercase().as_str() {
+            "" | "single" => match addresses.as_slice() {
+                [address] => RedisMode::Single(one(address)?),
+                _ => return Err(bad(url, "a single Redis takes exactly one address")),
+            },
+            "cluster" => RedisMode::Cluster(addresses.iter().map(|a| one(a)).collect::<Result<_, _>>()?),
+            "sentinel" => {
+                return Err(TargetError::Unsupported(
+                    "REDIS_TYPE=SENTINEL is not supported yet; point REDIS_URL at the master or use a cluster",
+                ));
+            }
+            other => return Err(TargetError::UnknownType(other.to_owned())),
+        };
+        let shape = match mode {
+            RedisMode::Single(_) => "single",
+            RedisMode::Cluster(_) => "cluster",
+        };
+        Ok(Self {
+            mode,
+            described: format!("{shape} {}", redact(url)),
+        })
+    }
+}
+
+fn node(address: &str, socket_type: &str, auth: &str, tls: bool) -> Result<ConnectionInfo, TargetError> {
+    let info = if address.contains("://") {
+        address
+            .into_connection_info()
+            .map_err(|e| bad(address, &e.to_string()))?
+    } else if socket_type.eq_ignore_ascii_case("unix") || address.starts_with('/') {
+        ConnectionAddr::Unix(address.into())
+            .into_connection_info()
+            .map_err(|e| bad(address, &e.to_string()))?
+    } else {
+        let (host, port) = address
+            .rsplit_once(':')
+            .ok_or_else(|| bad(address, "expected host:port"))?;
+        let port: u16 = port
+            .parse()
+            .map_err(|_| bad(address, "the port is not a number"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        let addr = if tls {
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            ConnectionAddr::Tcp(host, port)
+        };
+        addr.into_connection_info()
+            .map_err(|e| bad(address, &e.to_string()))?
+    };
+    if matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
+        return Err(TargetError::Unsupported(
+            "TLS to Redis (REDIS_TLS, rediss://) is not supported yet",
+        ));
+    }
+    Ok(with_auth(info, auth))
+}
+
+fn with_auth(info: ConnectionInfo, auth: &str) -> ConnectionInfo {
+    if auth.is_empty() {
+        return info;
+    }
+    let settings = info.redis_settings().clone();
+    let settings = match auth.split_once(':') {
+        Some((user, password)) => settings.set_username(user).set_password(password),
+        None => settings.set_password(auth),
+    };
+    info.set_redis_settings(settings)
+}
+
+fn bad(address: &str, reason: &str) -> TargetError {
+    TargetError::BadAddress {
+        address: redact(address),
+        reason: reason.to_owned(),
+    }
+}
+
+/// Hides a password in `redis://user:password@host` forms.
+fn redact(url: &str) -> String {
+    url.split(',')
+        .map(|part| match (part.find("://"), part.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                format!("{}://***@{}", &part[..scheme], &part[at + 1..])
+            }
+            _ => part.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_forms_parse() {
+        let t = RedisTarget::parse("127.0.0.1:6379", "SINGLE", "tcp", "", false).expect("host:port");
+        assert!(
+            matches!(&t.mode, RedisMode::Single(i) if matches!(i.addr(), ConnectionAddr::Tcp(h, 6379) if h == "127.0.0.1"))
+        );
+        let t = RedisTarget::parse("/var/run/redis.sock", "", "unix", "", false).expect("unix");
+        assert!(matches!(&t.mode, RedisMode::Single(i) if matches!(i.addr(), ConnectionAddr::Unix(_))));
+        let t = RedisTarget::parse("a:1,b:2,c:3", "cluster", "tcp", "", false).expect("cluster");
+        assert!(matches!(&t.mode, RedisMode::Cluster(nodes) if nodes.len() == 3));
+        let t = RedisTarget::parse("redis://localhost:7000/2", "", "", "", false).expect("url");
+        assert!(matches!(&t.mode, RedisMode::Single(i) if i.redis_settings().db() == 2));
+    }
+
+    #[test]
+    fn auth_sets_user_and_password() {
+        let t = RedisTarget::parse("h:1", "", "", "alice:s3cret", false).expect("parses");
+        let RedisMode::Single(info) = &t.mode else {
+            panic!("single")
+        };
+        assert_eq!(info.redis_settings().username(), Some("alice"));
+        assert_eq!(info.redis_settings().password(), Some("s3cret"));
+        let t = RedisTarget::parse("h:1", "", "", "s3cret", false).expect("parses");
+        let RedisMode::Single(info) = &t.mode else {
+            panic!("single")
+        };
+        assert_eq!(info.redis_settings().password(), Some("s3cret"));
+        assert!(!t.to_string().contains("s3cret"));
+    }
+
+    #[test]
+    fn bad_input_is_refused_clearly() {
+        assert!(matches!(
+            RedisTarget::parse("h:1", "ring", "", "", false),
+            Err(TargetError::UnknownType(_))
+        ));
+        assert!(matches!(
+            RedisTarget::parse("nohostport", "", "", "", false),
+            Err(TargetError::BadAddress { .. })
+        ));
+        assert!(matches!(
+            RedisTarget::parse("h:x", "", "", "", false),
+            Err(TargetError::BadAddress { .. })
+        ));
+        assert!(matches!(
+            RedisTarget::parse("a:1,b:2", "single", "", "", false),
+            Err(TargetError::BadAddress { .. })
+        ));
+        assert!(matches!(
+            RedisTarget::parse("m,s:1", "sentinel", "", "", false),
+            Err(TargetError::Unsupported(_))
+        ));
+        let err = RedisTarget::parse("redis://u:pw@", "", "", "", false).expect_err("no host");
+        assert!(!err.to_string().contains("pw"), "{err}");
+        assert_eq!(redact("redis://u:pw@h:1"), "redis://***@h:1");
+    }
+}

@@ -1,0 +1,232 @@
+//! Real `redis-server` processes for tests: one per test on a free loopback port, or a local 3-master
+//! cluster. Never a mock. Stopped (killed and reaped) on drop.
+//!
+//! When `TOLLGATE_REQUIRE_REDIS=1` (set by `scripts/test.sh`), a missing `redis-server` fails the
+//! test instead of skipping it, so a broken install cannot turn the suite silently green.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+/// Whether `redis-server` can be run here. Panics if it cannot but the run requires it.
+pub fn redis_available() -> bool {
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok();
+    if !found && std::env::var("TOLLGATE_REQUIRE_REDIS").is_ok_and(|v| v == "1") {
+        panic!("TOLLGATE_REQUIRE_REDIS=1 but redis-server is not installed (scripts/test.sh installs it)");
+    }
+    if !found {
+        eprintln!("skipping: redis-server is not installed");
+    }
+    found
+}
+
+/// Skips the calling test (returns early) when Redis is not available and not required.
+#[macro_export]
+macro_rules! require_redis {
+    () => {
+        if !$crate::common::redis::redis_available() {
+            return;
+        }
+    };
+}
+
+/// A free loopback port (bound and released; the small race is retried by the callers).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// One `redis-server` process.
+pub struct RedisServer {
+    pub port: u16,
+    dir: TempDir,
+    extra: Vec<String>,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a standalone server on a free port.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments (e.g. `--cluster-enabled yes`).
+    pub fn start_with(extra: &[&str]) -> Self {
+        for _ in 0..5 {
+            let mut server = Self {
+                port: free_port(),
+                dir: tempfile::tempdir().expect("tempdir"),
+                extra: extra.iter().map(|s| s.to_string()).collect(),
+                child: None,
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("could not start redis-server after 5 attempts");
+    }
+
+    fn spawn(&mut self) -> bool {
+        let mut command = Command::new("redis-server");
+        command
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(["--dir", &self.dir.path().to_string_lossy()])
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let Ok(child) = command.spawn() else { return false };
+        self.child = Some(child);
+        if wait_for_pong(self.port, Duration::from_secs(5)) {
+            return true;
+        }
+        self.kill();
+        false
+    }
+
+    /// `host:port`, envoyproxy/ratelimit's `REDIS_URL` form.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// A `redis://` URL.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's working directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Kills the server (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (after [`RedisServer::kill`]).
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.spawn() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not restart on port {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Runs `redis-cli -p PORT ARGS...` and returns its stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli(self.port, args)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs `redis-cli` against a port.
+pub fn cli(port: u16, args: &[&str]) -> String {
+    let output = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn wait_for_pong(port: u16, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if cli(port, &["PING"]).trim() == "PONG" {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Total calls of each command since start, from `INFO commandstats` (`evalsha` → count).
+pub fn command_calls(port: u16) -> std::collections::HashMap<String, u64> {
+    cli(port, &["INFO", "commandstats"])
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("cmdstat_")?;
+            let (name, stats) = rest.split_once(':')?;
+            let calls = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+/// A local Redis Cluster of three masters (no replicas), every slot assigned.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::start_with(&["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]))
+            .collect();
+        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+        args.extend(nodes.iter().map(RedisServer::addr));
+        args.extend(["--cluster-replicas".into(), "0".into(), "--cluster-yes".into()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let output = Command::new("redis-cli")
+            .args(&args)
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            output.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for node in &nodes {
+            while !node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok") {
+                assert!(Instant::now() < deadline, "cluster never became ok");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Self { nodes }
+    }
+
+    /// Seed addresses, comma-separated (envoyproxy/ratelimit's cluster `REDIS_URL` form).
+    pub fn addrs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(RedisServer::addr)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}

@@ -1,0 +1,769 @@
+//! The batch script decides EXACTLY like the Rust algorithms: random timelines of batches run against a
+//! real `redis-server` and, at the Redis clock reading each reply reports, through a `MemoryStore`
+//! (whose batch semantics are the reference); every field of every decision must be equal. Windows are
+//! small so that real time exercises refill and roll-over; a second set of limits is huge so that the
+//! script's exact arithmetic beyond 2^53 intermediate products is exercised too.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::MultiplexedConnection;
+use tollgate::algorithm::{Algorithm, Limit};
+use tollgate::clock::ManualClock;
+use tollgate::store::memory::MemoryStore;
+use tollgate::store::redis::script::{BatchScript, ScriptItem, ScriptReply};
+use tollgate::store::{Batch, BatchItem, CommitPolicy, Store};
+
+use crate::common::redis::RedisServer;
+use crate::require_redis;
+
+/// A fixed-window call is only compared when the local clock is at least this far from the window's
+/// end when the call is sent, so that the Redis clock reading falls in the window the key names.
+const BOUNDARY_MARGIN_US: u64 = 6_000;
+
+const POLICIES: [CommitPolicy; 3] = [
+    CommitPolicy::Independent,
+    CommitPolicy::AllOrNothing,
+    CommitPolicy::StopIncrementWhenOverLimit,
+];
+
+/// SplitMix64: a seeded, dependency-free generator, so a failure replays with the printed seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[(self.next() % items.len() as u64) as usize]
+    }
+}
+
+fn local_now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_micros() as u64
+}
+
+/// A limit under test and the name of its key.
+#[derive(Debug, Clone)]
+struct Spec {
+    name: String,
+    limit: Limit,
+}
+
+/// One item of a step: which spec, what cost, which group.
+#[derive(Debug, Clone, Copy)]
+struct Req {
+    spec: usize,
+    cost: u64,
+    group: u32,
+}
+
+/// A real Redis server and the reference store, kept in step.
+struct Harness {
+    server: RedisServer,
+    conn: MultiplexedConnection,
+    script: BatchScript,
+    clock: ManualClock,
+    memory: MemoryStore,
+    /// Prefix of every key; bumped (with a fresh reference store) after a fixed-window boundary race,
+    /// whose outcome legitimately differs, so that later steps compare like with like again.
+    generation: u32,
+    races: u32,
+    compared: u32,
+    /// Decisions compared, allowed and denied (to see that a timeline exercised both).
+    verdicts: [u32; 2],
+}
+
+impl Harness {
+    async fn start() -> Self {
+        let server = RedisServer::start();
+        let client = redis::Client::open(server.url()).expect("redis url");
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to redis");
+        let clock = ManualClock::new(0);
+        let memory = MemoryStore::new(Arc::new(clock.clone()));
+        Self {
+            server,
+            conn,
+            script: BatchScript::new(),
+            clock,
+            memory,
+            generation: 0,
+            races: 0,
+            compared: 0,
+            verdicts: [0; 2],
+        }
+    }
+
+    fn base_key(&self, spec: &Spec) -> String {
+        format!("g{}:{}", self.generation, spec.name)
+    }
+
+    async fn call(&mut self, items: &[ScriptItem<'_>], policy: CommitPolicy) -> ScriptReply {
+        let reply: redis::Value = self
+            .script
+            .invocation(items, policy)
+            .invoke_async(&mut self.conn)
+            .await
+            .expect("script runs");
+        BatchScript::decode(reply, items.len()).expect("reply decodes")
+    }
+
+    /// Runs one batch through the script and the reference store and compares every decision. Returns
+    /// false when the step was not compared (fixed-window boundary race).
+    async fn step(&mut self, specs: &[Spec], reqs: &[Req], policy: CommitPolicy, context: &str) -> bool {
+        // Keep clear of fixed-window boundaries: the script must run in the window its keys name.
+        loop {
+            let now = local_now_us();
+            let wait = reqs
+                .iter()
+                .map(|r| specs[r.spec].limit)
+                .filter(|l| l.algorithm == Algorithm::FixedWindow)
+                .map(|l| {
+                    let w = l.window_us.max(1);
+                    let left = w - now % w;
+                    if left < BOUNDARY_MARGIN_US { left + 200 } else { 0 }
+                })
+                .max()
+                .unwrap_or(0);
+            if wait == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_micros(wait)).await;
+        }
+        let local = local_now_us();
+        let named: Vec<(String, String, u64)> = reqs
+            .iter()
+            .map(|r| {
+                let spec = &specs[r.spec];
+                let base = self.base_key(spec);
+                if spec.limit.algorithm == Algorithm::FixedWindow {
+                    let w = spec.limit.window_us.max(1);
+                    let start = local / w * w;
+                    (format!("{base}_{start}"), base, start)
+                } else {
+                    (base.clone(), base, 0)
+                }
+            })
+            .collect();
+        let items: Vec<ScriptItem<'_>> = reqs
+            .iter()
+            .zip(&named)
+            .map(|(r, (key, _, start))| {
+                let limit = specs[r.spec].limit;
+                let fixed = limit.algorithm == Algorithm::FixedWindow;
+                ScriptItem {
+                    key,
+                    limit,
+                    cost: r.cost,
+                    group: r.group,
+                    window_start_us: *start,
+                    ttl_secs: if fixed { 5 } else { 0 },
+                }
+            })
+            .collect();
+        let reply = self.call(&items, policy).await;
+        let raced = items.iter().any(|i| {
+            let w = i.limit.window_us.max(1);
+            i.limit.algorithm == Algorithm::FixedWindow && reply.now_us / w * w != i.window_start_us
+        });
+        if raced {
+            self.races += 1;
+            self.generation += 1;
+            self.memory = MemoryStore::new(Arc::new(self.clock.clone()));
+            return false;
+        }
+        self.clock.set_us(reply.now_us);
+        let batch_items: Vec<BatchItem> = reqs
+            .iter()
+            .zip(&named)
+            .map(|(r, (_, base, _))| BatchItem {
+                key: base.clone(),
+                limit: specs[r.spec].limit,
+                cost: r.cost,
+                group: r.group,
+            })
+            .collect();
+        let expected = self
+            .memory
+            .apply(Batch::new(batch_items.clone(), policy))
+            .await
+            .expect("memory store");
+        assert_eq!(
+            reply.decisions, expected,
+            "{context}: policy {policy:?}, now {}, items {batch_items:#?}",
+            reply.now_us
+        );
+        // The Go-compatible counters hold exactly what the reference state holds.
+        for (item, (key, _, _)) in batch_items.iter().zip(&named) {
+            if item.limit.algorithm == Algorithm::FixedWindow {
+                self.check_counter(key, item, context).await;
+            }
+        }
+        for d in &expected {
+            self.verdicts[usize::from(d.allowed)] += 1;
+        }
+        self.compared += 1;
+        true
+    }
+
+    /// `GET key` against a zero-cost check of the reference store at the same instant.
+    async fn check_counter(&mut self, key: &str, item: &BatchItem, context: &str) {
+        let count: Option<u64> = redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut self.conn)
+            .await
+            .expect("GET");
+        let count = count.unwrap_or(0);
+        let peek = BatchItem {
+            cost: 0,
+            ..item.clone()
+        };
+        let seen = self
+            .memory
+            .apply(Batch::new(vec![peek], CommitPolicy::Independent))
+            .await
+            .expect("peek")[0];
+        if count <= item.limit.requests {
+            assert!(
+                seen.allowed,
+                "{context}: counter {key} = {count}, reference denies a peek"
+            );
+            assert_eq!(
+                seen.remaining,
+                item.limit.requests - count,
+                "{context}: counter {key}"
+            );
+        } else {
+            assert!(
+                !seen.allowed,
+                "{context}: counter {key} = {count} > limit, reference allows a peek"
+            );
+        }
+    }
+
+    /// Every key in the server has a TTL (`PTTL` is -1 for a key without one; 0 or -2 mean it is
+    /// expiring or just expired).
+    async fn assert_every_key_has_a_ttl(&mut self) {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut self.conn)
+            .await
+            .expect("KEYS");
+        for key in keys {
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut self.conn)
+                .await
+                .expect("PTTL");
+            assert!(pttl >= 0 || pttl == -2, "key {key} has no TTL (PTTL {pttl})");
+        }
+    }
+}
+
+/// A small random limit of `algorithm` (windows of 20-200 ms so that real time matters).
+fn small_limit(rng: &mut Rng, algorithm: Algorithm) -> Limit {
+    let requests = if rng.chance(5) { 0 } else { rng.range(1, 12) };
+    let burst = match algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra => rng.range(requests.max(1), requests.max(1) * 2),
+        _ => requests,
+    };
+    Limit {
+        algorithm,
+        requests,
+        window_us: rng.range(20_000, 200_000),
+        burst,
+    }
+}
+
+/// A huge limit: products such as burst × window exceed 2^53 (the script must stay exact), while the
+/// true results stay below 2^53.
+fn large_limit(rng: &mut Rng, algorithm: Algorithm) -> Limit {
+    let window_us = rng.pick(&[
+        86_400_000_000,
+        365 * 86_400_000_000,
+        3_600_000_001,
+        604_800_000_000,
+    ]);
+    // 4_001 with a burst of 10^6: durations near 2^53 µs, where naive double division is wrong.
+    let requests = rng.pick(&[1_000_000, 999_999, 123_457, 86_399, 4_001]);
+    let burst = match algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra => rng.pick(&[requests, 1_000_000]),
+        _ => requests,
+    };
+    Limit {
+        algorithm,
+        requests,
+        window_us,
+        burst,
+    }
+}
+
+/// A random cost: often 0 (a peek) or above the limit, sometimes absurd.
+fn cost(rng: &mut Rng, limit: &Limit) -> u64 {
+    let top = limit.requests.max(limit.burst).max(1);
+    match rng.range(0, 99) {
+        0..=14 => 0,
+        15..=24 => rng.range(top + 1, top * 2 + 1),
+        25 => u64::MAX,
+        26..=29 => top,
+        _ => rng.range(1, (top / 3).max(1)),
+    }
+}
+
+/// 1 to `max` items over `specs` (keys may repeat), groups contiguous and sometimes shared.
+fn random_batch(rng: &mut Rng, specs: &[Spec], max: u64) -> Vec<Req> {
+    let n = rng.range(1, max);
+    let mut group = 0;
+    (0..n)
+        .map(|i| {
+            if i > 0 && rng.chance(50) {
+                group += 1;
+            }
+            let spec = rng.range(0, specs.len() as u64 - 1) as usize;
+            Req {
+                spec,
+                cost: cost(rng, &specs[spec].limit),
+                group,
+            }
+        })
+        .collect()
+}
+
+/// A random timeline for `algorithms` (each spec picks one), with real sleeps between steps.
+async fn timeline(seed: u64, algorithms: &[Algorithm], steps: usize, large: bool) {
+    let mut rng = Rng(seed);
+    let mut h = Harness::start().await;
+    let specs: Vec<Spec> = (0..4)
+        .map(|i| {
+            let algorithm = rng.pick(algorithms);
+            let limit = if large {
+                large_limit(&mut rng, algorithm)
+            } else {
+                small_limit(&mut rng, algorithm)
+            };
+            Spec {
+                name: format!("{}{i}", algorithm.as_str()),
+                limit,
+            }
+        })
+        .collect();
+    let max_window = specs
+        .iter()
+        .map(|s| s.limit.window_us)
+        .max()
+        .unwrap_or(1)
+        .min(200_000);
+    for step in 0..steps {
+        let reqs = random_batch(&mut rng, &specs, 4);
+        let policy = rng.pick(&POLICIES);
+        let context = format!("seed {seed} step {step} specs {specs:?}");
+        h.step(&specs, &reqs, policy, &context).await;
+        if rng.chance(70) {
+            tokio::time::sleep(Duration::from_micros(rng.range(0, max_window / 3))).await;
+        }
+    }
+    h.assert_every_key_has_a_ttl().await;
+    eprintln!(
+        "seed {seed}: {} steps compared, {} races, {} denied, {} allowed",
+        h.compared, h.races, h.verdicts[0], h.verdicts[1]
+    );
+    assert!(
+        h.verdicts.iter().all(|&n| n > 0),
+        "seed {seed}: verdicts {:?}",
+        h.verdicts
+    );
+    assert!(
+        h.compared as usize >= steps * 3 / 4,
+        "seed {seed}: only {} of {steps} steps compared ({} boundary races)",
+        h.compared,
+        h.races
+    );
+}
+
+/// Seeds are fixed so that a failure replays; `TOLLGATE_PARITY_SEED=n` shifts them all to explore more.
+fn seed(base: u64) -> u64 {
+    let shift: u64 = std::env::var("TOLLGATE_PARITY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    base.wrapping_mul(1_000)
+        .wrapping_add(shift.wrapping_mul(1_000_003))
+}
+
+async fn algorithm_parity(algorithm: Algorithm, seed: u64) {
+    for round in 0..3 {
+        timeline(seed + round, &[algorithm], 60, false).await;
+    }
+    timeline(seed + 100, &[algorithm], 40, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_window_matches_rust() {
+    require_redis!();
+    algorithm_parity(Algorithm::FixedWindow, seed(0xF1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_window_matches_rust() {
+    require_redis!();
+    algorithm_parity(Algorithm::SlidingWindow, seed(0x51)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_log_matches_rust() {
+    require_redis!();
+    algorithm_parity(Algorithm::SlidingLog, seed(0x52)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_bucket_matches_rust() {
+    require_redis!();
+    algorithm_parity(Algorithm::TokenBucket, seed(0x7B)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gcra_matches_rust() {
+    require_redis!();
+    algorithm_parity(Algorithm::Gcra, seed(0x6C)).await;
+}
+
+/// All three policies, every algorithm mixed in one batch, duplicate keys, shared groups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_batches_match_rust_under_every_policy() {
+    require_redis!();
+    timeline(seed(0xAB), &Algorithm::ALL, 120, false).await;
+    timeline(seed(0xAC), &Algorithm::ALL, 40, true).await;
+}
+
+/// Hand-written batches hitting each settling rule with duplicate keys, compared field by field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settling_with_duplicate_keys_matches_rust() {
+    require_redis!();
+    let mut h = Harness::start().await;
+    let window_us = 60_000_000;
+    let specs: Vec<Spec> = Algorithm::ALL
+        .iter()
+        .map(|&algorithm| Spec {
+            name: algorithm.as_str().to_owned(),
+            limit: Limit {
+                algorithm,
+                requests: 5,
+                window_us,
+                burst: 5,
+            },
+        })
+        .collect();
+    for policy in POLICIES {
+        for a in 0..specs.len() {
+            let b = (a + 1) % specs.len();
+            // Same key twice (the second sees the first), a denial in a shared group, a peek.
+            let batches = [
+                vec![
+                    Req {
+                        spec: a,
+                        cost: 3,
+                        group: 0,
+                    },
+                    Req {
+                        spec: a,
+                        cost: 2,
+                        group: 0,
+                    },
+                    Req {
+                        spec: b,
+                        cost: 1,
+                        group: 1,
+                    },
+                ],
+                vec![
+                    Req {
+                        spec: a,
+                        cost: 1,
+                        group: 0,
+                    },
+                    Req {
+                        spec: b,
+                        cost: 9,
+                        group: 0,
+                    },
+                    Req {
+                        spec: a,
+                        cost: 0,
+                        group: 1,
+                    },
+                ],
+                vec![
+                    Req {
+                        spec: b,
+                        cost: 2,
+                        group: 0,
+                    },
+                    Req {
+                        spec: a,
+                        cost: 4,
+                        group: 1,
+                    },
+                    Req {
+                        spec: b,
+                        cost: 4,
+                        group: 1,
+                    },
+                ],
+                vec![
+                    Req {
+                        spec: a,
+                        cost: 5,
+                        group: 0,
+                    },
+                    Req {
+                        spec: a,
+                        cost: 1,
+                        group: 0,
+                    },
+                ],
+            ];
+            for (i, reqs) in batches.iter().enumerate() {
+                let context = format!("{policy:?} algorithm {a} batch {i}");
+                assert!(
+                    h.step(&specs, reqs, policy, &context).await,
+                    "{context}: raced a 60 s window"
+                );
+            }
+        }
+        h.generation += 1;
+    }
+    h.assert_every_key_has_a_ttl().await;
+}
+
+/// The fixed window writes envoyproxy/ratelimit's key: a plain counter bumped with INCRBY (denied
+/// requests included), expiring after the TTL the caller passes; peeks write nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_window_writes_the_go_key() {
+    require_redis!();
+    let mut h = Harness::start().await;
+    let limit = Limit {
+        algorithm: Algorithm::FixedWindow,
+        requests: 3,
+        window_us: 60_000_000,
+        burst: 3,
+    };
+    let start = local_now_us() / 60_000_000 * 60_000_000;
+    let key = format!("domain_key_value_{}", start / 1_000_000);
+    let item = |cost| ScriptItem {
+        key: &key,
+        limit,
+        cost,
+        group: 0,
+        window_start_us: start,
+        ttl_secs: 67,
+    };
+    let reply = h.call(&[item(0)], CommitPolicy::Independent).await;
+    assert!(reply.decisions[0].allowed);
+    assert_eq!(
+        h.server.cli(&["EXISTS", &key]).trim(),
+        "0",
+        "a peek writes nothing"
+    );
+    let mut total = 0;
+    for cost in [1, 2, 4, 1] {
+        let reply = h.call(&[item(cost)], CommitPolicy::Independent).await;
+        total += cost;
+        assert_eq!(reply.decisions[0].allowed, total <= 3, "after {total}");
+        assert_eq!(
+            h.server.cli(&["GET", &key]).trim(),
+            total.to_string(),
+            "denied requests count too"
+        );
+        let end = start + 60_000_000;
+        if reply.now_us < end {
+            assert_eq!(reply.decisions[0].reset_after_us, end - reply.now_us);
+        }
+    }
+    let ttl: u64 = h.server.cli(&["TTL", &key]).trim().parse().expect("TTL");
+    assert!((66..=67).contains(&ttl), "TTL {ttl}");
+    assert_eq!(h.server.cli(&["TYPE", &key]).trim(), "string");
+    assert_eq!(
+        h.server.cli(&["OBJECT", "ENCODING", &key]).trim(),
+        "int",
+        "a plain integer, as Go stores it"
+    );
+}
+
+/// After `SCRIPT FLUSH` (or a restart) the next invocation reloads the script transparently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noscript_is_handled_after_script_flush() {
+    require_redis!();
+    let mut h = Harness::start().await;
+    let limit = Limit {
+        algorithm: Algorithm::Gcra,
+        requests: 10,
+        window_us: 1_000_000,
+        burst: 10,
+    };
+    let item = ScriptItem {
+        key: "k",
+        limit,
+        cost: 1,
+        group: 0,
+        window_start_us: 0,
+        ttl_secs: 0,
+    };
+    h.call(&[item], CommitPolicy::Independent).await;
+    let sha = h.script.sha().to_owned();
+    assert_eq!(h.server.cli(&["SCRIPT", "EXISTS", &sha]).trim(), "1");
+    assert_eq!(h.server.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    assert_eq!(h.server.cli(&["SCRIPT", "EXISTS", &sha]).trim(), "0");
+    let reply = h.call(&[item], CommitPolicy::Independent).await;
+    assert_eq!(
+        reply.decisions[0].remaining, 8,
+        "the second call saw the first one's state"
+    );
+    assert_eq!(h.server.cli(&["SCRIPT", "EXISTS", &sha]).trim(), "1");
+}
+
+/// Every key the script writes has a TTL derived from the algorithm's expiry, and keys whose state
+/// stops mattering disappear by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_written_key_has_a_ttl_and_expires() {
+    require_redis!();
+    let mut h = Harness::start().await;
+    let mut keys = HashMap::new();
+    for algorithm in Algorithm::ALL {
+        let limit = Limit {
+            algorithm,
+            requests: 4,
+            window_us: 50_000,
+            burst: 4,
+        };
+        let start = local_now_us() / 50_000 * 50_000;
+        let key = format!("ttl:{}", algorithm.as_str());
+        let item = ScriptItem {
+            key: &key,
+            limit,
+            cost: 2,
+            group: 0,
+            window_start_us: start,
+            ttl_secs: 1,
+        };
+        h.call(&[item], CommitPolicy::Independent).await;
+        keys.insert(algorithm, key);
+    }
+    for (algorithm, key) in &keys {
+        let pttl: i64 = h.server.cli(&["PTTL", key]).trim().parse().expect("PTTL");
+        // Expiry: 1 s for the Go counter; at most two 50 ms windows (+1 ms rounding) for the others.
+        let max = if *algorithm == Algorithm::FixedWindow {
+            1_000
+        } else {
+            101
+        };
+        assert!(pttl > 0 && pttl <= max, "{algorithm:?}: PTTL {pttl}");
+    }
+    h.assert_every_key_has_a_ttl().await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    for (algorithm, key) in &keys {
+        if *algorithm != Algorithm::FixedWindow {
+            assert_eq!(
+                h.server.cli(&["EXISTS", key]).trim(),
+                "0",
+                "{algorithm:?} state outlived its expiry"
+            );
+        }
+    }
+}
+
+/// Malformed arguments are an error reply, never a crashed or half-applied script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_arguments_are_rejected() {
+    require_redis!();
+    let mut h = Harness::start().await;
+    let sha = h.script.sha().to_owned();
+    h.script
+        .invocation(&[], CommitPolicy::Independent)
+        .invoke_async::<redis::Value>(&mut h.conn)
+        .await
+        .expect("empty batch");
+    for args in [
+        vec!["1", "k", "0"],
+        vec!["1", "k", "0", "9", "1", "1", "1", "1", "0", "0", "0"],
+        vec!["1", "k", "7"],
+    ] {
+        let reply = h.server.cli(&[&["EVALSHA", &sha][..], &args[..]].concat());
+        assert!(reply.contains("tollgate"), "{args:?}: {reply}");
+    }
+    assert_eq!(h.server.cli(&["DBSIZE"]).trim(), "0");
+}
+
+/// The script's exact-arithmetic helpers (`lua/exact.lua`) agree with `u128` arithmetic on operands
+/// whose products are far beyond 2^53 (where a plain double division would be off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_helpers_match_u128() {
+    require_redis!();
+    let mut h = Harness::start().await;
+    let probe = redis::Script::new(concat!(
+        include_str!("../../lua/exact.lua"),
+        r"
+local out = {}
+for i = 1, #ARGV, 4 do
+  local a, b, c, e = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  local q, r = muldiv(a, b, c)
+  local q2, r2 = muldiv_add(a, b, e, c)
+  out[#out + 1] = int_str(q) .. ' ' .. int_str(r) .. ' ' .. int_str(q2) .. ' ' .. int_str(r2) .. ' '
+    .. int_str(ceil_sub(a, b, e, c))
+end
+return out
+"
+    ));
+    let mut rng = Rng(0xE7AC7);
+    const MAX: u64 = 1 << 52;
+    for _ in 0..20 {
+        let mut cases = Vec::new();
+        let mut invocation = probe.prepare_invoke();
+        for _ in 0..100 {
+            // Operand sizes vary so that small, mixed and huge products all occur.
+            let bits = rng.range(1, 52);
+            let a = rng.next() % (1 << bits);
+            let bits = rng.range(1, 52);
+            let b = rng.range(1, (1 << bits).min(MAX - 1));
+            let floor_c = ((u128::from(a) * u128::from(b)) >> 52) as u64 + 1;
+            let c = rng.range(floor_c.min(MAX - 1), MAX - 1).max(1);
+            let e = rng.next() % b;
+            invocation.arg(a).arg(b).arg(c).arg(e);
+            cases.push((a, b, c, e));
+        }
+        let got: Vec<String> = invocation.invoke_async(&mut h.conn).await.expect("probe runs");
+        for ((a, b, c, e), got) in cases.into_iter().zip(got) {
+            let (a, b, c, e) = (u128::from(a), u128::from(b), u128::from(c), u128::from(e));
+            let product = a * b;
+            let expected = format!(
+                "{} {} {} {} {}",
+                product / c,
+                product % c,
+                (product + e) / c,
+                (product + e) % c,
+                (product - e.min(product)).div_ceil(c)
+            );
+            assert_eq!(got, expected, "a {a} b {b} c {c} e {e}");
+        }
+    }
+}

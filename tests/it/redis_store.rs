@@ -1,0 +1,355 @@
+//! The Redis store over real `redis-server` processes: envoyproxy/ratelimit compatibility (same
+//! environment, same keys), shared counters, exact admission under concurrency, one round trip per
+//! request, the local over-limit cache, failure modes when Redis dies, and Redis Cluster.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tollgate::algorithm::Algorithm;
+use tollgate::proto::rls::RateLimitResponse;
+use tollgate::proto::rls::rate_limit_response::Code;
+
+use crate::common::redis::{RedisCluster, RedisServer, command_calls};
+use crate::common::{TestServer, http, wire_request};
+use crate::require_redis;
+
+/// Generous deadline for tests that are not about deadlines: a loaded CI machine must not turn a slow
+/// reply into a failure-mode answer.
+const TEST_DEADLINE: &str = "2s";
+
+fn rules(algorithm: Algorithm, limit: u32) -> String {
+    format!(
+        "domain: rd\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {limit}, algorithm: {}}}\n  - key: open\n    rate_limit: {{unit: hour, requests_per_unit: {limit}, failure_mode: open}}\n  - key: closed\n    rate_limit: {{unit: hour, requests_per_unit: {limit}, failure_mode: closed}}\n",
+        algorithm.as_str()
+    )
+}
+
+async fn start(redis_env: &[(&str, &str)], rules_text: &str) -> TestServer {
+    let mut env = vec![("TOLLGATE_REDIS_DEADLINE", TEST_DEADLINE)];
+    env.extend_from_slice(redis_env);
+    TestServer::start(&[("rd.yaml", rules_text)], &env).await
+}
+
+async fn ask(server: &TestServer, entries: &[&[(&str, &str)]]) -> Result<RateLimitResponse, tonic::Status> {
+    let mut client = server.client().await;
+    client
+        .should_rate_limit(wire_request("rd", entries))
+        .await
+        .map(|r| r.into_inner())
+}
+
+#[tokio::test]
+async fn go_style_redis_url_counts_in_redis_with_envoyproxy_ratelimit_keys() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let addr = redis.addr();
+    let server = start(
+        &[("REDIS_URL", &addr), ("REDIS_SOCKET_TYPE", "tcp")],
+        &rules(Algorithm::FixedWindow, 2),
+    )
+    .await;
+    for remaining in [1, 0] {
+        let r = ask(&server, &[&[("k", "v")]]).await.expect("answer");
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert_eq!(r.statuses[0].limit_remaining, remaining);
+    }
+    let r = ask(&server, &[&[("k", "v")]]).await.expect("answer");
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    // The counter is envoyproxy/ratelimit's: `domain_key_value_<hour start>`, INCRBY semantics.
+    let keys = redis.cli(&["KEYS", "rd_k_v_*"]);
+    let key = keys.lines().next().expect("a Go-format key").trim().to_owned();
+    let start: u64 = key
+        .trim_start_matches("rd_k_v_")
+        .parse()
+        .expect("window start in seconds");
+    assert_eq!(start % 3600, 0, "{key}");
+    assert_eq!(redis.cli(&["GET", &key]).trim(), "3");
+    let ttl: u64 = redis.cli(&["TTL", &key]).trim().parse().expect("ttl");
+    assert!(ttl > 0 && ttl <= 3600 + 300, "TTL {ttl}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn two_instances_share_counters() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let env = [("REDIS_URL", redis.url())];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = start(&env, &rules(Algorithm::TokenBucket, 5)).await;
+    let b = start(&env, &rules(Algorithm::TokenBucket, 5)).await;
+    for server in [&a, &b, &a, &b, &a] {
+        assert_eq!(
+            ask(server, &[&[("k", "shared")]])
+                .await
+                .expect("answer")
+                .overall_code,
+            Code::Ok as i32
+        );
+    }
+    assert_eq!(
+        ask(&b, &[&[("k", "shared")]]).await.expect("answer").overall_code,
+        Code::OverLimit as i32
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+/// 64 concurrent clients split over two instances against a limit of 100: exactly 100 pass.
+async fn exact_admission(redis_env: &[(&str, &str)]) {
+    for algorithm in Algorithm::ALL {
+        let text = rules(algorithm, 100);
+        let servers = Arc::new([start(redis_env, &text).await, start(redis_env, &text).await]);
+        let admitted = Arc::new(AtomicUsize::new(0));
+        let key = format!("hot-{}", algorithm.as_str());
+        let tasks: Vec<_> = (0..64)
+            .map(|i| {
+                let (servers, admitted, key) = (Arc::clone(&servers), Arc::clone(&admitted), key.clone());
+                tokio::spawn(async move {
+                    let mut client = servers[i % 2].client().await;
+                    for _ in 0..4 {
+                        let r = client
+                            .should_rate_limit(wire_request("rd", &[&[("k", &key)]]))
+                            .await
+                            .expect("answer");
+                        if r.into_inner().overall_code == Code::Ok as i32 {
+                            admitted.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("client");
+        }
+        assert_eq!(admitted.load(Ordering::SeqCst), 100, "{}", algorithm.as_str());
+        let [a, b] = Arc::into_inner(servers).expect("clients done");
+        a.stop().await;
+        b.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_clients_on_two_instances_get_exactly_the_limit() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    exact_admission(&[("REDIS_URL", &url)]).await;
+}
+
+#[tokio::test]
+async fn three_descriptors_cost_one_redis_command() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let text = "domain: rd\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 100}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: token_bucket}\n  - key: c\n    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: sliding_log}\n";
+    let server = start(&[("REDIS_URL", &url)], text).await;
+    ask(&server, &[&[("a", "0")], &[("b", "0")], &[("c", "0")]])
+        .await
+        .expect("warm-up (loads the script)");
+    // MONITOR shows every command with its source; commands run inside a script say `lua`.
+    let monitor = Monitor::start(redis.port);
+    for i in 1..=20 {
+        let v = i.to_string();
+        ask(&server, &[&[("a", &v)], &[("b", &v)], &[("c", &v)]])
+            .await
+            .expect("answer");
+    }
+    let commands = monitor.client_commands();
+    let evalsha = commands.iter().filter(|c| c.starts_with("\"EVALSHA\"")).count();
+    let others: Vec<_> = commands
+        .iter()
+        .filter(|c| !c.starts_with("\"EVALSHA\"") && !c.starts_with("\"PING\""))
+        .collect();
+    assert_eq!(evalsha, 20, "{commands:?}");
+    assert!(
+        others.is_empty(),
+        "commands besides one EVALSHA per request: {others:?}"
+    );
+    server.stop().await;
+}
+
+/// `redis-cli MONITOR` in the background.
+struct Monitor {
+    child: std::process::Child,
+}
+
+impl Monitor {
+    fn start(port: u16) -> Self {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "MONITOR"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("redis-cli MONITOR");
+        // Wait for its "OK" so no command is missed.
+        let stdout = child.stdout.as_mut().expect("stdout");
+        let mut first = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut first)
+            .expect("MONITOR answers");
+        assert_eq!(first.trim(), "OK");
+        Self { child }
+    }
+
+    /// The commands clients sent (script-internal ones excluded), as `"NAME" "arg"...` text.
+    fn client_commands(mut self) -> Vec<String> {
+        use std::io::Read;
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = self.child.kill();
+        let mut out = String::new();
+        self.child
+            .stdout
+            .take()
+            .expect("stdout")
+            .read_to_string(&mut out)
+            .expect("read");
+        let _ = self.child.wait();
+        out.lines()
+            .filter(|line| !line.contains(" lua] "))
+            .filter_map(|line| line.split_once("] ").map(|(_, command)| command.to_owned()))
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn a_key_over_its_limit_is_answered_from_the_local_cache() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = start(&[("REDIS_URL", &url)], &rules(Algorithm::FixedWindow, 1)).await;
+    ask(&server, &[&[("k", "attacker")]]).await.expect("answer");
+    let before = command_calls(redis.port).get("evalsha").copied().unwrap_or(0);
+    for _ in 0..100 {
+        let r = ask(&server, &[&[("k", "attacker")]]).await.expect("answer");
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+        assert!(r.statuses[0].current_limit.is_some());
+    }
+    let after = command_calls(redis.port).get("evalsha").copied().unwrap_or(0);
+    assert!(
+        after - before <= 1,
+        "{} script calls for 100 requests on a blocked key",
+        after - before
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn killed_redis_answers_within_the_deadline_by_failure_mode_then_recovers() {
+    require_redis!();
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("TOLLGATE_REDIS_DEADLINE", "50ms"),
+        ("LOCAL_CACHE_SIZE_IN_BYTES", "0"),
+    ];
+    let server = TestServer::start(&[("rd.yaml", &rules(Algorithm::TokenBucket, 1000))], &env).await;
+    assert_eq!(
+        ask(&server, &[&[("k", "x")]]).await.expect("answer").overall_code,
+        Code::Ok as i32
+    );
+    redis.kill();
+    for _ in 0..20 {
+        let started = Instant::now();
+        let open = ask(&server, &[&[("open", "x")]])
+            .await
+            .expect("failure_mode open answers");
+        let closed = ask(&server, &[&[("closed", "x")]])
+            .await
+            .expect("failure_mode closed answers");
+        let unset = ask(&server, &[&[("k", "x")]])
+            .await
+            .expect_err("no failure_mode: an error");
+        assert!(
+            started.elapsed() < Duration::from_millis(600),
+            "three calls took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(open.overall_code, Code::Ok as i32);
+        assert_eq!(closed.overall_code, Code::OverLimit as i32);
+        assert_eq!(unset.code(), tonic::Code::Unavailable, "{unset:?}");
+    }
+    let (status, _) = http(server.http, "GET", "/healthcheck", "").await;
+    assert_eq!(status, 500, "not ready while Redis is down");
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while ask(&server, &[&[("k", "y")]]).await.is_err() {
+        assert!(Instant::now() < deadline, "Tollgate never reconnected to Redis");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.wait_ready().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_under_load_fails_no_request() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = Arc::new(start(&[("REDIS_URL", &url)], &rules(Algorithm::Gcra, 1_000_000)).await);
+    let load: Vec<_> = (0..8)
+        .map(|i| {
+            let server = Arc::clone(&server);
+            tokio::spawn(async move {
+                for n in 0..100 {
+                    let v = format!("{i}-{n}");
+                    ask(&server, &[&[("k", &v)]])
+                        .await
+                        .expect("no request fails across SCRIPT FLUSH");
+                }
+            })
+        })
+        .collect();
+    for _ in 0..5 {
+        redis.cli(&["SCRIPT", "FLUSH"]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for task in load {
+        task.await.expect("load");
+    }
+    Arc::into_inner(server).expect("done").stop().await;
+}
+
+#[tokio::test]
+async fn starting_with_redis_down_is_not_ready_then_ready_when_redis_comes() {
+    require_redis!();
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    redis.kill();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("rd.yaml"), rules(Algorithm::FixedWindow, 10)).expect("rules");
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("TOLLGATE_REDIS_DEADLINE", TEST_DEADLINE),
+    ];
+    let server = TestServer::start_unready(dir, &env).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, _) = http(server.http, "GET", "/healthcheck", "").await;
+    assert_eq!(status, 500);
+    redis.restart();
+    server.wait_ready().await;
+    assert_eq!(
+        ask(&server, &[&[("k", "v")]]).await.expect("answer").overall_code,
+        Code::Ok as i32
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_counts_exactly_across_slots() {
+    require_redis!();
+    let cluster = RedisCluster::start();
+    let addrs = cluster.addrs();
+    let env = [("REDIS_URL", addrs.as_str()), ("REDIS_TYPE", "cluster")];
+    // One request touching descriptors in different slots is answered whole.
+    let server = start(&env, &rules(Algorithm::SlidingWindow, 3)).await;
+    for expected in [2, 1, 0] {
+        let r = ask(&server, &[&[("k", "alpha")], &[("k", "beta")], &[("k", "gamma")]])
+            .await
+            .expect("answer");
+        assert!(r.statuses.iter().all(|s| s.limit_remaining == expected), "{r:?}");
+    }
+    server.stop().await;
+    exact_admission(&env).await;
+}
