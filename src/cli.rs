@@ -81,6 +81,9 @@ struct BenchArgs {
     /// How long to run (e.g. 10s).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     duration: std::time::Duration,
+    /// The server's Redis (`redis://host:port`), to report Redis commands per decision.
+    #[arg(long)]
+    redis_url: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -173,6 +176,7 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
         concurrency: args.concurrency,
         connections: args.connections,
         duration: args.duration,
+        redis_url: args.redis_url,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let report = runtime.block_on(crate::loadgen::run(plan))?;

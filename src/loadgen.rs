@@ -32,6 +32,8 @@ pub struct LoadPlan {
     pub connections: usize,
     /// How long to send.
     pub duration: Duration,
+    /// The Redis behind the server, to count the commands the run cost (optional).
+    pub redis_url: Option<String>,
 }
 
 /// What the run measured.
@@ -47,6 +49,8 @@ pub struct LoadReport {
     pub elapsed: Duration,
     /// Latency percentiles (p50, p90, p99, p99.9, max).
     pub latency: [Duration; 5],
+    /// Commands clients sent to Redis during the run (script calls), when a Redis URL was given.
+    pub redis_commands: Option<u64>,
 }
 
 impl std::fmt::Display for LoadReport {
@@ -63,7 +67,15 @@ impl std::fmt::Display for LoadReport {
         write!(
             f,
             "latency:     p50 {p50:.2?}  p90 {p90:.2?}  p99 {p99:.2?}  p99.9 {p999:.2?}  max {max:.2?}"
-        )
+        )?;
+        if let Some(commands) = self.redis_commands {
+            let per_decision = commands as f64 / self.requests.max(1) as f64;
+            write!(
+                f,
+                "\nredis:       {commands} commands ({per_decision:.3} per decision)"
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -74,6 +86,10 @@ pub async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
     for _ in 0..plan.connections.max(1) {
         channels.push(Channel::from_shared(plan.addr.clone())?.connect().await?);
     }
+    let redis_before = match &plan.redis_url {
+        Some(url) => Some(redis_script_calls(url).await?),
+        None => None,
+    };
     let start = Instant::now();
     let deadline = start + plan.duration;
     let workers: Vec<_> = (0..plan.concurrency.max(1))
@@ -102,6 +118,9 @@ pub async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
         latencies.append(&mut samples);
     }
     report.elapsed = start.elapsed();
+    if let (Some(url), Some(before)) = (&plan.redis_url, redis_before) {
+        report.redis_commands = Some(redis_script_calls(url).await?.saturating_sub(before));
+    }
     latencies.sort_unstable();
     report.latency = [0.5, 0.9, 0.99, 0.999, 1.0].map(|q| percentile(&latencies, q));
     Ok(report)
@@ -162,6 +181,29 @@ fn request(domain: &str, templates: &[Template], key: u64) -> RateLimitRequest {
         descriptors,
         hits_addend: 0,
     }
+}
+
+/// Client-issued script calls so far (`EVALSHA`, `EVAL`, `SCRIPT ...`), from `INFO commandstats`.
+/// Commands a script runs internally are counted by Redis too, so they are deliberately left out:
+/// the question is how many round trips decisions cost, and Tollgate sends nothing but scripts.
+async fn redis_script_calls(url: &str) -> anyhow::Result<u64> {
+    let mut conn = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await?;
+    Ok(info
+        .lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let counted =
+                matches!(name, "evalsha" | "eval" | "evalsha_ro" | "eval_ro") || name.starts_with("script");
+            let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            counted.then(|| calls.parse::<u64>().ok()).flatten()
+        })
+        .sum())
 }
 
 fn percentile(sorted: &[Duration], q: f64) -> Duration {

@@ -146,6 +146,8 @@ pub fn assert_status(status: &DescriptorStatus, code: Code, remaining: u32, limi
 
 /// A real server on port-0 listeners over a temporary rules directory.
 pub struct TestServer {
+    /// The server's own Redis when the suite runs with `TOLLGATE_TEST_STORE=redis`.
+    pub redis: Option<redis::RedisServer>,
     pub grpc: SocketAddr,
     pub http: SocketAddr,
     pub debug: SocketAddr,
@@ -172,7 +174,15 @@ impl TestServer {
 
     /// Starts a server without waiting for readiness (for tests of startup while Redis is down).
     pub async fn start_unready(dir: TempDir, env: &[(&str, &str)]) -> Self {
-        let env: HashMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut env: HashMap<String, String> =
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let redis = store_under_test_is_redis().then(|| {
+            let server = redis::RedisServer::start();
+            env.entry("REDIS_URL".into()).or_insert_with(|| server.url());
+            env.entry("TOLLGATE_REDIS_DEADLINE".into())
+                .or_insert_with(|| "2s".into());
+            server
+        });
         let flags = [
             ("config_dir", dir.path().to_string_lossy().into_owned()),
             ("grpc_addr", "127.0.0.1:0".to_owned()),
@@ -190,6 +200,7 @@ impl TestServer {
             let _ = stopped.await;
         }));
         Self {
+            redis,
             grpc,
             http,
             debug,
@@ -239,6 +250,12 @@ impl TestServer {
             .expect("server task")
             .expect("server ran cleanly");
     }
+}
+
+/// Whether the wire-level suites run against Redis (`TOLLGATE_TEST_STORE=redis`, set by
+/// `scripts/test.sh` for a second pass) instead of the embedded store: one test body, both stores.
+pub fn store_under_test_is_redis() -> bool {
+    std::env::var("TOLLGATE_TEST_STORE").is_ok_and(|v| v == "redis")
 }
 
 /// A minimal HTTP/1.1 request over a raw socket; returns (status, body).
