@@ -10,7 +10,7 @@ use tollgate::algorithm::Algorithm;
 use tollgate::proto::rls::RateLimitResponse;
 use tollgate::proto::rls::rate_limit_response::Code;
 
-use crate::common::redis::{RedisCluster, RedisServer, command_calls};
+use crate::common::redis::{RedisCluster, RedisSentinel, RedisServer, command_calls};
 use crate::common::{TestServer, http, wire_request};
 use crate::require_redis;
 
@@ -352,4 +352,46 @@ async fn redis_cluster_counts_exactly_across_slots() {
     }
     server.stop().await;
     exact_admission(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_is_followed_without_a_restart() {
+    require_redis!();
+    let mut sentinel = RedisSentinel::start();
+    let url = sentinel.url();
+    let env = [
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_URL", url.as_str()),
+        ("LOCAL_CACHE_SIZE_IN_BYTES", "0"),
+    ];
+    let server = start(&env, &rules(Algorithm::FixedWindow, 1000)).await;
+    for _ in 0..3 {
+        assert_eq!(
+            ask(&server, &[&[("k", "v")]]).await.expect("answer").overall_code,
+            Code::Ok as i32
+        );
+    }
+    let old_master = sentinel.master.port;
+    sentinel.master.kill();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        if let Ok(response) = ask(&server, &[&[("k", "v")]]).await {
+            break response;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Tollgate never reached the promoted master"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        sentinel.master_port(),
+        Some(sentinel.replica.port),
+        "the replica was promoted"
+    );
+    assert_ne!(sentinel.replica.port, old_master);
+    assert_eq!(after.overall_code, Code::Ok as i32);
+    // The replica had the counter: the count goes on (3 before, this one is the 4th or later).
+    assert!(after.statuses[0].limit_remaining <= 996, "{after:?}");
+    server.stop().await;
 }

@@ -19,6 +19,7 @@
 
 mod keys;
 pub mod script;
+mod sentinel;
 mod target;
 
 use std::collections::BTreeMap;
@@ -38,6 +39,7 @@ pub use target::{RedisMode, RedisTarget, TargetError};
 
 use self::keys::{Placement, redis_key};
 use self::script::{BatchScript, ScriptItem, ScriptReply};
+use self::sentinel::{SentinelLink, suggests_failover};
 use super::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::Clock;
@@ -65,6 +67,35 @@ enum Connections {
         next: AtomicUsize,
     },
     Cluster(ClusterConnection),
+    Sentinel(Arc<SentinelLink>),
+}
+
+/// Why one script call failed, kept typed until it reaches the store's edge so Sentinel can tell a
+/// moved master from other failures.
+enum CallError {
+    Timeout,
+    Redis(redis::RedisError),
+    Reply(script::ScriptError),
+}
+
+impl CallError {
+    fn into_store_error(self, deadline: Duration) -> StoreError {
+        match self {
+            CallError::Timeout => StoreError::Timeout(deadline),
+            CallError::Redis(error) => StoreError::Unavailable(error.to_string()),
+            CallError::Reply(error) => StoreError::Unavailable(format!("unexpected script reply: {error}")),
+        }
+    }
+
+    /// Whether the master may have moved (Sentinel): the call timed out, the connection broke, or the
+    /// server now refuses writes as a replica.
+    fn suggests_failover(&self) -> bool {
+        match self {
+            CallError::Timeout => true,
+            CallError::Redis(error) => suggests_failover(error),
+            CallError::Reply(_) => false,
+        }
+    }
 }
 
 /// The Redis store.
@@ -127,16 +158,21 @@ impl RedisStore {
         }
     }
 
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        let timeout = self.options.connect_timeout;
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            // The per-call deadline is enforced above this layer; this only stops a dead socket from
+            // holding a multiplexed connection forever.
+            .set_response_timeout(Some(self.options.deadline.max(timeout)))
+            .set_number_of_retries(1)
+    }
+
     async fn connect(&self) -> Result<Connections, redis::RedisError> {
         let timeout = self.options.connect_timeout;
         match &self.options.target.mode {
             RedisMode::Single(info) => {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    // The per-call deadline is enforced above this layer; this only stops a dead
-                    // socket from holding a multiplexed connection forever.
-                    .set_response_timeout(Some(self.options.deadline.max(timeout)))
-                    .set_number_of_retries(1);
+                let config = self.manager_config();
                 let client = redis::Client::open(info.clone())?;
                 let mut pool = Vec::with_capacity(self.options.connections.max(1));
                 for _ in 0..self.options.connections.max(1) {
@@ -155,6 +191,14 @@ impl RedisStore {
                     .build()?;
                 Ok(Connections::Cluster(client.get_async_connection().await?))
             }
+            RedisMode::Sentinel {
+                master,
+                sentinels,
+                node,
+            } => {
+                let link = SentinelLink::connect(master, sentinels, node, self.manager_config()).await?;
+                Ok(Connections::Sentinel(Arc::new(link)))
+            }
         }
     }
 
@@ -172,6 +216,16 @@ impl RedisStore {
             Connections::Cluster(conn) => {
                 let mut conn = conn.clone();
                 tokio::time::timeout(self.options.deadline, command.query_async::<String>(&mut conn)).await
+            }
+            Connections::Sentinel(link) => {
+                let mut conn = link.connection();
+                let reply =
+                    tokio::time::timeout(self.options.deadline, command.query_async::<String>(&mut conn))
+                        .await;
+                if !matches!(reply, Ok(Ok(_))) {
+                    link.refresh();
+                }
+                reply
             }
         };
         matches!(reply, Ok(Ok(_)))
@@ -236,7 +290,7 @@ impl RedisStore {
         conn: &mut C,
         items: &[ScriptItem<'_>],
         policy: CommitPolicy,
-    ) -> Result<Vec<Decision>, StoreError> {
+    ) -> Result<Vec<Decision>, CallError> {
         let sent_at = self.clock.now_us();
         let invocation = self.script.invocation(items, policy);
         let reply = tokio::time::timeout(
@@ -244,10 +298,10 @@ impl RedisStore {
             invocation.invoke_async::<redis::Value>(conn),
         )
         .await
-        .map_err(|_| StoreError::Timeout(self.options.deadline))?
-        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        let ScriptReply { now_us, decisions } = BatchScript::decode(reply, items.len())
-            .map_err(|e| StoreError::Unavailable(format!("unexpected script reply: {e}")))?;
+        .map_err(|_| CallError::Timeout)?
+        .map_err(CallError::Redis)?;
+        let ScriptReply { now_us, decisions } =
+            BatchScript::decode(reply, items.len()).map_err(CallError::Reply)?;
         self.track_offset(sent_at, now_us);
         Ok(decisions)
     }
@@ -278,13 +332,21 @@ impl Store for Arc<RedisStore> {
             .iter()
             .map(|(key, item)| ScriptItem { key, ..*item })
             .collect();
-        match &*connections {
+        let result = match &*connections {
             Connections::Single { pool, next } => {
                 let mut conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
                 self.invoke(&mut conn, &items, batch.policy).await
             }
             Connections::Cluster(conn) => self.apply_per_slot(conn, &items, batch.policy).await,
-        }
+            Connections::Sentinel(link) => {
+                let result = self.invoke(&mut link.connection(), &items, batch.policy).await;
+                if result.as_ref().err().is_some_and(CallError::suggests_failover) {
+                    link.refresh();
+                }
+                result
+            }
+        };
+        result.map_err(|e| e.into_store_error(self.options.deadline))
     }
 }
 
@@ -295,7 +357,7 @@ impl RedisStore {
         conn: &ClusterConnection,
         items: &[ScriptItem<'_>],
         policy: CommitPolicy,
-    ) -> Result<Vec<Decision>, StoreError> {
+    ) -> Result<Vec<Decision>, CallError> {
         let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (at, item) in items.iter().enumerate() {
             by_slot.entry(slot(item.key)).or_default().push(at);

@@ -4,7 +4,8 @@
 //! - single: `host:port`, a unix socket path (with `REDIS_SOCKET_TYPE=unix` or an absolute path), or a
 //!   `redis://` / `rediss://` / `redis+unix://` URL;
 //! - cluster: `host:port,host:port,...` (seed nodes; the rest are discovered);
-//! - sentinel: `master_name,sentinel_host:port,...` (recognised, not yet supported: refused clearly).
+//! - sentinel: `master_name,sentinel_host:port,...` (the master is found through the sentinels;
+//!   `REDIS_AUTH` applies to the master, sentinels are reached without a password).
 //!
 //! TLS (`REDIS_TLS=true`, `rediss://`) is refused clearly too, until it can be tested end to end.
 
@@ -28,6 +29,15 @@ pub enum RedisMode {
     Single(ConnectionInfo),
     /// Redis Cluster seed nodes.
     Cluster(Vec<ConnectionInfo>),
+    /// A master found through Redis Sentinel.
+    Sentinel {
+        /// The master's name as the sentinels know it.
+        master: String,
+        /// Sentinel addresses.
+        sentinels: Vec<ConnectionInfo>,
+        /// Credentials and database for the master.
+        node: redis::RedisConnectionInfo,
+    },
 }
 
 /// Why a Redis location was refused.
@@ -72,16 +82,23 @@ impl RedisTarget {
                 _ => return Err(bad(url, "a single Redis takes exactly one address")),
             },
             "cluster" => RedisMode::Cluster(addresses.iter().map(|a| one(a)).collect::<Result<_, _>>()?),
-            "sentinel" => {
-                return Err(TargetError::Unsupported(
-                    "REDIS_TYPE=SENTINEL is not supported yet; point REDIS_URL at the master or use a cluster",
-                ));
-            }
+            "sentinel" => match addresses.as_slice() {
+                [master, sentinels @ ..] if !sentinels.is_empty() => RedisMode::Sentinel {
+                    master: (*master).to_owned(),
+                    sentinels: sentinels
+                        .iter()
+                        .map(|a| node(a, socket_type, "", tls))
+                        .collect::<Result<_, _>>()?,
+                    node: credentials(redis::RedisConnectionInfo::default(), auth),
+                },
+                _ => return Err(bad(url, "sentinel takes master_name,sentinel_host:port[,...]")),
+            },
             other => return Err(TargetError::UnknownType(other.to_owned())),
         };
         let shape = match mode {
             RedisMode::Single(_) => "single",
             RedisMode::Cluster(_) => "cluster",
+            RedisMode::Sentinel { .. } => "sentinel",
         };
         Ok(Self {
             mode,
@@ -129,15 +146,17 @@ fn node(address: &str, socket_type: &str, auth: &str, tls: bool) -> Result<Conne
 }
 
 fn with_auth(info: ConnectionInfo, auth: &str) -> ConnectionInfo {
-    if auth.is_empty() {
-        return info;
-    }
-    let settings = info.redis_settings().clone();
-    let settings = match auth.split_once(':') {
+    let settings = credentials(info.redis_settings().clone(), auth);
+    info.set_redis_settings(settings)
+}
+
+/// Applies `REDIS_AUTH` (`password` or `user:password`; empty: none).
+fn credentials(settings: redis::RedisConnectionInfo, auth: &str) -> redis::RedisConnectionInfo {
+    match auth.split_once(':') {
+        _ if auth.is_empty() => settings,
         Some((user, password)) => settings.set_username(user).set_password(password),
         None => settings.set_password(auth),
-    };
-    info.set_redis_settings(settings)
+    }
 }
 
 fn bad(address: &str, reason: &str) -> TargetError {
@@ -213,9 +232,14 @@ mod tests {
             Err(TargetError::BadAddress { .. })
         ));
         assert!(matches!(
-            RedisTarget::parse("m,s:1", "sentinel", "", "", false),
-            Err(TargetError::Unsupported(_))
+            RedisTarget::parse("mymaster", "sentinel", "", "", false),
+            Err(TargetError::BadAddress { .. })
         ));
+        let t =
+            RedisTarget::parse("mymaster,s1:26379,s2:26379", "sentinel", "", "pw", false).expect("sentinel");
+        assert!(
+            matches!(&t.mode, RedisMode::Sentinel { master, sentinels, node } if master == "mymaster" && sentinels.len() == 2 && node.password() == Some("pw"))
+        );
         let err = RedisTarget::parse("redis://u:pw@", "", "", "", false).expect_err("no host");
         assert!(!err.to_string().contains("pw"), "{err}");
         assert_eq!(redact("redis://u:pw@h:1"), "redis://***@h:1");

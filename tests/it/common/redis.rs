@@ -230,3 +230,78 @@ impl RedisCluster {
             .join(",")
     }
 }
+
+/// A master, one replica and one sentinel (quorum 1) watching them as `mymaster`, with failover
+/// timings short enough for a test.
+pub struct RedisSentinel {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    pub port: u16,
+    _dir: TempDir,
+    child: Child,
+}
+
+impl RedisSentinel {
+    pub fn start() -> Self {
+        let master = RedisServer::start();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !replica
+            .cli(&["INFO", "replication"])
+            .contains("master_link_status:up")
+        {
+            assert!(Instant::now() < deadline, "the replica never synced");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let conf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\n\
+                 sentinel down-after-milliseconds mymaster 500\nsentinel failover-timeout mymaster 2000\n",
+                dir.path().display(),
+                master.port
+            ),
+        )
+        .expect("sentinel.conf");
+        let child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server --sentinel");
+        let sentinel = Self {
+            master,
+            replica,
+            port,
+            _dir: dir,
+            child,
+        };
+        while sentinel.master_port() != Some(sentinel.master.port) {
+            assert!(Instant::now() < deadline, "the sentinel never saw the master");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        sentinel
+    }
+
+    /// envoyproxy/ratelimit's sentinel `REDIS_URL`: `master_name,sentinel_host:port`.
+    pub fn url(&self) -> String {
+        format!("mymaster,127.0.0.1:{}", self.port)
+    }
+
+    /// The master's port as the sentinel reports it now.
+    pub fn master_port(&self) -> Option<u16> {
+        let reply = cli(self.port, &["SENTINEL", "get-master-addr-by-name", "mymaster"]);
+        reply.lines().nth(1)?.trim().parse().ok()
+    }
+}
+
+impl Drop for RedisSentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
