@@ -1,19 +1,39 @@
-//! The HTTP listeners: the admin port (`/healthcheck`, as envoyproxy/ratelimit) and the debug port
-//! (`/rlconfig`, the loaded rules one per line, as envoyproxy/ratelimit).
+//! The HTTP listeners: the admin port (`/healthcheck` and `POST /json`, as envoyproxy/ratelimit) and the
+//! debug port (`/rlconfig`, the loaded rules one per line, as envoyproxy/ratelimit).
+
+use std::sync::Arc;
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 
+use crate::grpc::EnvoyOptions;
+use crate::grpc::envoy_rls::build_response;
 use crate::health::Health;
-use crate::limiter::RulesHandle;
+use crate::json::{request_from_json, response_to_json};
+use crate::limiter::{Code, Limiter, RulesHandle};
+use crate::store::Store;
+
+/// What the admin endpoints need.
+#[derive(Debug)]
+pub struct Admin<S> {
+    /// Readiness, for `/healthcheck`.
+    pub health: Health,
+    /// The decision core, for `/json`.
+    pub limiter: Arc<Limiter<S>>,
+    /// The same response options as the gRPC service (headers, dynamic metadata).
+    pub options: EnvoyOptions,
+}
 
 /// The admin port's routes.
-pub fn admin_router(health: Health) -> Router {
+pub fn admin_router<S: Store>(admin: Admin<S>) -> Router {
     Router::new()
-        .route("/healthcheck", get(healthcheck))
-        .with_state(health)
+        .route("/healthcheck", get(healthcheck::<S>))
+        .route("/json", post(json::<S>))
+        .with_state(Arc::new(admin))
 }
 
 /// The debug port's routes.
@@ -24,12 +44,37 @@ pub fn debug_router(rules: RulesHandle) -> Router {
         .with_state(rules)
 }
 
-async fn healthcheck(State(health): State<Health>) -> (StatusCode, &'static str) {
-    if health.is_ready() {
+async fn healthcheck<S: Store>(State(admin): State<Arc<Admin<S>>>) -> (StatusCode, &'static str) {
+    if admin.health.is_ready() {
         (StatusCode::OK, "OK")
     } else {
         (StatusCode::INTERNAL_SERVER_ERROR, "NOT OK")
     }
+}
+
+/// envoyproxy/ratelimit's `/json`: 200 when OK, 429 when over the limit, 400 for a body that is not a
+/// request and for any service error (Redis included), as the Go service answers.
+async fn json<S: Store>(State(admin): State<Arc<Admin<S>>>, body: Bytes) -> Response {
+    let request = match request_from_json(&body) {
+        Ok(request) => request,
+        Err(error) => return (StatusCode::BAD_REQUEST, error.to_string()).into_response(),
+    };
+    let verdict = admin
+        .limiter
+        .should_rate_limit(&request.domain, &request.descriptors, request.hits_addend)
+        .await;
+    let verdict = match verdict {
+        Ok(verdict) => verdict,
+        Err(error) => return (StatusCode::BAD_REQUEST, error.to_string()).into_response(),
+    };
+    let status = if verdict.overall == Code::OverLimit {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::OK
+    };
+    let response = build_response(&request, verdict, &admin.options);
+    let body = response_to_json(&response).to_string();
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 async fn index() -> &'static str {

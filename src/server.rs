@@ -103,7 +103,12 @@ pub async fn run(
     tasks.spawn(sweep(Arc::clone(&limiter), stop.clone()));
 
     let stopped = stop.clone();
-    let http = axum::serve(listeners.http, crate::http::admin_router(health.clone()))
+    let admin = crate::http::Admin {
+        health: health.clone(),
+        limiter: Arc::clone(&limiter),
+        options: envoy_options(&settings),
+    };
+    let http = axum::serve(listeners.http, crate::http::admin_router(admin))
         .with_graceful_shutdown(async move { stopped.cancelled().await });
     let stopped = stop.clone();
     let debug = axum::serve(listeners.debug, crate::http::debug_router(Arc::clone(&rules)))

@@ -10,6 +10,7 @@ mod compat;
 mod extensions;
 mod grpc;
 mod hostile_input;
+mod json_endpoint;
 mod limiter;
 mod redis_fixture;
 mod redis_parity;
