@@ -1,5 +1,6 @@
-//! The HTTP listeners: the admin port (`/healthcheck` and `POST /json`, as envoyproxy/ratelimit) and the
-//! debug port (`/rlconfig`, the loaded rules one per line, as envoyproxy/ratelimit).
+//! The HTTP listeners: the admin port (`/healthcheck` and `POST /json`, as envoyproxy/ratelimit, and
+//! `/metrics`) and the debug port (`/rlconfig`, the loaded rules one per line, as envoyproxy/ratelimit,
+//! and `/metrics`).
 
 use std::sync::Arc;
 
@@ -14,37 +15,42 @@ use crate::grpc::EnvoyOptions;
 use crate::grpc::envoy_rls::build_response;
 use crate::health::Health;
 use crate::json::{request_from_json, response_to_json};
-use crate::limiter::{Code, Limiter, RulesHandle};
-use crate::store::Store;
+use crate::limiter::{Code, Limiter};
+use crate::store::AnyStore;
 
 /// What the admin endpoints need.
 #[derive(Debug)]
-pub struct Admin<S> {
+pub struct Admin {
     /// Readiness, for `/healthcheck`.
     pub health: Health,
     /// The decision core, for `/json`.
-    pub limiter: Arc<Limiter<S>>,
+    pub limiter: Arc<Limiter<AnyStore>>,
     /// The same response options as the gRPC service (headers, dynamic metadata).
     pub options: EnvoyOptions,
 }
 
 /// The admin port's routes.
-pub fn admin_router<S: Store>(admin: Admin<S>) -> Router {
+pub fn admin_router(admin: Admin) -> Router {
+    let metrics = Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(Arc::clone(&admin.limiter));
     Router::new()
-        .route("/healthcheck", get(healthcheck::<S>))
-        .route("/json", post(json::<S>))
+        .route("/healthcheck", get(healthcheck))
+        .route("/json", post(json))
         .with_state(Arc::new(admin))
+        .merge(metrics)
 }
 
 /// The debug port's routes.
-pub fn debug_router(rules: RulesHandle) -> Router {
+pub fn debug_router(limiter: Arc<Limiter<AnyStore>>) -> Router {
     Router::new()
         .route("/", get(index))
         .route("/rlconfig", get(rlconfig))
-        .with_state(rules)
+        .route("/metrics", get(metrics))
+        .with_state(limiter)
 }
 
-async fn healthcheck<S: Store>(State(admin): State<Arc<Admin<S>>>) -> (StatusCode, &'static str) {
+async fn healthcheck(State(admin): State<Arc<Admin>>) -> (StatusCode, &'static str) {
     if admin.health.is_ready() {
         (StatusCode::OK, "OK")
     } else {
@@ -54,7 +60,7 @@ async fn healthcheck<S: Store>(State(admin): State<Arc<Admin<S>>>) -> (StatusCod
 
 /// envoyproxy/ratelimit's `/json`: 200 when OK, 429 when over the limit, 400 for a body that is not a
 /// request and for any service error (Redis included), as the Go service answers.
-async fn json<S: Store>(State(admin): State<Arc<Admin<S>>>, body: Bytes) -> Response {
+async fn json(State(admin): State<Arc<Admin>>, body: Bytes) -> Response {
     let request = match request_from_json(&body) {
         Ok(request) => request,
         Err(error) => return (StatusCode::BAD_REQUEST, error.to_string()).into_response(),
@@ -78,9 +84,24 @@ async fn json<S: Store>(State(admin): State<Arc<Admin<S>>>, body: Bytes) -> Resp
 }
 
 async fn index() -> &'static str {
-    "/rlconfig: print out the currently loaded configuration for debugging\n"
+    "/rlconfig: print out the currently loaded configuration for debugging\n/metrics: Prometheus metrics\n"
 }
 
-async fn rlconfig(State(rules): State<RulesHandle>) -> String {
-    rules.load().as_ref().map(|set| set.dump()).unwrap_or_default()
+async fn rlconfig(State(limiter): State<Arc<Limiter<AnyStore>>>) -> String {
+    limiter
+        .rules()
+        .load()
+        .as_ref()
+        .map(|set| set.dump())
+        .unwrap_or_default()
+}
+
+/// Prometheus text exposition format 0.0.4.
+async fn metrics(State(limiter): State<Arc<Limiter<AnyStore>>>) -> Response {
+    let body = limiter.metrics().render(limiter.store().local_cache_hits());
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        body,
+    )
+        .into_response()
 }

@@ -14,7 +14,7 @@
 //! - [`clock`]: time for the embedded store.
 //! - [`limiter`]: the decision core: rules + store → verdict.
 //! - [`grpc`]: Envoy's RateLimitService, health, reflection. [`http`]: admin and debug HTTP endpoints.
-//! - [`json`]: proto3 JSON of the Envoy messages.
+//! - [`json`]: proto3 JSON of the Envoy messages. [`metrics`]: Prometheus metrics.
 //! - [`health`], [`reload`], [`settings`], [`telemetry`], [`server`], [`cli`]: running the service.
 //! - [`loadgen`]: `tollgate bench`, the load generator.
 //! - [`proto`]: generated protocol types.
@@ -29,6 +29,7 @@ pub mod http;
 pub mod json;
 pub mod limiter;
 pub mod loadgen;
+pub mod metrics;
 pub mod proto;
 pub mod reload;
 pub mod rules;

@@ -10,10 +10,13 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::time::Instant;
+
 use arc_swap::ArcSwapOption;
 
 use crate::algorithm::{Algorithm, Decision};
 use crate::config::{FailureMode, Unit};
+use crate::metrics::Metrics;
 use crate::rules::{DescriptorEntry, Rate, Rule, RuleSet, ValueHasher};
 use crate::store::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 
@@ -36,6 +39,8 @@ pub struct LimiterOptions {
     pub default_algorithm: Algorithm,
     /// Requests with more descriptors are refused, bounding the work one call can cause.
     pub max_descriptors: usize,
+    /// `NEAR_LIMIT_RATIO`: allowed hits above this fraction of the limit count as `near_limit`.
+    pub near_limit_ratio: f64,
 }
 
 impl Default for LimiterOptions {
@@ -47,6 +52,7 @@ impl Default for LimiterOptions {
             global_quota_mode: false,
             default_algorithm: Algorithm::FixedWindow,
             max_descriptors: DEFAULT_MAX_DESCRIPTORS,
+            near_limit_ratio: 0.8,
         }
     }
 }
@@ -194,6 +200,7 @@ pub struct Limiter<S> {
     store: S,
     hasher: ValueHasher,
     options: LimiterOptions,
+    metrics: Arc<Metrics>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -204,7 +211,19 @@ impl<S: Store> Limiter<S> {
             store,
             hasher,
             options,
+            metrics: Metrics::new(),
         }
+    }
+
+    /// Records into `metrics` (the registry the server renders) instead of a private one.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// The store (for sweeping, metrics and tests).
@@ -224,10 +243,31 @@ impl<S: Store> Limiter<S> {
         descriptors: &[D],
         request_hits_addend: u32,
     ) -> Result<Verdict, LimiterError> {
+        let started = Instant::now();
+        self.metrics.total_requests.add(1);
+        let result = self
+            .decide_request(domain, descriptors, request_hits_addend)
+            .await;
+        self.metrics.response_time.observe(started.elapsed());
+        match &result {
+            Err(LimiterError::Store(_)) => self.metrics.store_errors.add(1),
+            Err(_) => self.metrics.service_errors.add(1),
+            Ok(_) => {}
+        }
+        result
+    }
+
+    async fn decide_request<D: RequestDescriptor>(
+        &self,
+        domain: &str,
+        descriptors: &[D],
+        request_hits_addend: u32,
+    ) -> Result<Verdict, LimiterError> {
         self.validate(domain, descriptors)?;
         let rules = self.rules.load_full().ok_or(LimiterError::NoConfig)?;
         let Some(domain_rules) = rules.domain(domain) else {
             // Unknown domain: no limit for anything, as envoyproxy/ratelimit answers.
+            self.metrics.domain_not_found.add(1);
             let statuses = descriptors
                 .iter()
                 .map(|_| DescriptorStatus::no_limit(0))
@@ -352,15 +392,17 @@ impl<S: Store> Limiter<S> {
         let decisions = if items.is_empty() {
             Vec::new()
         } else {
-            match self
+            let started = Instant::now();
+            let answer = self
                 .store
                 .apply(Batch {
                     items,
                     policy,
                     scope_len,
                 })
-                .await
-            {
+                .await;
+            self.metrics.store_time.observe(started.elapsed());
+            match answer {
                 Ok(decisions) => decisions,
                 Err(error) if every_limit_has_failure_mode(targets) => {
                     tracing::warn!(%error, "store failed; answering from the rules' failure_mode");
@@ -427,6 +469,9 @@ impl<S: Store> Limiter<S> {
         let decision = &decisions[at];
         let (rate, name, _) = &target.rates[at];
         let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);
+        if let Some(rule) = &target.rule {
+            self.count_hits(rule, rate, decision, target.cost);
+        }
         let code = if decision.allowed || shadow {
             Code::Ok
         } else {
@@ -465,6 +510,12 @@ impl<S: Store> Limiter<S> {
             .rates
             .iter()
             .position(|(_, _, mode)| *mode == Some(FailureMode::Closed));
+        let counter = if closed.is_some() {
+            &self.metrics.failure_mode_denied
+        } else {
+            &self.metrics.failure_mode_allowed
+        };
+        counter.add(1);
         let (rate, name, _) = &target.rates[closed.unwrap_or(0)];
         let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);
         DescriptorStatus {
@@ -480,6 +531,31 @@ impl<S: Store> Limiter<S> {
             quota_mode,
             rule: target.rule.clone(),
             from_failure_mode: true,
+        }
+    }
+}
+
+impl<S> Limiter<S> {
+    /// envoyproxy/ratelimit's per-rule stats: every hit counts in `total_hits`, then in `over_limit`
+    /// (plus `shadow_mode` for shadow rules) or `within_limit`; allowed hits above `NEAR_LIMIT_RATIO` of
+    /// the limit also count in `near_limit`.
+    fn count_hits(&self, rule: &Rule, rate: &Rate, decision: &Decision, hits: u64) {
+        let stats = &rule.stats;
+        stats.total_hits.add(hits);
+        if !decision.allowed {
+            stats.over_limit.add(hits);
+            if rule.shadow_mode {
+                stats.shadow_mode.add(hits);
+            }
+            return;
+        }
+        stats.within_limit.add(hits);
+        let limit = rate.limit.requests;
+        // The threshold is a whole number of requests, as in the Go service.
+        let threshold = (limit as f64 * self.options.near_limit_ratio).floor() as u64;
+        let used = limit.saturating_sub(decision.remaining);
+        if used > threshold {
+            stats.near_limit.add((used - threshold).min(hits));
         }
     }
 }

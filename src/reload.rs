@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{self, ConfigError};
 use crate::health::Health;
 use crate::limiter::RulesHandle;
+use crate::metrics::Metrics;
 use crate::rules::{CompileOptions, RuleSet};
 
 /// Loads and compiles every rules file below `dir`.
@@ -50,13 +51,20 @@ pub struct Reloader {
     pub options: CompileOptions,
     /// How often to look for changes.
     pub interval: Duration,
+    /// Where rule counters live and loads are counted.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Reloader {
     /// Loads the rules once, publishing them on success. Returns the version loaded.
     pub fn load_into(&self, rules: &RulesHandle) -> Result<String, ConfigError> {
         let version = fingerprint(&self.dir)?;
-        let set = load_rules(&self.dir, self.merge_domains, self.options)?;
+        let domains = config::load_dir(&self.dir, self.merge_domains)?;
+        let set = RuleSet::compile_with_metrics(&domains, self.options, &self.metrics)?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.metrics.loaded(&version, now);
         tracing::info!(dir = %self.dir.display(), domains = set.len(), %version, "rules loaded");
         rules.store(Some(Arc::new(set)));
         Ok(version)
@@ -95,6 +103,7 @@ impl Reloader {
                 Err(error) => {
                     // Remember the broken version so the error is logged once, not every second.
                     version = Some(current);
+                    self.metrics.config_load_error.add(1);
                     tracing::error!(%error, "rules not reloaded; keeping the previous rules");
                 }
             }

@@ -16,6 +16,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::grpc::{EnvoyOptions, HeaderNames};
 use crate::health::Health;
 use crate::limiter::{Limiter, LimiterOptions, RulesHandle};
+use crate::metrics::Metrics;
 use crate::reload::Reloader;
 use crate::rules::{CompileOptions, ValueHasher};
 use crate::settings::Settings;
@@ -69,7 +70,9 @@ pub async fn run(
             default_algorithm: algorithm,
         },
         interval: settings.reload_interval,
+        metrics: Metrics::new(),
     };
+    let metrics = Arc::clone(&reloader.metrics);
     let addresses = (
         listeners.grpc.local_addr()?,
         listeners.http.local_addr()?,
@@ -93,12 +96,15 @@ pub async fn run(
             stop.clone(),
         ));
     }
-    let limiter = Arc::new(Limiter::new(
-        Arc::clone(&rules),
-        store,
-        ValueHasher::new(&settings.hash_key),
-        limiter_options(&settings, algorithm),
-    ));
+    let limiter = Arc::new(
+        Limiter::new(
+            Arc::clone(&rules),
+            store,
+            ValueHasher::new(&settings.hash_key),
+            limiter_options(&settings, algorithm),
+        )
+        .with_metrics(metrics),
+    );
     tasks.spawn(reloader.run(Arc::clone(&rules), health.clone(), Some(version), stop.clone()));
     tasks.spawn(sweep(Arc::clone(&limiter), stop.clone()));
 
@@ -111,7 +117,7 @@ pub async fn run(
     let http = axum::serve(listeners.http, crate::http::admin_router(admin))
         .with_graceful_shutdown(async move { stopped.cancelled().await });
     let stopped = stop.clone();
-    let debug = axum::serve(listeners.debug, crate::http::debug_router(Arc::clone(&rules)))
+    let debug = axum::serve(listeners.debug, crate::http::debug_router(Arc::clone(&limiter)))
         .with_graceful_shutdown(async move { stopped.cancelled().await });
     let stopped = stop.clone();
     let grpc = crate::grpc::serve(
@@ -202,6 +208,7 @@ fn limiter_options(settings: &Settings, algorithm: crate::algorithm::Algorithm) 
         global_quota_mode: settings.quota_mode,
         default_algorithm: algorithm,
         max_descriptors: settings.max_descriptors,
+        near_limit_ratio: settings.near_limit_ratio,
     }
 }
 

@@ -90,6 +90,8 @@ pub struct Settings {
     pub expiration_jitter_max_seconds: u64,
     /// `LOCAL_CACHE_SIZE_IN_BYTES`: the over-limit cache in front of Redis (0 turns it off).
     pub local_cache_size_in_bytes: usize,
+    /// `NEAR_LIMIT_RATIO`: allowed hits above this fraction of a limit count as `near_limit`.
+    pub near_limit_ratio: f64,
 }
 
 impl std::fmt::Debug for Settings {
@@ -152,6 +154,7 @@ impl Default for Settings {
             redis_connect_timeout: Duration::from_secs(1),
             expiration_jitter_max_seconds: 300,
             local_cache_size_in_bytes: DEFAULT_LOCAL_CACHE_BYTES,
+            near_limit_ratio: 0.8,
         }
     }
 }
@@ -308,6 +311,7 @@ const GO_DIRECT: &[(&str, &str)] = &[
     ("REDIS_TIMEOUT", "redis_connect_timeout"),
     ("EXPIRATION_JITTER_MAX_SECONDS", "expiration_jitter_max_seconds"),
     ("LOCAL_CACHE_SIZE_IN_BYTES", "local_cache_size_in_bytes"),
+    ("NEAR_LIMIT_RATIO", "near_limit_ratio"),
 ];
 
 /// Go settings that are booleans, parsed with Go's `strconv.ParseBool` rules.

@@ -9,6 +9,7 @@ use super::pattern::{Pattern, Wildcard};
 use super::{Domain, Rate, Rule, RuleLimit, RuleSet};
 use crate::algorithm::Algorithm;
 use crate::config::{ConfigError, DescriptorConfig, DomainConfig, LimitPolicy, RateLimitConfig, ValueMatch};
+use crate::metrics::Metrics;
 
 /// Settings that shape compilation but live outside the rules files.
 #[derive(Debug, Clone, Copy, Default)]
@@ -21,11 +22,22 @@ pub struct CompileOptions {
 impl RuleSet {
     /// Compiles validated domains. Fails only when normalisation makes two sibling values collide.
     pub fn compile(domains: &[DomainConfig], options: CompileOptions) -> Result<Self, ConfigError> {
+        Self::compile_with_metrics(domains, options, &Metrics::default())
+    }
+
+    /// [`RuleSet::compile`], with each rule's counters taken from (and kept in) `metrics`.
+    pub fn compile_with_metrics(
+        domains: &[DomainConfig],
+        options: CompileOptions,
+        metrics: &Metrics,
+    ) -> Result<Self, ConfigError> {
         let mut set = RuleSet::default();
         for config in domains {
             let mut ctx = Context {
                 file: &config.file,
+                domain: &config.domain,
                 options,
+                metrics,
                 rules: Vec::new(),
             };
             let root = ctx.level(&config.descriptors, &config.domain)?;
@@ -43,7 +55,9 @@ impl RuleSet {
 
 struct Context<'a> {
     file: &'a str,
+    domain: &'a str,
     options: CompileOptions,
+    metrics: &'a Metrics,
     rules: Vec<Arc<Rule>>,
 }
 
@@ -147,6 +161,7 @@ impl Context<'_> {
             shadow_mode: d.shadow_mode,
             quota_mode: d.quota_mode,
             metadata: d.metadata.clone(),
+            stats: self.metrics.rule(self.domain, path),
         });
         self.rules.push(Arc::clone(&rule));
         Ok(Some(rule))

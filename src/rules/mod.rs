@@ -90,6 +90,8 @@ pub struct Rule {
     pub quota_mode: bool,
     /// Free-form `metadata` echoed in dynamic metadata when this descriptor passes.
     pub metadata: Option<BTreeMap<String, MetaValue>>,
+    /// The rule's counters (shared with the metrics registry, kept across reloads).
+    pub stats: Arc<crate::metrics::RuleStats>,
 }
 
 impl Rule {

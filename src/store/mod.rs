@@ -107,6 +107,16 @@ pub enum AnyStore {
     Redis(local_cache::LocalCache<std::sync::Arc<redis::RedisStore>>),
 }
 
+impl AnyStore {
+    /// Limits answered by the local over-limit cache (Redis only).
+    pub fn local_cache_hits(&self) -> Option<u64> {
+        match self {
+            AnyStore::Memory(_) => None,
+            AnyStore::Redis(cache) => Some(cache.hits()),
+        }
+    }
+}
+
 impl Store for AnyStore {
     async fn apply(&self, batch: Batch) -> Result<Vec<Decision>, StoreError> {
         match self {

@@ -12,6 +12,7 @@ mod grpc;
 mod hostile_input;
 mod json_endpoint;
 mod limiter;
+mod metrics;
 mod redis_fixture;
 mod redis_parity;
 mod redis_store;

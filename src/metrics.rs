@@ -1,0 +1,331 @@
+//! Prometheus metrics, rendered in the text exposition format at `/metrics` (HTTP and debug ports).
+//!
+//! envoyproxy/ratelimit's names are kept so its dashboards carry over: per rule
+//! `ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}` labelled
+//! `domain`, `key1`, `key2` (the rule's path, as the Go service's default statsd mapping labels it), and
+//! `ratelimit_service_config_load_{success,error}`, `ratelimit_service_total_requests`,
+//! `ratelimit_service_should_rate_limit_error{err_type}`, `ratelimit_service_response_time_seconds`.
+//! Tollgate adds `tollgate_*` series for the store, failure modes, the local cache and the loaded rules.
+//!
+//! The registry is an explicit value, not a process-wide recorder: two servers in one test process do
+//! not share counters. Recording is a handful of relaxed atomic additions on handles the compiled rules
+//! already hold, with no lock and no allocation. Cardinality is bounded by construction: labels come from
+//! the rules files (domain and rule path), never from request values, so a million distinct callers add
+//! no series.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// A monotonically increasing count.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Upper bounds (seconds) of the latency buckets: from 50 µs (an embedded-store decision) to 1 s,
+/// dense around Envoy's default 20 ms rate-limit timeout.
+const BUCKETS: [f64; 14] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// A latency histogram with fixed buckets (aggregatable across replicas, unlike summaries).
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        if let Some(at) = BUCKETS.iter().position(|bound| seconds <= *bound) {
+            self.buckets[at].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let mut cumulative = 0;
+        for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{bound}\"}} {cumulative}");
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {count}");
+        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        let labels = labels.trim_end_matches(',');
+        let labels = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(out, "{name}_sum{labels} {sum}");
+        let _ = writeln!(out, "{name}_count{labels} {count}");
+    }
+}
+
+/// The counters of one rule (envoyproxy/ratelimit's per-rule stats). Hits, not requests: a request with
+/// `hits_addend: 5` counts 5.
+#[derive(Debug, Default)]
+pub struct RuleStats {
+    /// Every hit against the rule.
+    pub total_hits: Counter,
+    /// Hits refused (or that would have been, for shadow rules).
+    pub over_limit: Counter,
+    /// Allowed hits above `NEAR_LIMIT_RATIO` of the limit.
+    pub near_limit: Counter,
+    /// Allowed hits.
+    pub within_limit: Counter,
+    /// Hits over the limit on a shadow-mode rule (reported OK).
+    pub shadow_mode: Counter,
+}
+
+/// The per-rule series, in the order of [`RuleStats::in_order`].
+const RULE_SERIES: [&str; 5] = ["total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode"];
+
+impl RuleStats {
+    fn in_order(&self) -> [&Counter; 5] {
+        [&self.total_hits, &self.over_limit, &self.near_limit, &self.within_limit, &self.shadow_mode]
+    }
+}
+
+/// Every metric of one server.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    rules: Mutex<BTreeMap<(String, String), Arc<RuleStats>>>,
+    /// Successful rule loads.
+    pub config_load_success: Counter,
+    /// Rejected rule loads (the previous rules stayed in force).
+    pub config_load_error: Counter,
+    /// Decisions asked for (gRPC and `/json`).
+    pub total_requests: Counter,
+    /// Requests refused as malformed or with no rules loaded.
+    pub service_errors: Counter,
+    /// Requests failed because the store failed (no `failure_mode` to answer with).
+    pub store_errors: Counter,
+    /// Requests for a domain no rules file defines.
+    pub domain_not_found: Counter,
+    /// Descriptors allowed because the store failed and the rule says `failure_mode: open`.
+    pub failure_mode_allowed: Counter,
+    /// Descriptors refused because the store failed and the rule says `failure_mode: closed`.
+    pub failure_mode_denied: Counter,
+    /// Time to decide a request, store included.
+    pub response_time: Histogram,
+    /// Time of the store call alone.
+    pub store_time: Histogram,
+    loaded: Mutex<(String, u64)>,
+}
+
+impl Metrics {
+    /// An empty registry.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// The counters of the rule at `path` (`domain.key_value.subkey`), created on first use and kept
+    /// across reloads so Prometheus counters never go backwards.
+    pub fn rule(&self, domain: &str, path: &str) -> Arc<RuleStats> {
+        let mut rules = self.rules.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(rules.entry((domain.to_owned(), path.to_owned())).or_default())
+    }
+
+    /// Records a successful load of rules with content hash `version` at `unix_seconds`.
+    pub fn loaded(&self, version: &str, unix_seconds: u64) {
+        self.config_load_success.add(1);
+        *self.loaded.lock().unwrap_or_else(PoisonError::into_inner) = (version.to_owned(), unix_seconds);
+    }
+
+    /// The Prometheus text exposition of every series; `local_cache_hits` comes from the store.
+    pub fn render(&self, local_cache_hits: Option<u64>) -> String {
+        let mut out = String::with_capacity(4096);
+        self.render_rules(&mut out);
+        let counters: [(&str, &str, u64); 9] = [
+            (
+                "ratelimit_service_config_load_success",
+                "Rule sets loaded.",
+                self.config_load_success.get(),
+            ),
+            (
+                "ratelimit_service_config_load_error",
+                "Rule sets rejected (previous rules kept).",
+                self.config_load_error.get(),
+            ),
+            (
+                "ratelimit_service_total_requests",
+                "Decisions asked for.",
+                self.total_requests.get(),
+            ),
+            (
+                "tollgate_domain_not_found_total",
+                "Requests for an unknown domain.",
+                self.domain_not_found.get(),
+            ),
+            (
+                "tollgate_failure_mode_allowed_total",
+                "Descriptors allowed by failure_mode: open.",
+                self.failure_mode_allowed.get(),
+            ),
+            (
+                "tollgate_failure_mode_denied_total",
+                "Descriptors denied by failure_mode: closed.",
+                self.failure_mode_denied.get(),
+            ),
+            (
+                "tollgate_local_cache_hits_total",
+                "Limits answered by the local over-limit cache.",
+                local_cache_hits.unwrap_or(0),
+            ),
+            (
+                "tollgate_store_errors_total",
+                "Requests failed because the store failed.",
+                self.store_errors.get(),
+            ),
+            (
+                "tollgate_service_errors_total",
+                "Requests refused as malformed or with no rules.",
+                self.service_errors.get(),
+            ),
+        ];
+        for (name, help, value) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+        }
+        let name = "ratelimit_service_should_rate_limit_error";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Failed requests by cause.\n# TYPE {name} counter"
+        );
+        let _ = writeln!(
+            out,
+            "{name}{{err_type=\"redis_error\"}} {}",
+            self.store_errors.get()
+        );
+        let _ = writeln!(
+            out,
+            "{name}{{err_type=\"service_error\"}} {}",
+            self.service_errors.get()
+        );
+        for (name, help, histogram, labels) in [
+            (
+                "ratelimit_service_response_time_seconds",
+                "Time to decide a request.",
+                &self.response_time,
+                "grpc_method=\"ShouldRateLimit\",",
+            ),
+            (
+                "tollgate_store_call_duration_seconds",
+                "Time of one store call.",
+                &self.store_time,
+                "",
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+            histogram.render(&mut out, name, labels);
+        }
+        let (version, at) = self.loaded.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_config_info The loaded rules' content hash.\n# TYPE tollgate_config_info gauge"
+        );
+        let _ = writeln!(out, "tollgate_config_info{{version=\"{version}\"}} 1");
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_config_load_timestamp_seconds When the rules were loaded.\n# TYPE tollgate_config_load_timestamp_seconds gauge"
+        );
+        let _ = writeln!(out, "tollgate_config_load_timestamp_seconds {at}");
+        out
+    }
+
+    fn render_rules(&self, out: &mut String) {
+        let rules = self.rules.lock().unwrap_or_else(PoisonError::into_inner);
+                for (at, suffix) in RULE_SERIES.iter().enumerate() {
+            let name = format!("ratelimit_service_rate_limit_{suffix}");
+            let _ = writeln!(out, "# HELP {name} Hits per rule ({suffix}).\n# TYPE {name} counter");
+            for ((domain, path), stats) in rules.iter() {
+                let _ = writeln!(out, "{name}{{{}}} {}", rule_labels(domain, path), stats.in_order()[at].get());
+            }
+        }
+    }
+}
+
+/// `domain`, `key1` and `key2` from a rule path, as envoyproxy/ratelimit's statsd mapping splits it
+/// (deeper levels stay in `key2`, joined by `.`).
+fn rule_labels(domain: &str, path: &str) -> String {
+    let keys = path
+        .strip_prefix(domain)
+        .and_then(|rest| rest.strip_prefix('.'))
+        .unwrap_or(path);
+    let (key1, key2) = keys.split_once('.').unwrap_or((keys, ""));
+    let mut labels = format!("domain=\"{}\",key1=\"{}\"", escape(domain), escape(key1));
+    if !key2.is_empty() {
+        let _ = write!(labels, ",key2=\"{}\"", escape(key2));
+    }
+    labels
+}
+
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_render_with_go_labels_and_survive_reloads() {
+        let metrics = Metrics::new();
+        metrics.rule("api", "api.user").total_hits.add(3);
+        metrics
+            .rule("api", "api.path_/login.remote_address")
+            .over_limit
+            .add(1);
+        // A reload asks again for the same rule: same counters.
+        metrics.rule("api", "api.user").total_hits.add(2);
+        let text = metrics.render(Some(7));
+        assert!(
+            text.contains("ratelimit_service_rate_limit_total_hits{domain=\"api\",key1=\"user\"} 5"),
+            "{text}"
+        );
+        assert!(text.contains("ratelimit_service_rate_limit_over_limit{domain=\"api\",key1=\"path_/login\",key2=\"remote_address\"} 1"), "{text}");
+        assert!(text.contains("tollgate_local_cache_hits_total 7"));
+    }
+
+    #[test]
+    fn histograms_are_cumulative() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(40));
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_secs(5));
+        let mut out = String::new();
+        h.render(&mut out, "t", "");
+        assert!(out.contains("t_bucket{le=\"0.00005\"} 1"), "{out}");
+        assert!(out.contains("t_bucket{le=\"0.005\"} 2"), "{out}");
+        assert!(out.contains("t_bucket{le=\"1\"} 2"), "{out}");
+        assert!(out.contains("t_bucket{le=\"+Inf\"} 3"), "{out}");
+        assert!(out.contains("t_count 3"), "{out}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(rule_labels("d", "d.k_a\"b"), "domain=\"d\",key1=\"k_a\\\"b\"");
+    }
+}

@@ -1,0 +1,140 @@
+//! Prometheus metrics: envoyproxy/ratelimit's series names, load counters, and bounded cardinality.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use tollgate::algorithm::Algorithm;
+use tollgate::clock::ManualClock;
+use tollgate::config::parse_file;
+use tollgate::limiter::{Limiter, LimiterOptions};
+use tollgate::metrics::Metrics;
+use tollgate::rules::{CompileOptions, RuleSet, ValueHasher};
+use tollgate::store::memory::MemoryStore;
+
+use crate::common::{T0_US, TestServer, d, http, wire_request};
+
+const RULES: &str = "domain: m\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: path\n    value: /login\n    descriptors:\n      - key: ip\n        shadow_mode: true\n        rate_limit: {unit: hour, requests_per_unit: 1}\n";
+
+fn series_value(text: &str, series: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn metrics_use_envoyproxy_ratelimit_names_on_both_ports() {
+    let server = TestServer::start(&[("m.yaml", RULES)], &[]).await;
+    let mut client = server.client().await;
+    for _ in 0..12 {
+        client
+            .should_rate_limit(wire_request("m", &[&[("user", "alice")]]))
+            .await
+            .expect("answer");
+    }
+    for _ in 0..3 {
+        client
+            .should_rate_limit(wire_request("m", &[&[("path", "/login"), ("ip", "10.0.0.1")]]))
+            .await
+            .expect("answer");
+    }
+    let (status, text) = http(server.http, "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    let user = "{domain=\"m\",key1=\"user\"}";
+    assert_eq!(
+        series_value(&text, &format!("ratelimit_service_rate_limit_total_hits{user}")),
+        Some(12),
+        "{text}"
+    );
+    assert_eq!(
+        series_value(&text, &format!("ratelimit_service_rate_limit_within_limit{user}")),
+        Some(10)
+    );
+    assert_eq!(
+        series_value(&text, &format!("ratelimit_service_rate_limit_over_limit{user}")),
+        Some(2)
+    );
+    // Allowed hits above 80 % of 10: the 9th and 10th.
+    assert_eq!(
+        series_value(&text, &format!("ratelimit_service_rate_limit_near_limit{user}")),
+        Some(2)
+    );
+    let login = "{domain=\"m\",key1=\"path_/login\",key2=\"ip\"}";
+    assert_eq!(
+        series_value(&text, &format!("ratelimit_service_rate_limit_shadow_mode{login}")),
+        Some(2),
+        "{text}"
+    );
+    assert_eq!(series_value(&text, "ratelimit_service_total_requests "), Some(15));
+    assert!(series_value(&text, "ratelimit_service_config_load_success ").is_some_and(|n| n >= 1));
+    assert!(
+        text.contains(
+            "ratelimit_service_response_time_seconds_bucket{grpc_method=\"ShouldRateLimit\",le=\"+Inf\"} 15"
+        ),
+        "{text}"
+    );
+    let (status, debug) = http(server.debug, "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    assert!(debug.contains("ratelimit_service_rate_limit_total_hits{domain=\"m\",key1=\"user\"}"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_broken_reload_is_counted_and_the_version_is_published() {
+    let server = TestServer::start(&[("m.yaml", RULES)], &[]).await;
+    let (_, before) = http(server.http, "GET", "/metrics", "").await;
+    assert!(before.contains("tollgate_config_info{version=\""), "{before}");
+    std::fs::write(
+        server.dir.path().join("m.yaml"),
+        "domain: m\ndescriptors:\n  - key: user\n    ratelimit: {}\n",
+    )
+    .expect("break");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, text) = http(server.http, "GET", "/metrics", "").await;
+        if series_value(&text, "ratelimit_service_config_load_error ").is_some_and(|n| n > 0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "config_load_error never counted: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_million_distinct_values_add_no_series() {
+    let metrics = Metrics::new();
+    let domain = parse_file("m.yaml", RULES).expect("rules");
+    let options = CompileOptions {
+        default_algorithm: Algorithm::FixedWindow,
+    };
+    let rules = RuleSet::compile_with_metrics(&[domain], options, &metrics).expect("compile");
+    let clock = ManualClock::new(T0_US);
+    let limiter = Limiter::new(
+        Arc::new(ArcSwapOption::from_pointee(rules)),
+        MemoryStore::new(Arc::new(clock)),
+        ValueHasher::default(),
+        LimiterOptions::default(),
+    )
+    .with_metrics(Arc::clone(&metrics));
+    let series = |text: &str| text.lines().filter(|l| !l.starts_with('#')).count();
+    let before = series(&metrics.render(None));
+    for i in 0..1_000_000u32 {
+        let user = d(&[("user", &i.to_string())]);
+        limiter
+            .should_rate_limit("m", std::slice::from_ref(&user), 0)
+            .await
+            .expect("decided");
+    }
+    let text = metrics.render(None);
+    assert_eq!(series(&text), before, "distinct values must not create series");
+    assert_eq!(
+        series_value(
+            &text,
+            "ratelimit_service_rate_limit_total_hits{domain=\"m\",key1=\"user\"}"
+        ),
+        Some(1_000_000)
+    );
+}
