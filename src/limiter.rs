@@ -100,6 +100,8 @@ pub struct CurrentLimit {
     pub unit: Unit,
     /// The rule's `name`; `None` for overrides and unnamed rules.
     pub name: Option<Arc<str>>,
+    /// The window length (unit × `unit_multiplier`).
+    pub window: Duration,
 }
 
 /// The verdict for one descriptor.
@@ -569,6 +571,7 @@ fn current_limit(rate: &Rate, name: &Option<Arc<str>>) -> CurrentLimit {
         requests_per_unit: rate.requests_per_unit,
         unit: rate.unit,
         name: name.clone(),
+        window: Duration::from_micros(rate.limit.window_us),
     }
 }
 

@@ -98,11 +98,23 @@ pub struct RuleStats {
 }
 
 /// The per-rule series, in the order of [`RuleStats::in_order`].
-const RULE_SERIES: [&str; 5] = ["total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode"];
+const RULE_SERIES: [&str; 5] = [
+    "total_hits",
+    "over_limit",
+    "near_limit",
+    "within_limit",
+    "shadow_mode",
+];
 
 impl RuleStats {
     fn in_order(&self) -> [&Counter; 5] {
-        [&self.total_hits, &self.over_limit, &self.near_limit, &self.within_limit, &self.shadow_mode]
+        [
+            &self.total_hits,
+            &self.over_limit,
+            &self.near_limit,
+            &self.within_limit,
+            &self.shadow_mode,
+        ]
     }
 }
 
@@ -254,11 +266,19 @@ impl Metrics {
 
     fn render_rules(&self, out: &mut String) {
         let rules = self.rules.lock().unwrap_or_else(PoisonError::into_inner);
-                for (at, suffix) in RULE_SERIES.iter().enumerate() {
+        for (at, suffix) in RULE_SERIES.iter().enumerate() {
             let name = format!("ratelimit_service_rate_limit_{suffix}");
-            let _ = writeln!(out, "# HELP {name} Hits per rule ({suffix}).\n# TYPE {name} counter");
+            let _ = writeln!(
+                out,
+                "# HELP {name} Hits per rule ({suffix}).\n# TYPE {name} counter"
+            );
             for ((domain, path), stats) in rules.iter() {
-                let _ = writeln!(out, "{name}{{{}}} {}", rule_labels(domain, path), stats.in_order()[at].get());
+                let _ = writeln!(
+                    out,
+                    "{name}{{{}}} {}",
+                    rule_labels(domain, path),
+                    stats.in_order()[at].get()
+                );
             }
         }
     }

@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, SystemClock};
-use crate::grpc::{EnvoyOptions, HeaderNames};
+use crate::grpc::EnvoyOptions;
 use crate::health::Health;
 use crate::limiter::{Limiter, LimiterOptions, RulesHandle};
 use crate::metrics::Metrics;
@@ -63,6 +63,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let algorithm = settings.algorithm()?;
+    let envoy = envoy_options(&settings)?;
     let reloader = Reloader {
         dir: settings.config_dir.clone(),
         merge_domains: settings.merge_domain_config,
@@ -112,7 +113,7 @@ pub async fn run(
     let admin = crate::http::Admin {
         health: health.clone(),
         limiter: Arc::clone(&limiter),
-        options: envoy_options(&settings),
+        options: envoy.clone(),
     };
     let http = axum::serve(listeners.http, crate::http::admin_router(admin))
         .with_graceful_shutdown(async move { stopped.cancelled().await });
@@ -120,13 +121,9 @@ pub async fn run(
     let debug = axum::serve(listeners.debug, crate::http::debug_router(Arc::clone(&limiter)))
         .with_graceful_shutdown(async move { stopped.cancelled().await });
     let stopped = stop.clone();
-    let grpc = crate::grpc::serve(
-        listeners.grpc,
-        limiter,
-        envoy_options(&settings),
-        health_service,
-        async move { stopped.cancelled().await },
-    );
+    let grpc = crate::grpc::serve(listeners.grpc, limiter, envoy, health_service, async move {
+        stopped.cancelled().await
+    });
 
     let drain = settings.drain_period;
     let trigger = stop.clone();
@@ -212,15 +209,11 @@ fn limiter_options(settings: &Settings, algorithm: crate::algorithm::Algorithm) 
     }
 }
 
-fn envoy_options(settings: &Settings) -> EnvoyOptions {
-    EnvoyOptions {
-        response_headers: settings.limit_response_headers_enabled.then(|| HeaderNames {
-            limit: settings.limit_limit_header.clone(),
-            remaining: settings.limit_remaining_header.clone(),
-            reset: settings.limit_reset_header.clone(),
-        }),
+fn envoy_options(settings: &Settings) -> anyhow::Result<EnvoyOptions> {
+    Ok(EnvoyOptions {
+        headers: settings.header_options()?,
         dynamic_metadata: settings.response_dynamic_metadata,
-    }
+    })
 }
 
 async fn sweep(limiter: Arc<Limiter<AnyStore>>, stop: CancellationToken) {

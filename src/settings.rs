@@ -92,6 +92,11 @@ pub struct Settings {
     pub local_cache_size_in_bytes: usize,
     /// `NEAR_LIMIT_RATIO`: allowed hits above this fraction of a limit count as `near_limit`.
     pub near_limit_ratio: f64,
+    /// Header styles to add, comma-separated: `ratelimit` (the trio, as `LIMIT_RESPONSE_HEADERS_ENABLED`),
+    /// `x-ratelimit`, `ietf`, `retry-after`.
+    pub response_headers: String,
+    /// A JSON body for 429 answers: `{"error":"rate_limited","retry_after":N}`.
+    pub raw_body: bool,
 }
 
 impl std::fmt::Debug for Settings {
@@ -155,6 +160,8 @@ impl Default for Settings {
             expiration_jitter_max_seconds: 300,
             local_cache_size_in_bytes: DEFAULT_LOCAL_CACHE_BYTES,
             near_limit_ratio: 0.8,
+            response_headers: String::new(),
+            raw_body: false,
         }
     }
 }
@@ -236,6 +243,7 @@ impl Settings {
             });
         }
         self.redis_target()?;
+        self.header_options()?;
         if !matches!(self.log_format.to_ascii_lowercase().as_str(), "text" | "json") {
             return Err(SettingsError::BadValue {
                 name: "log_format",
@@ -244,6 +252,41 @@ impl Settings {
             });
         }
         Ok(())
+    }
+
+    /// The header styles and body to add to answers.
+    pub fn header_options(&self) -> Result<crate::grpc::HeaderOptions, SettingsError> {
+        let mut options = crate::grpc::HeaderOptions::default();
+        let trio = || crate::grpc::HeaderNames {
+            limit: self.limit_limit_header.clone(),
+            remaining: self.limit_remaining_header.clone(),
+            reset: self.limit_reset_header.clone(),
+        };
+        if self.limit_response_headers_enabled {
+            options.trio = Some(trio());
+        }
+        for style in self
+            .response_headers
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
+            match style.to_ascii_lowercase().as_str() {
+                "ratelimit" => options.trio = Some(trio()),
+                "x-ratelimit" => options.x_ratelimit = true,
+                "ietf" => options.ietf = true,
+                "retry-after" => options.retry_after = true,
+                _ => {
+                    return Err(SettingsError::BadValue {
+                        name: "response_headers",
+                        value: style.to_owned(),
+                        reason: "expected ratelimit, x-ratelimit, ietf or retry-after".into(),
+                    });
+                }
+            }
+        }
+        options.raw_body = self.raw_body;
+        Ok(options)
     }
 
     /// Where Redis is, or `None` for the embedded store.

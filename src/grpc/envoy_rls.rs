@@ -9,6 +9,7 @@ use std::sync::Arc;
 use prost_types::{ListValue, Struct, Value, value::Kind};
 use tonic::{Request, Response, Status};
 
+use super::headers::{HeaderOptions, headers, raw_body};
 use crate::config::MetaValue;
 use crate::limiter::{
     Code, DescriptorStatus, LimitOverride, Limiter, LimiterError, RequestDescriptor, Verdict,
@@ -22,32 +23,11 @@ use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
 use crate::rules::DescriptorEntry;
 use crate::store::Store;
 
-/// The rate-limit headers of envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeaderNames {
-    /// `LIMIT_LIMIT_HEADER`, default `RateLimit-Limit`.
-    pub limit: String,
-    /// `LIMIT_REMAINING_HEADER`, default `RateLimit-Remaining`.
-    pub remaining: String,
-    /// `LIMIT_RESET_HEADER`, default `RateLimit-Reset`.
-    pub reset: String,
-}
-
-impl Default for HeaderNames {
-    fn default() -> Self {
-        Self {
-            limit: "RateLimit-Limit".into(),
-            remaining: "RateLimit-Remaining".into(),
-            reset: "RateLimit-Reset".into(),
-        }
-    }
-}
-
 /// What the Envoy front end adds to a verdict.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EnvoyOptions {
-    /// Add rate-limit headers to every response (`LIMIT_RESPONSE_HEADERS_ENABLED`).
-    pub response_headers: Option<HeaderNames>,
+    /// Rate-limit headers and the 429 body to hand Envoy.
+    pub headers: HeaderOptions,
     /// Return dynamic metadata (`RESPONSE_DYNAMIC_METADATA`).
     pub dynamic_metadata: bool,
 }
@@ -129,10 +109,15 @@ pub fn build_response(
     verdict: Verdict,
     options: &EnvoyOptions,
 ) -> RateLimitResponse {
-    let response_headers_to_add = match &options.response_headers {
-        Some(names) => rate_limit_headers(&verdict.statuses, names),
-        None => Vec::new(),
-    };
+    let response_headers_to_add = headers(verdict.overall, &verdict.statuses, &options.headers)
+        .into_iter()
+        .map(|(key, value)| HeaderValue {
+            key,
+            value,
+            raw_value: Vec::new(),
+        })
+        .collect();
+    let raw_body = raw_body(verdict.overall, &verdict.statuses, &options.headers);
     let dynamic_metadata = options
         .dynamic_metadata
         .then(|| dynamic_metadata(request, &verdict.statuses));
@@ -140,6 +125,7 @@ pub fn build_response(
         overall_code: wire_code(verdict.overall),
         statuses: verdict.statuses.iter().map(wire_status).collect(),
         response_headers_to_add,
+        raw_body,
         dynamic_metadata,
         ..Default::default()
     }
@@ -168,39 +154,6 @@ fn wire_status(status: &DescriptorStatus) -> WireStatus {
         }),
         quota: None,
     }
-}
-
-/// envoyproxy/ratelimit's choice of the one descriptor the three headers describe: the last non-quota
-/// descriptor over its limit, otherwise the limited descriptor with the fewest requests left (first on
-/// ties). No limited descriptor, no headers.
-fn rate_limit_headers(statuses: &[DescriptorStatus], names: &HeaderNames) -> Vec<HeaderValue> {
-    let over = statuses
-        .iter()
-        .rev()
-        .find(|s| s.code == Code::OverLimit && !s.quota_mode);
-    let chosen = over.or_else(|| {
-        statuses
-            .iter()
-            .filter(|s| s.current_limit.is_some())
-            .min_by_key(|s| s.limit_remaining)
-    });
-    let Some(status) = chosen else { return Vec::new() };
-    let Some(limit) = &status.current_limit else {
-        return Vec::new();
-    };
-    let reset = status.duration_until_reset.map_or(0, |d| d.as_secs());
-    [
-        (&names.limit, limit.requests_per_unit.to_string()),
-        (&names.remaining, status.limit_remaining.to_string()),
-        (&names.reset, reset.to_string()),
-    ]
-    .into_iter()
-    .map(|(key, value)| HeaderValue {
-        key: key.clone(),
-        value,
-        raw_value: Vec::new(),
-    })
-    .collect()
 }
 
 /// envoyproxy/ratelimit's dynamic metadata: the domain, each descriptor's entries (`k=v`), override and

@@ -2,6 +2,7 @@
 //! `grpcurl -plaintext HOST:8081 list` works with no proto file).
 
 pub mod envoy_rls;
+pub mod headers;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,7 +16,8 @@ use crate::limiter::Limiter;
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::store::Store;
 
-pub use envoy_rls::{EnvoyOptions, EnvoyRateLimitService, HeaderNames};
+pub use envoy_rls::{EnvoyOptions, EnvoyRateLimitService};
+pub use headers::{HeaderNames, HeaderOptions};
 
 /// Serves every gRPC service on `listener` until `shutdown` completes, then finishes in-flight calls.
 pub async fn serve<S: Store, H>(

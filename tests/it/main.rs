@@ -9,6 +9,7 @@ mod cli;
 mod compat;
 mod extensions;
 mod grpc;
+mod headers;
 mod hostile_input;
 mod json_endpoint;
 mod limiter;
