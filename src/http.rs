@@ -47,6 +47,7 @@ pub fn debug_router(limiter: Arc<Limiter<AnyStore>>) -> Router {
         .route("/", get(index))
         .route("/rlconfig", get(rlconfig))
         .route("/metrics", get(metrics))
+        .route("/top", get(top))
         .with_state(limiter)
 }
 
@@ -84,7 +85,7 @@ async fn json(State(admin): State<Arc<Admin>>, body: Bytes) -> Response {
 }
 
 async fn index() -> &'static str {
-    "/rlconfig: print out the currently loaded configuration for debugging\n/metrics: Prometheus metrics\n"
+    "/rlconfig: print out the currently loaded configuration for debugging\n/metrics: Prometheus metrics\n/top: callers most often refused or near their limit, per domain (JSON)\n"
 }
 
 async fn rlconfig(State(limiter): State<Arc<Limiter<AnyStore>>>) -> String {
@@ -94,6 +95,15 @@ async fn rlconfig(State(limiter): State<Arc<Limiter<AnyStore>>>) -> String {
         .as_ref()
         .map(|set| set.dump())
         .unwrap_or_default()
+}
+
+/// Callers listed per domain by `/top`.
+const TOP_LISTED: usize = 20;
+
+/// The top offenders as JSON: `{"domain": [{"key": ..., "count": ..., "error": ...}, ...]}`.
+async fn top(State(limiter): State<Arc<Limiter<AnyStore>>>) -> Response {
+    let body = serde_json::to_string(&limiter.offenders().top(TOP_LISTED)).unwrap_or_else(|_| "{}".into());
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// Prometheus text exposition format 0.0.4.

@@ -14,7 +14,8 @@
 //! - [`clock`]: time for the embedded store.
 //! - [`limiter`]: the decision core: rules + store → verdict.
 //! - [`grpc`]: Envoy's RateLimitService, health, reflection. [`http`]: admin and debug HTTP endpoints.
-//! - [`json`]: proto3 JSON of the Envoy messages. [`metrics`]: Prometheus metrics.
+//! - [`json`]: proto3 JSON of the Envoy messages. [`metrics`]: Prometheus metrics. [`offenders`]: the
+//!   top-offender sketches.
 //! - [`health`], [`reload`], [`settings`], [`telemetry`], [`server`], [`cli`]: running the service.
 //! - [`loadgen`]: `tollgate bench`, the load generator.
 //! - [`proto`]: generated protocol types.
@@ -30,6 +31,7 @@ pub mod json;
 pub mod limiter;
 pub mod loadgen;
 pub mod metrics;
+pub mod offenders;
 pub mod proto;
 pub mod reload;
 pub mod rules;

@@ -17,6 +17,7 @@ use arc_swap::ArcSwapOption;
 use crate::algorithm::{Algorithm, Decision};
 use crate::config::{FailureMode, Unit};
 use crate::metrics::Metrics;
+use crate::offenders::TopOffenders;
 use crate::rules::{DescriptorEntry, Rate, Rule, RuleSet, ValueHasher};
 use crate::store::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 
@@ -203,6 +204,7 @@ pub struct Limiter<S> {
     hasher: ValueHasher,
     options: LimiterOptions,
     metrics: Arc<Metrics>,
+    offenders: Arc<TopOffenders>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -214,6 +216,7 @@ impl<S: Store> Limiter<S> {
             hasher,
             options,
             metrics: Metrics::new(),
+            offenders: Arc::default(),
         }
     }
 
@@ -226,6 +229,11 @@ impl<S: Store> Limiter<S> {
     /// The metrics registry.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// The callers most often refused or near their limit, per domain.
+    pub fn offenders(&self) -> &TopOffenders {
+        &self.offenders
     }
 
     /// The store (for sweeping, metrics and tests).
@@ -295,7 +303,7 @@ impl<S: Store> Limiter<S> {
         };
         let scope_len = self.options.cache_key_prefix.len() + domain.len();
         let decisions = self.decide(&mut targets, policy, scope_len).await?;
-        Ok(self.verdict(targets, decisions))
+        Ok(self.verdict(domain, targets, decisions))
     }
 
     fn validate<D>(&self, domain: &str, descriptors: &[D]) -> Result<(), LimiterError> {
@@ -380,11 +388,11 @@ impl<S: Store> Limiter<S> {
         scope_len: usize,
     ) -> Result<Option<Vec<Vec<Decision>>>, LimiterError> {
         let mut items = Vec::with_capacity(targets.len());
-        for (group, target) in (0u32..).zip(targets.iter_mut()).filter(|(_, t)| !t.unlimited) {
-            let key = std::mem::take(&mut target.key);
+        for (group, target) in (0u32..).zip(targets.iter()).filter(|(_, t)| !t.unlimited) {
+            // The descriptor keeps its key for the top-offender report; each limit gets a copy.
             for (rate, _, _) in &target.rates {
                 items.push(BatchItem {
-                    key: key.clone(),
+                    key: target.key.clone(),
                     limit: rate.limit,
                     cost: target.cost,
                     group,
@@ -428,12 +436,12 @@ impl<S: Store> Limiter<S> {
         ))
     }
 
-    fn verdict(&self, targets: Vec<Target>, decisions: Option<Vec<Vec<Decision>>>) -> Verdict {
+    fn verdict(&self, domain: &str, targets: Vec<Target>, decisions: Option<Vec<Vec<Decision>>>) -> Verdict {
         let statuses: Vec<DescriptorStatus> = match decisions {
             Some(decisions) => targets
                 .into_iter()
                 .zip(decisions)
-                .map(|(target, decisions)| self.status(target, &decisions))
+                .map(|(target, decisions)| self.status(domain, target, &decisions))
                 .collect(),
             None => targets
                 .into_iter()
@@ -452,7 +460,7 @@ impl<S: Store> Limiter<S> {
         self.options.global_quota_mode || target.rule.as_ref().is_some_and(|r| r.quota_mode)
     }
 
-    fn status(&self, target: Target, decisions: &[Decision]) -> DescriptorStatus {
+    fn status(&self, domain: &str, target: Target, decisions: &[Decision]) -> DescriptorStatus {
         let quota_mode = self.quota_mode(&target);
         if target.unlimited {
             return DescriptorStatus {
@@ -471,8 +479,10 @@ impl<S: Store> Limiter<S> {
         let decision = &decisions[at];
         let (rate, name, _) = &target.rates[at];
         let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);
-        if let Some(rule) = &target.rule {
-            self.count_hits(rule, rate, decision, target.cost);
+        if let Some(rule) = &target.rule
+            && self.count_hits(rule, rate, decision, target.cost)
+        {
+            self.offenders.observe(domain, &target.key, target.cost);
         }
         let code = if decision.allowed || shadow {
             Code::Ok
@@ -506,7 +516,7 @@ impl<S: Store> Limiter<S> {
     fn failure_status(&self, target: Target) -> DescriptorStatus {
         let quota_mode = self.quota_mode(&target);
         if target.unlimited || target.rates.is_empty() {
-            return self.status(target, &[]);
+            return self.status("", target, &[]);
         }
         let closed = target
             .rates
@@ -541,7 +551,8 @@ impl<S> Limiter<S> {
     /// envoyproxy/ratelimit's per-rule stats: every hit counts in `total_hits`, then in `over_limit`
     /// (plus `shadow_mode` for shadow rules) or `within_limit`; allowed hits above `NEAR_LIMIT_RATIO` of
     /// the limit also count in `near_limit`.
-    fn count_hits(&self, rule: &Rule, rate: &Rate, decision: &Decision, hits: u64) {
+    /// Returns whether the caller is worth a place among the top offenders (refused or near the limit).
+    fn count_hits(&self, rule: &Rule, rate: &Rate, decision: &Decision, hits: u64) -> bool {
         let stats = &rule.stats;
         stats.total_hits.add(hits);
         if !decision.allowed {
@@ -549,7 +560,7 @@ impl<S> Limiter<S> {
             if rule.shadow_mode {
                 stats.shadow_mode.add(hits);
             }
-            return;
+            return true;
         }
         stats.within_limit.add(hits);
         let limit = rate.limit.requests;
@@ -558,7 +569,9 @@ impl<S> Limiter<S> {
         let used = limit.saturating_sub(decision.remaining);
         if used > threshold {
             stats.near_limit.add((used - threshold).min(hits));
+            return true;
         }
+        false
     }
 }
 

@@ -108,6 +108,7 @@ pub async fn run(
     );
     tasks.spawn(reloader.run(Arc::clone(&rules), health.clone(), Some(version), stop.clone()));
     tasks.spawn(sweep(Arc::clone(&limiter), stop.clone()));
+    tasks.spawn(log_offenders(Arc::clone(&limiter), stop.clone()));
 
     let stopped = stop.clone();
     let admin = crate::http::Admin {
@@ -228,6 +229,29 @@ async fn sweep(limiter: Arc<Limiter<AnyStore>>, stop: CancellationToken) {
         }
         let dropped = store.sweep();
         tracing::trace!(dropped, "swept expired state");
+    }
+}
+
+/// How often the heaviest callers are summarised in the log.
+const OFFENDER_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Logs the three heaviest callers of every domain once a minute, when there are any, so a spike of
+/// refusals is visible in the logs as well as at `/top`.
+async fn log_offenders(limiter: Arc<Limiter<AnyStore>>, stop: CancellationToken) {
+    let mut ticker = tokio::time::interval(OFFENDER_LOG_INTERVAL);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        for (domain, offenders) in limiter.offenders().top(3) {
+            let summary: Vec<String> = offenders
+                .iter()
+                .map(|o| format!("{}={}", o.key, o.count))
+                .collect();
+            tracing::info!(%domain, top = %summary.join(" "), "top offenders (refused or near the limit)");
+        }
     }
 }
 

@@ -138,3 +138,31 @@ async fn a_million_distinct_values_add_no_series() {
         Some(1_000_000)
     );
 }
+
+#[tokio::test]
+async fn top_offenders_name_the_heaviest_callers_without_raw_hashed_values() {
+    let rules = "domain: t\ndescriptors:\n  - key: ip\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: email\n    hash: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    let server = TestServer::start(&[("t.yaml", rules)], &[]).await;
+    let mut client = server.client().await;
+    for _ in 0..5 {
+        client
+            .should_rate_limit(wire_request("t", &[&[("ip", "203.0.113.9")]]))
+            .await
+            .expect("answer");
+    }
+    for _ in 0..3 {
+        client
+            .should_rate_limit(wire_request("t", &[&[("email", "alice@example.com")]]))
+            .await
+            .expect("answer");
+    }
+    let (status, text) = http(server.debug, "GET", "/top", "").await;
+    assert_eq!(status, 200);
+    let top: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let list = top["t"].as_array().expect("domain t");
+    assert_eq!(list[0]["key"], "t_ip_203.0.113.9_");
+    assert_eq!(list[0]["count"], 5);
+    assert_eq!(list[1]["count"], 3);
+    assert!(!text.contains("alice"), "a hashed value leaked: {text}");
+    server.stop().await;
+}
