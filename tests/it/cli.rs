@@ -219,14 +219,24 @@ impl Served {
         }
     }
 
-    /// Sends SIGTERM and returns the exit code, bounded.
-    async fn terminate(mut self) -> Option<i32> {
+    /// Sends SIGTERM without waiting for the exit.
+    fn signal_term(&self) {
         let pid = self.child.0.id().to_string();
         let sent = Command::new("kill")
             .args(["-TERM", &pid])
             .status()
             .expect("run kill");
         assert!(sent.success(), "kill -TERM delivered");
+    }
+
+    /// Sends SIGTERM and returns the exit code, bounded.
+    async fn terminate(self) -> Option<i32> {
+        self.signal_term();
+        self.wait_exit().await
+    }
+
+    /// Waits (bounded) for the process to exit and returns its code.
+    async fn wait_exit(mut self) -> Option<i32> {
         tokio::task::spawn_blocking(move || {
             let Some(status) = self.child.wait_for(EXIT) else {
                 self.log.extend(self.stderr.try_iter());
@@ -511,4 +521,71 @@ async fn query_errors_exit_two() {
     let (code, _, stderr) = query("http://127.0.0.1:1", &["novalue"]).await;
     assert_eq!(code, Some(2));
     assert!(stderr.contains("not key=value"), "{stderr}");
+}
+
+#[tokio::test]
+async fn sigterm_flips_health_first_then_drains_then_exits_zero() {
+    let dir = rules_dir(&[("cli.yaml", RULES)]);
+    let config_dir = dir.path().to_str().expect("utf-8 path");
+    let served = Served::start(
+        &[
+            "serve",
+            "--config-dir",
+            config_dir,
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--debug-addr",
+            "127.0.0.1:0",
+        ],
+        &[("TOLLGATE_DRAIN_PERIOD", "1500ms")],
+    )
+    .await;
+    // An open connection, as Envoy holds one.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", served.grpc))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let mut rls = tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient::new(channel);
+    let started = Instant::now();
+    served.signal_term();
+    // Health flips at once...
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let (status, _) = http(served.http, "GET", "/healthcheck", "").await;
+        if status == 500 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "/healthcheck still 200 after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let check = tonic_health::pb::HealthCheckRequest {
+        service: "ratelimit".into(),
+    };
+    let serving = health
+        .check(check)
+        .await
+        .expect("health answers while draining")
+        .into_inner()
+        .status;
+    assert_eq!(
+        serving,
+        tonic_health::pb::health_check_response::ServingStatus::NotServing as i32
+    );
+    // ...while decisions are still answered during the drain period.
+    let request = crate::common::wire_request("cli", &[&[("user", "draining")]]);
+    let answer = rls
+        .should_rate_limit(request)
+        .await
+        .expect("answered while draining");
+    assert_eq!(answer.into_inner().overall_code, WireCode::Ok as i32);
+    assert_eq!(served.wait_exit().await, Some(0));
+    assert!(
+        started.elapsed() >= Duration::from_millis(1400),
+        "exited before the drain period: {:?}",
+        started.elapsed()
+    );
 }
