@@ -32,6 +32,22 @@ enum Command {
     Query(QueryArgs),
     /// Load-test an Envoy RLS server: decisions/s and latency percentiles.
     Bench(BenchArgs),
+    /// Ask a running server's gRPC health service; exit 0 when SERVING (for Docker's HEALTHCHECK in an
+    /// image without a shell or curl).
+    Healthcheck(HealthcheckArgs),
+}
+
+#[derive(Debug, Args)]
+struct HealthcheckArgs {
+    /// The server's gRPC address.
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    addr: String,
+    /// The service to ask about: `ratelimit` (readiness, the default) or `""` (liveness).
+    #[arg(long, default_value = "ratelimit")]
+    service: String,
+    /// Give up after this long.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    timeout: std::time::Duration,
 }
 
 /// Where to send requests and what they carry (`query` and `bench`).
@@ -131,6 +147,7 @@ pub fn main() -> ExitCode {
         Command::CheckConfig(args) => check_config(args),
         Command::Query(args) => query(args),
         Command::Bench(args) => report(bench(args)),
+        Command::Healthcheck(args) => healthcheck(args),
     }
 }
 
@@ -182,6 +199,46 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let report = runtime.block_on(crate::loadgen::run(plan))?;
     println!("{report}");
     Ok(())
+}
+
+fn healthcheck(args: HealthcheckArgs) -> ExitCode {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("tollgate: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let check = async {
+        let channel = tonic::transport::Channel::from_shared(args.addr.clone())?
+            .connect()
+            .await?;
+        let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+        let request = tonic_health::pb::HealthCheckRequest {
+            service: args.service.clone(),
+        };
+        anyhow::Ok(client.check(request).await?.into_inner().status)
+    };
+    match runtime.block_on(async { tokio::time::timeout(args.timeout, check).await }) {
+        Ok(Ok(status)) if status == ServingStatus::Serving as i32 => {
+            println!("SERVING");
+            ExitCode::SUCCESS
+        }
+        Ok(Ok(status)) => {
+            let name = ServingStatus::try_from(status).map_or("UNKNOWN", |s| s.as_str_name());
+            eprintln!("tollgate: {} is {name}", args.service);
+            ExitCode::FAILURE
+        }
+        Ok(Err(error)) => {
+            eprintln!("tollgate: {error:#}");
+            ExitCode::FAILURE
+        }
+        Err(_) => {
+            eprintln!("tollgate: no answer within {:?}", args.timeout);
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn check_config(args: CheckConfigArgs) -> ExitCode {

@@ -589,3 +589,38 @@ async fn sigterm_flips_health_first_then_drains_then_exits_zero() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn healthcheck_subcommand_reports_serving_or_fails() {
+    let dir = rules_dir(&[("cli.yaml", RULES)]);
+    let config_dir = dir.path().to_str().expect("utf-8 path");
+    let served = Served::start(
+        &[
+            "serve",
+            "--config-dir",
+            config_dir,
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--debug-addr",
+            "127.0.0.1:0",
+        ],
+        &[],
+    )
+    .await;
+    let addr = format!("http://{}", served.grpc);
+    let ok = run(&["healthcheck", "--addr", &addr], &[]).await;
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "SERVING");
+    let unknown = run(&["healthcheck", "--addr", &addr, "--service", "nope"], &[]).await;
+    assert_eq!(unknown.status.code(), Some(1));
+    assert_eq!(served.terminate().await, Some(0));
+    let down = run(&["healthcheck", "--addr", &addr, "--timeout", "500ms"], &[]).await;
+    assert_eq!(down.status.code(), Some(1));
+}
