@@ -176,8 +176,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let settings = Settings::load(args.settings.as_deref(), &flags)?;
-    crate::telemetry::init(&settings.log_level, &settings.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let _context = runtime.enter();
+    let traces = settings.tracing_enabled.then(|| crate::telemetry::TraceSettings {
+        service_name: settings.tracing_service_name.clone(),
+        sampling_rate: settings.tracing_sampling_rate,
+    });
+    let _telemetry = crate::telemetry::init(&settings.log_level, &settings.log_format, traces.as_ref())?;
     runtime.block_on(async {
         let listeners = crate::server::Listeners::bind(&settings).await?;
         crate::server::run(settings, listeners, crate::server::shutdown_signal()).await

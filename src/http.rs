@@ -48,6 +48,7 @@ pub fn debug_router(limiter: Arc<Limiter<AnyStore>>) -> Router {
         .route("/rlconfig", get(rlconfig))
         .route("/metrics", get(metrics))
         .route("/top", get(top))
+        .route("/config", get(config_version))
         .with_state(limiter)
 }
 
@@ -85,7 +86,7 @@ async fn json(State(admin): State<Arc<Admin>>, body: Bytes) -> Response {
 }
 
 async fn index() -> &'static str {
-    "/rlconfig: print out the currently loaded configuration for debugging\n/metrics: Prometheus metrics\n/top: callers most often refused or near their limit, per domain (JSON)\n"
+    "/rlconfig: print out the currently loaded configuration for debugging\n/metrics: Prometheus metrics\n/top: callers most often refused or near their limit, per domain (JSON)\n/config: the loaded rules' version and load time (JSON)\n"
 }
 
 async fn rlconfig(State(limiter): State<Arc<Limiter<AnyStore>>>) -> String {
@@ -95,6 +96,14 @@ async fn rlconfig(State(limiter): State<Arc<Limiter<AnyStore>>>) -> String {
         .as_ref()
         .map(|set| set.dump())
         .unwrap_or_default()
+}
+
+/// The loaded rules: `{"version": "<content hash>", "loaded_at": <unix seconds>, "domains": N}`.
+async fn config_version(State(limiter): State<Arc<Limiter<AnyStore>>>) -> Response {
+    let (version, loaded_at) = limiter.metrics().loaded_version();
+    let domains = limiter.rules().load().as_ref().map_or(0, |set| set.len());
+    let body = serde_json::json!({ "version": version, "loaded_at": loaded_at, "domains": domains });
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
 /// Callers listed per domain by `/top`.

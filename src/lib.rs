@@ -17,6 +17,7 @@
 //! - [`json`]: proto3 JSON of the Envoy messages. [`metrics`]: Prometheus metrics. [`offenders`]: the
 //!   top-offender sketches.
 //! - [`health`], [`reload`], [`settings`], [`telemetry`], [`server`], [`cli`]: running the service.
+//!   [`denial_log`]: sampled logs of refusals.
 //! - [`loadgen`]: `tollgate bench`, the load generator.
 //! - [`proto`]: generated protocol types.
 
@@ -24,6 +25,7 @@ pub mod algorithm;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod denial_log;
 pub mod grpc;
 pub mod health;
 pub mod http;

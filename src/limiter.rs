@@ -16,6 +16,7 @@ use arc_swap::ArcSwapOption;
 
 use crate::algorithm::{Algorithm, Decision};
 use crate::config::{FailureMode, Unit};
+use crate::denial_log::DenialLog;
 use crate::metrics::Metrics;
 use crate::offenders::TopOffenders;
 use crate::rules::{DescriptorEntry, Rate, Rule, RuleSet, ValueHasher};
@@ -205,6 +206,7 @@ pub struct Limiter<S> {
     options: LimiterOptions,
     metrics: Arc<Metrics>,
     offenders: Arc<TopOffenders>,
+    denials: DenialLog,
 }
 
 impl<S: Store> Limiter<S> {
@@ -217,6 +219,7 @@ impl<S: Store> Limiter<S> {
             options,
             metrics: Metrics::new(),
             offenders: Arc::default(),
+            denials: DenialLog::default(),
         }
     }
 
@@ -483,6 +486,10 @@ impl<S: Store> Limiter<S> {
             && self.count_hits(rule, rate, decision, target.cost)
         {
             self.offenders.observe(domain, &target.key, target.cost);
+            if !decision.allowed {
+                let retry_ms = u128::from(decision.retry_after_us) / 1_000;
+                self.denials.refused(domain, &rule.path, &target.key, retry_ms);
+            }
         }
         let code = if decision.allowed || shadow {
             Code::Ok

@@ -164,6 +164,11 @@ impl Metrics {
         *self.loaded.lock().unwrap_or_else(PoisonError::into_inner) = (version.to_owned(), unix_seconds);
     }
 
+    /// The loaded rules' content hash and load time (Unix seconds).
+    pub fn loaded_version(&self) -> (String, u64) {
+        self.loaded.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
     /// The Prometheus text exposition of every series; `local_cache_hits` comes from the store.
     pub fn render(&self, local_cache_hits: Option<u64>) -> String {
         let mut out = String::with_capacity(4096);

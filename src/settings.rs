@@ -97,6 +97,14 @@ pub struct Settings {
     pub response_headers: String,
     /// A JSON body for 429 answers: `{"error":"rate_limited","retry_after":N}`.
     pub raw_body: bool,
+    /// `TRACING_ENABLED`: export OpenTelemetry spans over OTLP/gRPC (`OTEL_EXPORTER_OTLP_*` apply).
+    pub tracing_enabled: bool,
+    /// `TRACING_SERVICE_NAME`.
+    pub tracing_service_name: String,
+    /// `TRACING_SAMPLING_RATE`: fraction of new traces kept (a sampled parent is always followed).
+    pub tracing_sampling_rate: f64,
+    /// `TRACING_EXPORTER_PROTOCOL`: only `grpc` is built in.
+    pub tracing_exporter_protocol: String,
 }
 
 impl std::fmt::Debug for Settings {
@@ -162,6 +170,10 @@ impl Default for Settings {
             near_limit_ratio: 0.8,
             response_headers: String::new(),
             raw_body: false,
+            tracing_enabled: false,
+            tracing_service_name: "tollgate".into(),
+            tracing_sampling_rate: 1.0,
+            tracing_exporter_protocol: "grpc".into(),
         }
     }
 }
@@ -244,6 +256,13 @@ impl Settings {
         }
         self.redis_target()?;
         self.header_options()?;
+        if !self.tracing_exporter_protocol.eq_ignore_ascii_case("grpc") {
+            return Err(SettingsError::BadValue {
+                name: "tracing_exporter_protocol",
+                value: self.tracing_exporter_protocol.clone(),
+                reason: "only grpc (OTLP/gRPC) is built in".into(),
+            });
+        }
         if !matches!(self.log_format.to_ascii_lowercase().as_str(), "text" | "json") {
             return Err(SettingsError::BadValue {
                 name: "log_format",
@@ -355,6 +374,10 @@ const GO_DIRECT: &[(&str, &str)] = &[
     ("EXPIRATION_JITTER_MAX_SECONDS", "expiration_jitter_max_seconds"),
     ("LOCAL_CACHE_SIZE_IN_BYTES", "local_cache_size_in_bytes"),
     ("NEAR_LIMIT_RATIO", "near_limit_ratio"),
+    ("TRACING_ENABLED", "tracing_enabled"),
+    ("TRACING_SERVICE_NAME", "tracing_service_name"),
+    ("TRACING_SAMPLING_RATE", "tracing_sampling_rate"),
+    ("TRACING_EXPORTER_PROTOCOL", "tracing_exporter_protocol"),
 ];
 
 /// Go settings that are booleans, parsed with Go's `strconv.ParseBool` rules.
@@ -366,6 +389,7 @@ const GO_BOOLS: &[&str] = &[
     "MERGE_DOMAIN_CONFIG",
     "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
     "REDIS_TLS",
+    "TRACING_ENABLED",
 ];
 
 impl GoEnvironment {

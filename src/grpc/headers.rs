@@ -80,7 +80,7 @@ pub fn headers(
     if options.ietf {
         ietf(statuses, &mut out);
     }
-        if options.retry_after
+    if options.retry_after
         && overall == Code::OverLimit
         && let Some(seconds) = retry_after_secs(statuses)
     {

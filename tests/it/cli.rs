@@ -624,3 +624,110 @@ async fn healthcheck_subcommand_reports_serving_or_fails() {
     let down = run(&["healthcheck", "--addr", &addr, "--timeout", "500ms"], &[]).await;
     assert_eq!(down.status.code(), Some(1));
 }
+
+/// An OTLP/gRPC trace receiver that forwards every export to a channel.
+struct Receiver(tokio::sync::mpsc::UnboundedSender<opentelemetry_proto::tonic::trace::v1::Span>);
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest>,
+    ) -> Result<
+        tonic::Response<opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse>,
+        tonic::Status,
+    > {
+        for resource in request.into_inner().resource_spans {
+            for scope in resource.scope_spans {
+                for span in scope.spans {
+                    let _ = self.0.send(span);
+                }
+            }
+        }
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+#[tokio::test]
+async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+    let (spans, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let receiver = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(Receiver(spans)))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let dir = rules_dir(&[("cli.yaml", RULES)]);
+    let config_dir = dir.path().to_str().expect("utf-8 path");
+    let served = Served::start(
+        &[
+            "serve",
+            "--config-dir",
+            config_dir,
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--debug-addr",
+            "127.0.0.1:0",
+        ],
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent_id = "00f067aa0ba902b7";
+    let mut request = tonic::Request::new(crate::common::wire_request("cli", &[&[("user", "traced")]]));
+    let traceparent = format!("00-{trace_id}-{parent_id}-01").parse().expect("ascii");
+    request.metadata_mut().insert("traceparent", traceparent);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", served.grpc))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut rls = tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient::new(channel);
+    rls.should_rate_limit(request).await.expect("answer");
+    let span = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let span = received.recv().await.expect("receiver open");
+            if span.name == "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" {
+                return span;
+            }
+        }
+    })
+    .await
+    .expect("the RPC span was exported");
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    assert_eq!(hex(&span.trace_id), trace_id, "joined the caller's trace");
+    assert_eq!(hex(&span.parent_span_id), parent_id);
+    assert_eq!(
+        span.kind,
+        opentelemetry_proto::tonic::trace::v1::span::SpanKind::Server as i32
+    );
+    let attribute = |key: &str| {
+        span.attributes
+            .iter()
+            .find(|a| a.key == key)
+            .and_then(|a| a.value.as_ref())
+            .and_then(|v| match &v.value {
+                Some(opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s)) => {
+                    Some(s.clone())
+                }
+                _ => None,
+            })
+    };
+    assert_eq!(attribute("rpc.system.name").as_deref(), Some("grpc"));
+    assert_eq!(
+        attribute("rpc.method").as_deref(),
+        Some("envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+    );
+    assert_eq!(attribute("rpc.response.status_code").as_deref(), Some("OK"));
+    assert_eq!(attribute("ratelimit.domain").as_deref(), Some("cli"));
+    assert_eq!(served.terminate().await, Some(0));
+    receiver.abort();
+}

@@ -166,3 +166,38 @@ async fn top_offenders_name_the_heaviest_callers_without_raw_hashed_values() {
     assert!(!text.contains("alice"), "a hashed value leaked: {text}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn the_debug_port_reports_the_loaded_version_and_it_changes_on_reload() {
+    let server = TestServer::start(&[("m.yaml", RULES)], &[]).await;
+    let version = |text: &str| -> String {
+        let value: serde_json::Value = serde_json::from_str(text).expect("JSON");
+        assert_eq!(value["domains"], 1, "{value}");
+        assert!(
+            value["loaded_at"].as_u64().is_some_and(|t| t > 1_700_000_000),
+            "{value}"
+        );
+        value["version"].as_str().expect("version").to_owned()
+    };
+    let (_, text) = http(server.debug, "GET", "/config", "").await;
+    let first = version(&text);
+    let (_, metrics) = http(server.http, "GET", "/metrics", "").await;
+    assert!(
+        metrics.contains(&format!("tollgate_config_info{{version=\"{first}\"}} 1")),
+        "{metrics}"
+    );
+    std::fs::write(server.dir.path().join("m.yaml"), RULES.replace("10}", "11}")).expect("edit");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, text) = http(server.debug, "GET", "/config", "").await;
+        if version(&text) != first {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the version never changed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.stop().await;
+}
