@@ -1,43 +1,59 @@
--- batch.lua: Tollgate's batch driver. Decides every limit of one request in one script call.
+-- batch.lua: Tollgate's batch driver. Decides every limit of one request in one call.
 --
--- The script Redis runs is exact.lua + fixed_window.lua + sliding_window.lua + sliding_log.lua +
--- token_bucket.lua + gcra.lua + this file, concatenated (src/store/redis/script.rs), so one
--- EVALSHA handles a whole request whatever mix of algorithms it has. It reproduces
--- MemoryStore::apply_batch (src/store/memory.rs) exactly:
+-- The code Redis runs is exact.lua + fixed_window.lua + sliding_window.lua + sliding_log.lua +
+-- token_bucket.lua + gcra.lua + this file, concatenated (src/store/redis/script.rs) into one
+-- chunk, so one call handles a whole request whatever mix of algorithms it has. This file
+-- defines `tollgate_batch(keys, args)`; script.rs appends one line that exposes it:
+--   - As a Redis Function library (Redis >= 7.0, the normal mode): `#!lua name=tollgate_<hash>`
+--     is prepended and `redis.register_function('tollgate_batch_<hash>', tollgate_batch)`
+--     appended, the library is loaded once (`FUNCTION LOAD REPLACE`), and each request is
+--     `FCALL tollgate_batch_<hash> numkeys KEYS... ARGV...`. The chunk, and so the creation of
+--     every helper, runs once at load; a call runs only tollgate_batch. <hash> is derived from
+--     the code, so Tollgate versions with different code never replace each other's function.
+--   - As an EVAL script (the fallback for servers without FCALL): `return tollgate_batch(KEYS,
+--     ARGV)` is appended and each request is `EVALSHA`; the whole chunk then runs per call.
+-- It reproduces MemoryStore::apply_batch (src/store/memory.rs) exactly:
 --
---   1. Evaluate the items in order with their costs. An in-script overlay holds each key's
+--   1. Evaluate the items in order with their costs. An in-call overlay holds each key's
 --      state as left by earlier items, so a key appearing twice sees the first item's effect.
---   2. If some item is denied, settle the costs per policy (settled_costs): AllOrNothing -> all 0;
+--   2. If some item is denied, settle the costs per policy (settle): AllOrNothing -> all 0;
 --      StopIncrementWhenOverLimit -> allowed items 0; Independent -> allowed items of a group
 --      (a contiguous run of equal group ids, more than one item) holding a denied item 0. If
 --      that changed any cost, evaluate again from the ORIGINAL states with the settled costs and
 --      report the second decision for items whose cost did not change, and for the others the
 --      first verdict and retry with the second (zero-cost) remaining and reset (`unconsumed`).
 --   3. Write: only items with a settled cost > 0 store state (peeks never write). Fixed window:
---      `INCRBY key total_settled_cost` then `EXPIRE key ttl_secs` (envoyproxy/ratelimit's
---      commands; a denied item still increments). Other algorithms: `SET key state PXAT expiry`
---      when the final state differs from the stored string, `DEL` when it is now equivalent to no
---      state; expiry = the algorithm's expires_at (the instant the state stops mattering), in ms
---      rounded up. Every key written therefore has a TTL.
+--      `SET key count EX ttl_secs`, count = the stored counter + the key's total settled cost,
+--      which leaves the key exactly as envoyproxy/ratelimit's `INCRBY key cost` + `EXPIRE key
+--      ttl_secs` would (a plain integer, int-encoded, with that TTL; a denied item still counts)
+--      in one command instead of two; the script is atomic, so no concurrent INCRBY of a Go
+--      replica is lost. Other algorithms: `SET key state PXAT expiry` when the final state
+--      differs from the stored value, `DEL` when it is now equivalent to no state; expiry = the
+--      algorithm's expires_at (the instant the state stops mattering), in ms rounded up. Every
+--      key written therefore has a TTL.
 --
 -- KEYS: one per item, in batch order (duplicates allowed). Fixed window: the caller-named window
 --   counter (Go's key). Others: the caller's state key. In Redis Cluster all must share a slot.
--- ARGV: [1] policy (0 Independent, 1 AllOrNothing, 2 StopIncrementWhenOverLimit), then 8 fields
---   per item: algorithm (0 fixed_window, 1 sliding_window, 2 sliding_log, 3 token_bucket,
---   4 gcra), requests, window_us, burst, cost, group, window_start_us (fixed window; else 0),
---   ttl_secs (fixed window; else 0). All decimal integers.
+-- ARGV: [1] policy (0 Independent, 1 AllOrNothing, 2 StopIncrementWhenOverLimit) in decimal;
+--   [2] the items, 64 bytes each: 8 little-endian IEEE doubles (struct '<dddddddd') holding
+--   algorithm (0 fixed_window, 1 sliding_window, 2 sliding_log, 3 token_bucket, 4 gcra),
+--   requests, window_us, burst, cost, group, window_start_us (fixed window; else 0), ttl_secs
+--   (fixed window; else 0). Binary because decimal parsing (strtod) was a large share of a call;
+--   the caller converts each u64 to the nearest double, which is what tonumber() did with the
+--   decimal string, so the values seen are the same. Each must be a non-negative integer.
 -- Returns: an array { now_us, then per item: allowed (1/0), remaining, reset_after_us,
 --   retry_after_us }. Values are integer replies, or decimal strings above 2^53 (only for absurd
---   limits; saturated at u64::MAX). Malformed arguments -> an error reply `ERR tollgate: ...`.
+--   limits; saturated at u64::MAX). Malformed arguments -> an error reply `ERR tollgate: ...`,
+--   before anything is written.
 --
--- Atomic: Redis runs a script to completion without interleaving any other command, so the read,
---   the settling and the writes form one step; and during a script Redis evaluates key expiry
---   against the time the script started, so no key can expire between our GET and our write.
---   Effects replication (the only mode since Redis 7; TIME is therefore allowed before writes)
---   ships the resulting SET/INCRBY/EXPIRE/DEL, with PXAT being absolute, to replicas and AOF.
+-- Atomic: Redis runs a function or script to completion without interleaving any other command,
+--   so the read, the settling and the writes form one step; and during a call Redis evaluates
+--   key expiry against the time the call started, so no key can expire between our GET and our
+--   write. Effects replication (the only mode since Redis 7; TIME is therefore allowed before
+--   writes) ships the resulting SET/DEL, with PXAT being absolute, to replicas and AOF.
 -- Time: `TIME` is read once (µs since the epoch, the Redis server's clock), so every item is
 --   decided at the same instant, and returned so the caller can track its offset from Redis.
--- Requires Redis >= 6.2 (SET ... PXAT).
+-- Requires Redis >= 6.2 (SET ... PXAT); Redis >= 7.0 for the function library.
 --
 -- Exactness (Lua numbers are doubles): every decision field equals the Rust one whenever requests,
 --   burst, costs and window_us are < 2^52, instants (now + the algorithm's longest duration) are
@@ -46,23 +62,14 @@
 --   Outside them results are rounded but finite, non-negative and never NaN. Counters and costs
 --   above 2^53 still deny, as in Rust (where they saturate at u64::MAX instead of 2^53 - 1).
 --
--- Stored values of the other algorithms are strings `<algorithm>:<window_us>:<fields...>`; a
--- value whose algorithm or window differs from the item's (or that is malformed) reads as no
--- state, as MemoryStore keys its entries by (key, algorithm, window). A fixed-window key holding
--- a non-integer reads as 0 and is overwritten with SET ... EX.
+-- Stored values of the other algorithms are binary (struct.pack): an algorithm byte, window_us as
+-- a double, then the algorithm's fields as doubles (exact: they are integers, and a double
+-- round-trips bit for bit). A value whose algorithm or window differs from the item's (or that
+-- is malformed, e.g. of the wrong length) reads as no state, as MemoryStore keys its entries by
+-- (key, algorithm, window). A fixed-window key holding anything but a decimal integer reads as 0
+-- and is overwritten.
 
-local now
-do
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
-
-local FIELDS = 8
-local nitems = #KEYS
-local policy = tonumber(ARGV[1])
-if #ARGV ~= 1 + FIELDS * nitems or (policy ~= 0 and policy ~= 1 and policy ~= 2) then
-  return redis.error_reply('ERR tollgate: expected policy 0..2 and 8 arguments per key')
-end
+local MAX_EXACT = 9007199254740991
 
 -- Algorithms other than the fixed window, by code.
 local ALGORITHMS = {
@@ -76,77 +83,42 @@ local ALGORITHMS = {
           encode = gcra_encode, decode = gcra_decode },
 }
 
-local items = {}
-for i = 1, nitems do
-  local base = 1 + (i - 1) * FIELDS
-  local v = {}
-  for j = 1, FIELDS do
-    v[j] = tonumber(ARGV[base + j])
-    -- Non-negative integers only (also rejects NaN and inf).
-    if v[j] == nil or not (v[j] >= 0) or v[j] ~= math.floor(v[j]) or v[j] == math.huge then
-      return redis.error_reply('ERR tollgate: argument ' .. (base + j) .. ' is not a non-negative integer')
-    end
-  end
-  if v[1] > 4 then
-    return redis.error_reply('ERR tollgate: unknown algorithm ' .. ARGV[base + 1])
-  end
-  items[i] = {
-    key = KEYS[i],
-    algorithm = v[1],
-    lim = { requests = v[2], window_us = v[3], w = math.max(v[3], 1), burst = v[4] },
-    cost = v[5],
-    group = v[6],
-    window_start = v[7],
-    ttl = v[8],
-  }
-end
+-- Per-item scratch arrays, indexed 1..#keys and overwritten by every call before being read (a call
+-- never sees another call's values). As a function library they are created once at load and
+-- reused, so a call allocates no table but its states and its reply.
+local key_of, alg_of, lim_of, cost_of, group_of, start_of, ttl_of = {}, {}, {}, {}, {}, {}, {}
+-- first_of[i]: the first item with item i's key ("its key's slot"); the per-key arrays below are
+-- indexed by that slot.
+local first_of = {}
+-- Per key slot: the stored value (false when absent); the overlay (state as left by earlier items
+-- of the pass: live, algorithm, window, state (false: none), writer item); written in this call.
+local raw, ov_live, ov_alg, ov_win, ov_state, ov_writer, written = {}, {}, {}, {}, {}, {}, {}
+-- Per item: the decision of the current pass, the first pass's verdict, the costs.
+local allowed, remaining, reset, retry, first_allowed, first_retry = {}, {}, {}, {}, {}, {}
+local settled = {}
 
--- Raw stored values, read once per key (false when absent).
-local raw = {}
-local function raw_value(key)
-  local value = raw[key]
-  if value == nil then
-    value = redis.call('GET', key)
-    raw[key] = value
-  end
-  return value
-end
-
--- Splits a stored string into numbers; nil if any field is not a number.
-local function numeric_fields(value)
-  local f = {}
-  for part in string.gmatch(value, '[^:]+') do
-    local x = tonumber(part)
-    if x == nil then
-      return nil
-    end
-    f[#f + 1] = x
-  end
-  return f
-end
-
--- The stored state of a non-fixed item, or nil for no state (absent, another algorithm or
+-- The stored state of non-fixed item i, or nil for no state (absent, another algorithm or
 -- window, malformed, or already expired: MemoryStore ignores expired entries too).
-local function stored_state(item)
-  local value = raw_value(item.key)
-  if not value then
+local function stored_state(i, now)
+  local value = raw[first_of[i]]
+  if not value or #value < 9 then
     return nil
   end
-  local f = numeric_fields(value)
-  if f == nil or f[1] ~= item.algorithm or f[2] ~= item.lim.window_us then
+  local a, lim = alg_of[i], lim_of[i]
+  local code, window_us = struct.unpack('<Bd', value)
+  if code ~= a or window_us ~= lim.window_us then
     return nil
   end
-  local algorithm = ALGORITHMS[item.algorithm]
-  local st = algorithm.decode(item.lim, f, 3)
-  if st == nil or algorithm.expires(item.lim, st) <= now then
+  local algorithm = ALGORITHMS[a]
+  local st = algorithm.decode(lim, value)
+  if st == nil or algorithm.expires(lim, st) <= now then
     return nil
   end
   return st
 end
 
--- The stored counter of a fixed-window item, and whether the key holds something else.
-local function stored_count(item)
-  local value = raw_value(item.key)
+-- A fixed-window counter as stored, and whether the key holds something else.
+local function stored_count(value)
   if not value then
     return 0, false
   end
@@ -157,184 +129,208 @@ local function stored_count(item)
   return count, false
 end
 
--- One pass over the batch with the given costs, from the original states. Returns the decisions
--- and the overlay: key -> { algorithm, window_us, state (false: none), writer (item index) }.
-local function run(costs)
-  local overlay = {}
-  local decisions = {}
-  for i = 1, nitems do
-    local item = items[i]
-    local cost = costs[i]
-    local entry = overlay[item.key]
-    if entry ~= nil and (entry.algorithm ~= item.algorithm or entry.window_us ~= item.lim.window_us) then
-      -- The same key under another algorithm or window: a different entry in MemoryStore's terms;
-      -- not a layout the caller produces, handled only so that it cannot break the script.
-      entry = nil
-    end
-    local allowed, remaining, reset, retry, next_state
-    if item.algorithm == 0 then
-      local count = 0
-      if entry ~= nil then
-        count = entry.state
+-- One pass over the batch with the given costs (costs[i]), from the original states. Fills
+-- allowed/remaining/reset/retry and the overlay.
+local function run(n, costs, now)
+  for i = 1, n do
+    ov_live[first_of[i]] = false
+  end
+  for i = 1, n do
+    local g, a, lim, cost = first_of[i], alg_of[i], lim_of[i], costs[i]
+    -- The same key under another algorithm or window is a different entry in MemoryStore's
+    -- terms; not a layout the caller produces, handled only so that it cannot break the script.
+    local entry = ov_live[g] and ov_alg[g] == a and ov_win[g] == lim.window_us
+    local ok, left, rst, rty, next_state
+    if a == 0 then
+      local count
+      if entry then
+        count = ov_state[g]
       else
-        count = stored_count(item)
+        count = stored_count(raw[g])
       end
-      allowed, remaining, reset, retry, next_state =
-        fixed_window_decide(item.lim, count, now, cost, item.window_start)
+      ok, left, rst, rty, next_state = fixed_window_decide(lim, count, now, cost, start_of[i])
     else
       local st
-      if entry ~= nil then
-        st = entry.state or nil
+      if entry then
+        st = ov_state[g] or nil
       else
-        st = stored_state(item)
+        st = stored_state(i, now)
       end
-      local algorithm = ALGORITHMS[item.algorithm]
-      allowed, remaining, reset, retry, next_state = algorithm.decide(item.lim, st, now, cost)
+      local algorithm = ALGORITHMS[a]
+      ok, left, rst, rty, next_state = algorithm.decide(lim, st, now, cost)
       -- Stored as MemoryStore stores it: a state already expired under this limit is no state.
-      if next_state ~= nil and algorithm.expires(item.lim, next_state) <= now then
+      if next_state ~= nil and algorithm.expires(lim, next_state) <= now then
         next_state = false
       end
     end
     if cost > 0 then
-      overlay[item.key] = {
-        algorithm = item.algorithm,
-        window_us = item.lim.window_us,
-        state = next_state or false,
-        writer = i,
-      }
+      ov_live[g], ov_alg[g], ov_win[g], ov_state[g], ov_writer[g] =
+        true, a, lim.window_us, next_state or false, i
     end
-    decisions[i] = { allowed = allowed, remaining = remaining, reset = reset, retry = retry }
+    allowed[i], remaining[i], reset[i], retry[i] = ok, left, rst, rty
   end
-  return decisions, overlay
 end
 
--- The settled costs (MemoryStore's settled_costs), or nil when the first pass stands.
-local function settled_costs(decisions)
+-- Settles the costs (MemoryStore's settled_costs) into `settled`; false when the first pass stands.
+local function settle(n, policy)
   local all_allowed = true
-  for i = 1, nitems do
-    if not decisions[i].allowed then
+  for i = 1, n do
+    if not allowed[i] then
       all_allowed = false
     end
   end
   if all_allowed then
-    return nil
+    return false
   end
-  local settled = {}
   if policy == 1 then
-    for i = 1, nitems do
+    for i = 1, n do
       settled[i] = 0
     end
   elseif policy == 2 then
-    for i = 1, nitems do
-      settled[i] = decisions[i].allowed and 0 or items[i].cost
+    for i = 1, n do
+      settled[i] = allowed[i] and 0 or cost_of[i]
     end
   else
     -- Groups are contiguous runs of equal ids; refund the allowed items of a run with a denial.
     local start = 1
-    while start <= nitems do
+    while start <= n do
       local stop = start
-      while stop < nitems and items[stop + 1].group == items[start].group do
+      while stop < n and group_of[stop + 1] == group_of[start] do
         stop = stop + 1
       end
       local denied = false
       for i = start, stop do
-        if not decisions[i].allowed then
+        if not allowed[i] then
           denied = true
         end
       end
       local refund = denied and stop > start
       for i = start, stop do
-        settled[i] = (refund and decisions[i].allowed) and 0 or items[i].cost
+        settled[i] = (refund and allowed[i]) and 0 or cost_of[i]
       end
       start = stop + 1
     end
   end
-  for i = 1, nitems do
-    if settled[i] ~= items[i].cost then
-      return settled
+  for i = 1, n do
+    if settled[i] ~= cost_of[i] then
+      return true
     end
   end
-  return nil
+  return false
 end
 
-local costs = {}
-for i = 1, nitems do
-  costs[i] = items[i].cost
-end
-local decisions, overlay = run(costs)
-local settled = settled_costs(decisions)
-if settled ~= nil then
-  local first = decisions
-  decisions, overlay = run(settled)
-  for i = 1, nitems do
-    if settled[i] ~= costs[i] then
-      -- Evaluated but not consumed: the verdict (and retry) stand, the counters are a peek's.
-      decisions[i].allowed = first[i].allowed
-      decisions[i].retry = first[i].retry
+local function tollgate_batch(keys, args)
+  local now
+  do
+    local time = redis.call('TIME')
+    now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  end
+  local n = #keys
+  local policy, items = tonumber(args[1]), args[2]
+  if #args ~= 2 or #items ~= 64 * n or (policy ~= 0 and policy ~= 1 and policy ~= 2) then
+    return redis.error_reply('ERR tollgate: expected a policy 0..2 and 64 bytes of fields per key')
+  end
+  local unpack, pos = struct.unpack, 1
+  for i = 1, n do
+    local a, requests, window_us, burst, cost, group, start, ttl
+    a, requests, window_us, burst, cost, group, start, ttl, pos = unpack('<dddddddd', items, pos)
+    -- Non-negative integers only (x % 1 is NaN for inf; comparisons with NaN are false).
+    if not (a >= 0 and a % 1 == 0 and requests >= 0 and requests % 1 == 0 and window_us >= 0
+        and window_us % 1 == 0 and burst >= 0 and burst % 1 == 0 and cost >= 0 and cost % 1 == 0
+        and group >= 0 and group % 1 == 0 and start >= 0 and start % 1 == 0 and ttl >= 0
+        and ttl % 1 == 0) then
+      return redis.error_reply('ERR tollgate: item ' .. i .. ' has a field that is not a non-negative integer')
     end
-  end
-else
-  settled = costs
-end
-
--- Fixed-window increments per key, in first-appearance order, and the last item's TTL.
-local increments, ttls, order = {}, {}, {}
-for i = 1, nitems do
-  local item = items[i]
-  if item.algorithm == 0 and settled[i] > 0 then
-    if increments[item.key] == nil then
-      increments[item.key] = 0
-      order[#order + 1] = item.key
+    if a > 4 then
+      return redis.error_reply('ERR tollgate: unknown algorithm ' .. int_str(a))
     end
-    increments[item.key] = increments[item.key] + settled[i]
-    -- EXPIRE 0 would delete the counter, so a TTL is at least one second; and at most 2^53 ms
-    -- in seconds, beyond which EXPIRE fails ("invalid expire time") instead of meaning "forever".
-    ttls[item.key] = math.min(math.max(item.ttl, 1), 9007199254740)
+    key_of[i], alg_of[i], cost_of[i], group_of[i], start_of[i], ttl_of[i] = keys[i], a, cost, group, start, ttl
+    lim_of[i] = { requests = requests, window_us = window_us, w = math.max(window_us, 1), burst = burst }
   end
-end
-for _, key in ipairs(order) do
-  local count, foreign = stored_count({ key = key })
-  local total = count + increments[key]
-  if foreign or total > 9007199254740991 then
-    -- Not a counter we can INCRBY (or it would leave the exact range): set the value outright,
-    -- saturated at 2^53 - 1 (still far above any limit, so still denying).
-    redis.call('SET', key, int_str(math.min(total, 9007199254740991)), 'EX', int_str(ttls[key]))
-  else
-    redis.call('INCRBY', key, int_str(increments[key]))
-    redis.call('EXPIRE', key, int_str(ttls[key]))
+    -- Read every distinct key once. A table keyed by key name keeps this linear: a request may carry
+  -- thousands of descriptors.
+  local first_index = {}
+  for i = 1, n do
+    local key = keys[i]
+    local g = first_index[key]
+    if not g then
+      g = i
+      first_index[key] = i
+      raw[i] = redis.call('GET', key)
+      written[i] = false
+    end
+    first_of[i] = g
   end
-end
 
--- Other algorithms: write each touched key's final state, in first-appearance order.
-local written = {}
-for i = 1, nitems do
-  local item = items[i]
-  local entry = overlay[item.key]
-  if item.algorithm ~= 0 and entry ~= nil and not written[item.key] and entry.algorithm ~= 0 then
-    written[item.key] = true
-    local writer = items[entry.writer]
-    local algorithm = ALGORITHMS[entry.algorithm]
-    local old = raw_value(item.key)
-    if entry.state then
-      local value = int_str(entry.algorithm) .. ':' .. int_str(writer.lim.window_us) .. ':'
-        .. algorithm.encode(writer.lim, entry.state)
-      if value ~= old then
-        -- Milliseconds rounded up: the key outlives the state's last relevant µs.
-        local at_ms = math.ceil(algorithm.expires(writer.lim, entry.state) / 1000)
-        redis.call('SET', item.key, value, 'PXAT', int_str(at_ms))
+  run(n, cost_of, now)
+  local costs = cost_of
+  if settle(n, policy) then
+    for i = 1, n do
+      first_allowed[i], first_retry[i] = allowed[i], retry[i]
+    end
+    run(n, settled, now)
+    for i = 1, n do
+      if settled[i] ~= cost_of[i] then
+        -- Evaluated but not consumed: the verdict (and retry) stand, the counters are a peek's.
+        allowed[i], retry[i] = first_allowed[i], first_retry[i]
       end
-    elseif old then
-      redis.call('DEL', item.key)
+    end
+    costs = settled
+  end
+
+  -- Fixed windows: each key's counter plus its items' settled costs, in first-appearance order,
+  -- with the last item's TTL.
+  -- One pass sums each counter's settled costs (and keeps its last TTL), a second writes them.
+  local increment_of, ttl_for = {}, {}
+  for j = 1, n do
+    if alg_of[j] == 0 and costs[j] > 0 then
+      local g = first_of[j]
+      increment_of[g] = (increment_of[g] or 0) + costs[j]
+      ttl_for[g] = ttl_of[j]
     end
   end
-end
+  for i = 1, n do
+    local g = first_of[i]
+    if alg_of[i] == 0 and costs[i] > 0 and not written[g] then
+      written[g] = true
+      local increment, ttl = increment_of[g], ttl_for[g]
+      -- A counter holding something else (or leaving the exact range) is set outright, saturated
+      -- at 2^53 - 1 (still far above any limit, so still denying). EX 0 would delete the counter,
+      -- so a TTL is at least one second; and at most 2^53 ms in seconds, beyond which SET fails
+      -- ("invalid expire time") instead of meaning "forever".
+      local total = math.min(stored_count(raw[g]) + increment, MAX_EXACT)
+      redis.call('SET', key_of[i], int_str(total), 'EX', int_str(math.min(math.max(ttl, 1), 9007199254740)))
+    end
+  end
 
-local reply = { reply_int(now) }
-for i = 1, nitems do
-  local d = decisions[i]
-  reply[#reply + 1] = d.allowed and 1 or 0
-  reply[#reply + 1] = reply_int(d.remaining)
-  reply[#reply + 1] = reply_int(d.reset)
-  reply[#reply + 1] = reply_int(d.retry)
+  -- Other algorithms: write each touched key's final state, in first-appearance order.
+  for i = 1, n do
+    local g = first_of[i]
+    if alg_of[i] ~= 0 and ov_live[g] and not written[g] and ov_alg[g] ~= 0 then
+      written[g] = true
+      local a, st, lim = ov_alg[g], ov_state[g], lim_of[ov_writer[g]]
+      local algorithm = ALGORITHMS[a]
+      local old = raw[g]
+      if st then
+        local value = algorithm.encode(lim, st)
+        if value ~= old then
+          -- Milliseconds rounded up: the key outlives the state's last relevant µs.
+          local at_ms = math.ceil(algorithm.expires(lim, st) / 1000)
+          redis.call('SET', key_of[i], value, 'PXAT', int_str(at_ms))
+        end
+      elseif old then
+        redis.call('DEL', key_of[i])
+      end
+    end
+  end
+
+  local reply = { reply_int(now) }
+  for i = 1, n do
+    local at = 4 * i - 2
+    reply[at] = allowed[i] and 1 or 0
+    reply[at + 1] = reply_int(remaining[i])
+    reply[at + 2] = reply_int(reset[i])
+    reply[at + 3] = reply_int(retry[i])
+  end
+  return reply
 end
-return reply

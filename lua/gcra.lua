@@ -7,9 +7,9 @@
 -- `gcra_decode`.
 --
 -- Representation: exactly Rust's state, the theoretical arrival time `tat_us + tat_frac /
--- requests` µs (tat_frac < requests), as the string `4:<window_us>:<tat_us>:<tat_frac>` (batch.lua
--- adds and checks the `4:<window_us>:` prefix), set with PXAT = TAT rounded up, so every key
--- has a TTL. Keeping Rust's representation means a changed `requests` reinterprets the state
+-- requests` µs (tat_frac < requests), stored as 25 bytes, struct.pack('<Bddd', 4, window_us,
+-- tat_us, tat_frac) (batch.lua checks the algorithm byte and the window), set with PXAT = TAT
+-- rounded up, so every key has a TTL. Keeping Rust's representation means a changed `requests` reinterprets the state
 -- exactly as Rust does (the fraction clamped to requests - 1).
 --
 -- Arithmetic: Rust counts debt in ticks of 1 / requests µs, up to burst * window_us ticks
@@ -78,13 +78,14 @@ local function gcra_expires(lim, st)
 end
 
 local function gcra_encode(lim, st)
-  return int_str(st.tat) .. ':' .. int_str(st.frac)
+  return struct.pack('<Bddd', 4, lim.window_us, st.tat, st.frac)
 end
 
--- `f` holds the numeric fields, the state's from index `i`; nil when malformed.
-local function gcra_decode(lim, f, i)
-  if #f ~= i + 1 then
+-- `value` is a stored value whose first 9 bytes batch.lua checked; nil when malformed.
+local function gcra_decode(lim, value)
+  if #value ~= 25 then
     return nil
   end
-  return { tat = f[i], frac = f[i + 1] }
+  local tat, frac = struct.unpack('<dd', value, 10)
+  return { tat = tat, frac = frac }
 end

@@ -6,9 +6,9 @@
 -- `sliding_log_decide` (decides one item, writes nothing), `sliding_log_expires`,
 -- `sliding_log_encode` and `sliding_log_decode`.
 --
--- Representation: a string `2:<window_us>:<t1>:<c1>:<d2>:<c2>:...` (batch.lua adds and checks the
--- `2:<window_us>:` prefix): the oldest entry's timestamp t1 in µs, then each later entry as the
--- delta from the previous one, each with its cost (>= 1). Entries are sorted and have distinct
+-- Representation: struct.pack('<Bd', 2, window_us) (batch.lua checks the algorithm byte and the
+-- window) followed by 16 bytes per entry, struct.pack('<dd', timestamp_us, cost), oldest first,
+-- each cost >= 1; an empty log is never stored. Entries are sorted and have distinct
 -- timestamps; admitting drops expired ones, and an admission needs live total + cost <=
 -- requests, so the log holds at most `requests` entries (memory bounded as in Rust). Set with
 -- PXAT = expiry of the newest entry, so every key has a TTL.
@@ -102,26 +102,23 @@ local function sliding_log_expires(lim, st)
 end
 
 local function sliding_log_encode(lim, st)
-  local parts, previous = {}, 0
+  local parts = { struct.pack('<Bd', 2, lim.window_us) }
   for i = 1, #st.at do
-    parts[#parts + 1] = int_str(st.at[i] - previous)
-    parts[#parts + 1] = int_str(st.c[i])
-    previous = st.at[i]
+    parts[i + 1] = struct.pack('<dd', st.at[i], st.c[i])
   end
-  return table.concat(parts, ':')
+  return table.concat(parts)
 end
 
--- `f` holds the numeric fields, the state's from index `i`; nil when malformed.
-local function sliding_log_decode(lim, f, i)
-  local n = #f
-  if n < i or math.fmod(n - i + 1, 2) ~= 0 then
+-- `value` is a stored value whose first 9 bytes batch.lua checked; nil when malformed.
+local function sliding_log_decode(lim, value)
+  local len = #value
+  if len < 25 or math.fmod(len - 9, 16) ~= 0 then
     return nil
   end
-  local ats, cs, at = {}, {}, 0
-  for j = i, n, 2 do
-    at = at + f[j]
-    ats[#ats + 1] = at
-    cs[#cs + 1] = f[j + 1]
+  local ats, cs, n, pos = {}, {}, 0, 10
+  while pos < len do
+    n = n + 1
+    ats[n], cs[n], pos = struct.unpack('<dd', value, pos)
   end
   return { at = ats, c = cs }
 end

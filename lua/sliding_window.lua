@@ -6,9 +6,9 @@
 -- `sliding_window_decide` (decides one item, writes nothing), `sliding_window_expires`,
 -- `sliding_window_encode` and `sliding_window_decode`.
 --
--- Representation: a string `1:<window_us>:<window_start_us>:<current>:<previous>` (batch.lua
--- adds and checks the `1:<window_us>:` prefix), set with PXAT = the state's expiry (end of the
--- next window), so every key has a TTL.
+-- Representation: 33 bytes, struct.pack('<Bddd', 1, window_us, window_start_us, current,
+-- previous) (batch.lua checks the algorithm byte and the window), set with PXAT = the state's
+-- expiry (end of the next window), so every key has a TTL.
 --
 -- Arguments: `lim` = { requests, window_us, w = max(window_us, 1), burst }; `st` = { start, cur,
 -- prev } or nil; `now` = Redis TIME in µs; `cost` >= 0.
@@ -99,13 +99,14 @@ local function sliding_window_expires(lim, st)
 end
 
 local function sliding_window_encode(lim, st)
-  return int_str(st.start) .. ':' .. int_str(st.cur) .. ':' .. int_str(st.prev)
+  return struct.pack('<Bdddd', 1, lim.window_us, st.start, st.cur, st.prev)
 end
 
--- `f` holds the numeric fields, the state's from index `i`; nil when malformed.
-local function sliding_window_decode(lim, f, i)
-  if #f ~= i + 2 then
+-- `value` is a stored value whose first 9 bytes batch.lua checked; nil when malformed.
+local function sliding_window_decode(lim, value)
+  if #value ~= 33 then
     return nil
   end
-  return { start = f[i], cur = f[i + 1], prev = f[i + 2] }
+  local start, cur, prev = struct.unpack('<ddd', value, 10)
+  return { start = start, cur = cur, prev = prev }
 end

@@ -4,16 +4,16 @@
 -- Part of Tollgate's batch script (exact.lua + the five algorithm files + batch.lua, concatenated
 -- into one chunk; batch.lua reads KEYS/ARGV and performs every Redis call). This file defines
 -- `token_bucket_decide` (decides one item, writes nothing), `token_bucket_expires`,
--- `token_bucket_encode` and `token_bucket_decode`.
+-- `token_bucket_encode` and `token_bucket_decode` (the stored value, see Representation).
 --
 -- Representation: Rust keeps `credits = tokens * window_us` (refill: `requests` credits per µs),
 -- which reaches burst * window_us (3.2 * 10^19 for 10^6 tokens a year) and does not fit a
 -- double. Here the same credits are split as `t * window_us + f` with 0 <= f < window_us: whole
--- tokens t and the fraction f, each small. Stored as the string
--- `3:<window_us>:<requests>:<burst>:<t>:<f>:<updated_us>` (batch.lua adds and checks the
--- `3:<window_us>:` prefix; requests and burst are recorded only so that a reconfigured limit
--- changes the stored string and batch.lua rewrites the TTL), set with PXAT = the instant the
--- bucket is full again, so every key has a TTL.
+-- tokens t and the fraction f, each small. Stored as 49 bytes, struct.pack('<Bdddddd', 3,
+-- window_us, requests, burst, t, f, updated_us) (batch.lua checks the algorithm byte and the
+-- window; requests and burst are recorded only so that a reconfigured limit changes the stored
+-- value and batch.lua rewrites the TTL), set with PXAT = the instant the bucket is full again, so
+-- every key has a TTL. Doubles hold these integers (all < 2^53) exactly.
 --
 -- Arguments: `lim` = { requests, window_us, w = max(window_us, 1), burst }; `st` = { t, f, at }
 -- or nil (a full bucket); `now` = Redis TIME in µs; `cost` >= 0.
@@ -87,14 +87,17 @@ local function token_bucket_expires(lim, st)
 end
 
 local function token_bucket_encode(lim, st)
-  return int_str(lim.requests) .. ':' .. int_str(lim.burst) .. ':' .. int_str(st.t) .. ':'
-    .. int_str(st.f) .. ':' .. int_str(st.at)
+  return struct.pack('<Bdddddd', 3, lim.window_us, lim.requests, lim.burst, st.t, st.f, st.at)
 end
 
--- `f` holds the numeric fields, the state's from index `i`; nil when malformed.
-local function token_bucket_decode(lim, f, i)
-  if #f ~= i + 4 or f[i + 3] >= lim.w then
+-- `value` is a stored value whose first 9 bytes batch.lua checked; nil when malformed.
+local function token_bucket_decode(lim, value)
+  if #value ~= 49 then
     return nil
   end
-  return { t = f[i + 2], f = f[i + 3], at = f[i + 4] }
+  local _, _, t, f, at = struct.unpack('<ddddd', value, 10)
+  if not (f < lim.w) then
+    return nil
+  end
+  return { t = t, f = f, at = at }
 end

@@ -183,7 +183,8 @@ fn request(domain: &str, templates: &[Template], key: u64) -> RateLimitRequest {
     }
 }
 
-/// Client-issued script calls so far (`EVALSHA`, `EVAL`, `SCRIPT ...`), from `INFO commandstats`.
+/// Client-issued script calls so far (`FCALL`, `FUNCTION ...`, `EVALSHA`, `EVAL`, `SCRIPT ...`), from
+/// `INFO commandstats`.
 /// Commands a script runs internally are counted by Redis too, so they are deliberately left out:
 /// the question is how many round trips decisions cost, and Tollgate sends nothing but scripts.
 async fn redis_script_calls(url: &str) -> anyhow::Result<u64> {
@@ -198,8 +199,11 @@ async fn redis_script_calls(url: &str) -> anyhow::Result<u64> {
         .lines()
         .filter_map(|line| {
             let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let counted =
-                matches!(name, "evalsha" | "eval" | "evalsha_ro" | "eval_ro") || name.starts_with("script");
+            let counted = matches!(
+                name,
+                "fcall" | "fcall_ro" | "evalsha" | "eval" | "evalsha_ro" | "eval_ro"
+            ) || name.starts_with("function")
+                || name.starts_with("script");
             let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
             counted.then(|| calls.parse::<u64>().ok()).flatten()
         })

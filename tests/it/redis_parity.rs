@@ -122,8 +122,7 @@ impl Harness {
     async fn call(&mut self, items: &[ScriptItem<'_>], policy: CommitPolicy) -> ScriptReply {
         let reply: redis::Value = self
             .script
-            .invocation(items, policy)
-            .invoke_async(&mut self.conn)
+            .call(&mut self.conn, items, policy)
             .await
             .expect("script runs");
         BatchScript::decode(reply, items.len()).expect("reply decodes")
@@ -352,8 +351,14 @@ fn random_batch(rng: &mut Rng, specs: &[Spec], max: u64) -> Vec<Req> {
 
 /// A random timeline for `algorithms` (each spec picks one), with real sleeps between steps.
 async fn timeline(seed: u64, algorithms: &[Algorithm], steps: usize, large: bool) {
+    timeline_on(BatchScript::new(), seed, algorithms, steps, large).await;
+}
+
+/// [`timeline`] through `script` (the function, or the EVAL fallback).
+async fn timeline_on(script: BatchScript, seed: u64, algorithms: &[Algorithm], steps: usize, large: bool) {
     let mut rng = Rng(seed);
     let mut h = Harness::start().await;
+    h.script = script;
     let specs: Vec<Spec> = (0..4)
         .map(|i| {
             let algorithm = rng.pick(algorithms);
@@ -610,11 +615,64 @@ async fn fixed_window_writes_the_go_key() {
     );
 }
 
-/// After `SCRIPT FLUSH` (or a restart) the next invocation reloads the script transparently.
+/// After `FUNCTION FLUSH` (or a restart without persistence) the next call loads the library again
+/// and succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_function_is_loaded_after_function_flush() {
+    require_redis!();
+    let mut h = Harness::start().await;
+    let limit = Limit {
+        algorithm: Algorithm::Gcra,
+        requests: 10,
+        window_us: 1_000_000,
+        burst: 10,
+    };
+    let item = ScriptItem {
+        key: "k",
+        limit,
+        cost: 1,
+        group: 0,
+        window_start_us: 0,
+        ttl_secs: 0,
+    };
+    let function = h.script.function().to_owned();
+    assert_eq!(
+        h.server.cli(&["FCALL", &function, "0", "0", ""]).trim(),
+        "ERR Function not found"
+    );
+    h.call(&[item], CommitPolicy::Independent).await;
+    assert!(h.server.cli(&["FUNCTION", "LIST"]).contains(&function));
+    assert_eq!(h.server.cli(&["FUNCTION", "FLUSH"]).trim(), "OK");
+    assert!(!h.server.cli(&["FUNCTION", "LIST"]).contains(&function));
+    let reply = h.call(&[item], CommitPolicy::Independent).await;
+    assert_eq!(
+        reply.decisions[0].remaining, 8,
+        "the second call saw the first one's state"
+    );
+    assert!(h.server.cli(&["FUNCTION", "LIST"]).contains(&function));
+    assert_eq!(
+        h.server.cli(&["SCRIPT", "EXISTS", h.script.sha()]).trim(),
+        "0",
+        "no EVAL script was needed"
+    );
+}
+
+/// The EVAL fallback (Redis < 7.0) decides like the function: random mixed timelines through
+/// `EVALSHA`, small and huge limits, against the reference store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_fallback_matches_rust() {
+    require_redis!();
+    timeline_on(BatchScript::eval_only(), seed(31), &Algorithm::ALL, 60, false).await;
+    timeline_on(BatchScript::eval_only(), seed(32), &Algorithm::ALL, 40, true).await;
+}
+
+/// On the EVAL fallback, after `SCRIPT FLUSH` (or a restart) the next invocation reloads the script
+/// transparently.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn noscript_is_handled_after_script_flush() {
     require_redis!();
     let mut h = Harness::start().await;
+    h.script = BatchScript::eval_only();
     let limit = Limit {
         algorithm: Algorithm::Gcra,
         requests: 10,
@@ -653,10 +711,12 @@ async fn every_written_key_has_a_ttl_and_expires() {
         let limit = Limit {
             algorithm,
             requests: 4,
-            window_us: 50_000,
+            // Long enough that no key can expire while the checks below spawn redis-cli (a 50 ms
+            // window made this test fail about one run in ten).
+            window_us: 500_000,
             burst: 4,
         };
-        let start = local_now_us() / 50_000 * 50_000;
+        let start = local_now_us() / 500_000 * 500_000;
         let key = format!("ttl:{}", algorithm.as_str());
         let item = ScriptItem {
             key: &key,
@@ -671,16 +731,16 @@ async fn every_written_key_has_a_ttl_and_expires() {
     }
     for (algorithm, key) in &keys {
         let pttl: i64 = h.server.cli(&["PTTL", key]).trim().parse().expect("PTTL");
-        // Expiry: 1 s for the Go counter; at most two 50 ms windows (+1 ms rounding) for the others.
+        // Expiry: 1 s for the Go counter; at most two 500 ms windows (+1 ms rounding) for the others.
         let max = if *algorithm == Algorithm::FixedWindow {
             1_000
         } else {
-            101
+            1_001
         };
         assert!(pttl > 0 && pttl <= max, "{algorithm:?}: PTTL {pttl}");
     }
     h.assert_every_key_has_a_ttl().await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
     for (algorithm, key) in &keys {
         if *algorithm != Algorithm::FixedWindow {
             assert_eq!(
@@ -697,19 +757,61 @@ async fn every_written_key_has_a_ttl_and_expires() {
 async fn malformed_arguments_are_rejected() {
     require_redis!();
     let mut h = Harness::start().await;
-    let sha = h.script.sha().to_owned();
-    h.script
-        .invocation(&[], CommitPolicy::Independent)
-        .invoke_async::<redis::Value>(&mut h.conn)
+    let function = h.script.function().to_owned();
+    let reply = h
+        .script
+        .call(&mut h.conn, &[], CommitPolicy::Independent)
         .await
-        .expect("empty batch");
-    for args in [
-        vec!["1", "k", "0"],
-        vec!["1", "k", "0", "9", "1", "1", "1", "1", "0", "0", "0"],
-        vec!["1", "k", "7"],
-    ] {
-        let reply = h.server.cli(&[&["EVALSHA", &sha][..], &args[..]].concat());
-        assert!(reply.contains("tollgate"), "{args:?}: {reply}");
+        .expect("empty batch (loads the library)");
+    assert_eq!(
+        BatchScript::decode(reply, 0).expect("reply decodes").decisions,
+        []
+    );
+    let item = |fields: [f64; 8]| -> Vec<u8> { fields.iter().flat_map(|f| f.to_le_bytes()).collect() };
+    let good = item([3.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]);
+    let cases: Vec<(&str, Vec<Vec<u8>>)> = vec![
+        ("no items argument", vec![b"0".to_vec()]),
+        ("policy out of range", vec![b"7".to_vec(), good.clone()]),
+        ("items too short", vec![b"0".to_vec(), good[..63].to_vec()]),
+        (
+            "too many arguments",
+            vec![b"0".to_vec(), good.clone(), b"x".to_vec()],
+        ),
+        (
+            "unknown algorithm",
+            vec![b"0".to_vec(), item([9.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0])],
+        ),
+        (
+            "negative cost",
+            vec![b"0".to_vec(), item([3.0, 1.0, 1.0, 1.0, -1.0, 0.0, 0.0, 0.0])],
+        ),
+        (
+            "fractional window",
+            vec![b"0".to_vec(), item([3.0, 1.0, 1.5, 1.0, 1.0, 0.0, 0.0, 0.0])],
+        ),
+        (
+            "NaN requests",
+            vec![b"0".to_vec(), item([3.0, f64::NAN, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0])],
+        ),
+        (
+            "infinite burst",
+            vec![
+                b"0".to_vec(),
+                item([3.0, 1.0, 1.0, f64::INFINITY, 1.0, 0.0, 0.0, 0.0]),
+            ],
+        ),
+    ];
+    for (case, args) in cases {
+        let mut fcall = redis::cmd("FCALL");
+        fcall.arg(&function).arg(1).arg("k");
+        for arg in &args {
+            fcall.arg(arg.as_slice());
+        }
+        let error = fcall
+            .query_async::<redis::Value>(&mut h.conn)
+            .await
+            .expect_err(case);
+        assert!(error.to_string().contains("tollgate"), "{case}: {error}");
     }
     assert_eq!(h.server.cli(&["DBSIZE"]).trim(), "0");
 }

@@ -156,15 +156,15 @@ async fn three_descriptors_cost_one_redis_command() {
             .expect("answer");
     }
     let commands = monitor.client_commands();
-    let evalsha = commands.iter().filter(|c| c.starts_with("\"EVALSHA\"")).count();
+    let fcall = commands.iter().filter(|c| c.starts_with("\"FCALL\"")).count();
     let others: Vec<_> = commands
         .iter()
-        .filter(|c| !c.starts_with("\"EVALSHA\"") && !c.starts_with("\"PING\""))
+        .filter(|c| !c.starts_with("\"FCALL\"") && !c.starts_with("\"PING\""))
         .collect();
-    assert_eq!(evalsha, 20, "{commands:?}");
+    assert_eq!(fcall, 20, "{commands:?}");
     assert!(
         others.is_empty(),
-        "commands besides one EVALSHA per request: {others:?}"
+        "commands besides one FCALL per request: {others:?}"
     );
     server.stop().await;
 }
@@ -219,13 +219,13 @@ async fn a_key_over_its_limit_is_answered_from_the_local_cache() {
     let url = redis.url();
     let server = start(&[("REDIS_URL", &url)], &rules(Algorithm::FixedWindow, 1)).await;
     ask(&server, &[&[("k", "attacker")]]).await.expect("answer");
-    let before = command_calls(redis.port).get("evalsha").copied().unwrap_or(0);
+    let before = command_calls(redis.port).get("fcall").copied().unwrap_or(0);
     for _ in 0..100 {
         let r = ask(&server, &[&[("k", "attacker")]]).await.expect("answer");
         assert_eq!(r.overall_code, Code::OverLimit as i32);
         assert!(r.statuses[0].current_limit.is_some());
     }
-    let after = command_calls(redis.port).get("evalsha").copied().unwrap_or(0);
+    let after = command_calls(redis.port).get("fcall").copied().unwrap_or(0);
     assert!(
         after - before <= 1,
         "{} script calls for 100 requests on a blocked key",
@@ -284,6 +284,18 @@ async fn killed_redis_answers_within_the_deadline_by_failure_mode_then_recovers(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_under_load_fails_no_request() {
+    flush_under_load_fails_no_request("SCRIPT").await;
+}
+
+/// `FUNCTION FLUSH` (what a restart without persistence amounts to) while requests are in flight: each
+/// call that meets `Function not found` loads the library and retries; none fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_flush_under_load_fails_no_request() {
+    flush_under_load_fails_no_request("FUNCTION").await;
+}
+
+/// `<what> FLUSH` five times under eight concurrent request loops; every request must succeed.
+async fn flush_under_load_fails_no_request(what: &'static str) {
     require_redis!();
     let redis = RedisServer::start();
     let url = redis.url();
@@ -296,13 +308,13 @@ async fn script_flush_under_load_fails_no_request() {
                     let v = format!("{i}-{n}");
                     ask(&server, &[&[("k", &v)]])
                         .await
-                        .expect("no request fails across SCRIPT FLUSH");
+                        .unwrap_or_else(|e| panic!("a request failed across {what} FLUSH: {e:?}"));
                 }
             })
         })
         .collect();
     for _ in 0..5 {
-        redis.cli(&["SCRIPT", "FLUSH"]);
+        assert_eq!(redis.cli(&[what, "FLUSH"]).trim(), "OK");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for task in load {

@@ -1,6 +1,6 @@
 //! The Redis store: every replica of Tollgate shares the same counters, and every request costs at most
-//! one Redis round trip (one `EVALSHA` of the batch script; in Redis Cluster, one per hash slot the
-//! request touches, sent in parallel).
+//! one Redis round trip (one `FCALL` of the batch function, or `EVALSHA` of the same script on Redis
+//! older than 7.0; in Redis Cluster, one per hash slot the request touches, sent in parallel).
 //!
 //! - **Atomic.** The whole batch is decided inside one Lua script ([`script`]), so no other request
 //!   interleaves between reading and writing a counter, and `all_or_nothing` is exact.
@@ -12,7 +12,8 @@
 //!   `failure_mode`.
 //! - **No startup dependency.** Connections are made in the background with backoff; until Redis
 //!   answers, calls fail fast and readiness reports NOT_SERVING. Reconnection after a Redis restart is
-//!   automatic; a `NOSCRIPT` after a restart or `SCRIPT FLUSH` costs one reload, not a failed request.
+//!   automatic; a `Function not found` after a restart or `FUNCTION FLUSH` (`NOSCRIPT` after `SCRIPT
+//!   FLUSH` on the EVAL fallback) costs one reload, not a failed request.
 //!
 //! Connections are redis-rs multiplexed connections: one socket carries many requests in flight, so a
 //! checkout pool only adds waiting (see the README's design notes for the measurements).
@@ -292,14 +293,10 @@ impl RedisStore {
         policy: CommitPolicy,
     ) -> Result<Vec<Decision>, CallError> {
         let sent_at = self.clock.now_us();
-        let invocation = self.script.invocation(items, policy);
-        let reply = tokio::time::timeout(
-            self.options.deadline,
-            invocation.invoke_async::<redis::Value>(conn),
-        )
-        .await
-        .map_err(|_| CallError::Timeout)?
-        .map_err(CallError::Redis)?;
+        let reply = tokio::time::timeout(self.options.deadline, self.script.call(conn, items, policy))
+            .await
+            .map_err(|_| CallError::Timeout)?
+            .map_err(CallError::Redis)?;
         let ScriptReply { now_us, decisions } =
             BatchScript::decode(reply, items.len()).map_err(CallError::Reply)?;
         self.track_offset(sent_at, now_us);

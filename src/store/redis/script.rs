@@ -1,18 +1,38 @@
-//! The batch script: one Lua script that decides a whole request inside Redis.
+//! The batch script: one Lua program that decides a whole request inside Redis.
 //!
-//! The script is `lua/exact.lua` (exact integer helpers), the five algorithm files and
-//! `lua/batch.lua` (the driver), concatenated at compile time, so one `EVALSHA` handles a request
-//! whatever mix of algorithms it has. It reproduces [`crate::algorithm::decide`] and the batch
-//! semantics of [`crate::store::memory::MemoryStore`] exactly (sequential duplicate keys, settling per
-//! [`CommitPolicy`], peeks never write); `tests/it/redis_parity.rs` checks that against a real server.
-//! The header of `lua/batch.lua` documents KEYS, ARGV and the reply; [`BatchScript::invocation`] and
+//! The program is `lua/exact.lua` (exact integer helpers), the five algorithm files and
+//! `lua/batch.lua` (the driver, which defines `tollgate_batch(keys, args)`), concatenated at compile
+//! time, so one call handles a request whatever mix of algorithms it has. It reproduces
+//! [`crate::algorithm::decide`] and the batch semantics of [`crate::store::memory::MemoryStore`]
+//! exactly (sequential duplicate keys, settling per [`CommitPolicy`], peeks never write);
+//! `tests/it/redis_parity.rs` checks that against a real server. The header of `lua/batch.lua`
+//! documents KEYS, ARGV and the reply; [`BatchScript::call`] (with its helpers) and
 //! [`BatchScript::decode`] are the only code that knows that layout.
+//!
+//! How it runs (measured: see the README's design notes):
+//! - **Redis Function (Redis ≥ 7.0).** The program is loaded once as a function library
+//!   ([`BatchScript::library`], `FUNCTION LOAD REPLACE`) and each call is one `FCALL`. Loading runs the
+//!   chunk, and with it the creation of every helper, once; a call then only runs `tollgate_batch`. The
+//!   library and function names carry a hash of the code, so two Tollgate versions sharing a Redis never
+//!   replace each other's function. When a call meets `ERR Function not found` (a Redis restarted
+//!   without persistence, `FUNCTION FLUSH`, a failover to a node without the library), the library is
+//!   loaded on the connection the call used and the call retried (up to [`MAX_LOADS`] loads, in case
+//!   another flush lands in between); in Redis Cluster the load goes to every master (redis-rs routes
+//!   `FUNCTION LOAD` so) and the retry reaches the key's node.
+//! - **EVAL fallback (Redis 6.2).** The first `ERR unknown command` for `FCALL` switches this
+//!   [`BatchScript`] to `EVALSHA` of the same program for good (NOSCRIPT: load and retry once).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redis::aio::ConnectionLike;
 
 use crate::algorithm::{Algorithm, Decision, Limit};
 use crate::store::CommitPolicy;
 
-/// The script's source: the shared helpers, every algorithm, then the driver (which must come last:
-/// it is the chunk's main body and refers to the functions defined before it).
+/// The program: the shared helpers, every algorithm, then the driver (which must come last: it
+/// refers to the functions defined before it). It defines `tollgate_batch` and runs nothing; see
+/// [`BatchScript::library`] and the EVAL form for the line that exposes it.
 pub const SOURCE: &str = concat!(
     include_str!("../../../lua/exact.lua"),
     "\n",
@@ -28,6 +48,31 @@ pub const SOURCE: &str = concat!(
     "\n",
     include_str!("../../../lua/batch.lua"),
 );
+
+/// The EVAL form: the program, then a call of the driver with EVAL's globals.
+const EVAL_SOURCE: &str = concat!(
+    include_str!("../../../lua/exact.lua"),
+    "\n",
+    include_str!("../../../lua/fixed_window.lua"),
+    "\n",
+    include_str!("../../../lua/sliding_window.lua"),
+    "\n",
+    include_str!("../../../lua/sliding_log.lua"),
+    "\n",
+    include_str!("../../../lua/token_bucket.lua"),
+    "\n",
+    include_str!("../../../lua/gcra.lua"),
+    "\n",
+    include_str!("../../../lua/batch.lua"),
+    "\nreturn tollgate_batch(KEYS, ARGV)\n",
+);
+
+/// Bytes per item in `ARGV[2]`: eight little-endian doubles.
+const ITEM_BYTES: usize = 64;
+
+/// Library loads one call may make before giving up. One suffices unless another `FUNCTION FLUSH` lands
+/// between the load and the retry (a burst of flushes under load); a few more make that harmless.
+const MAX_LOADS: u32 = 3;
 
 /// One item of a batch, as the script sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,16 +129,28 @@ pub enum ScriptError {
     },
 }
 
-/// The batch script (all algorithms + driver), loaded by SHA.
+/// The batch script (all algorithms + driver): a Redis Function library, or an EVAL script on servers
+/// without functions.
 #[derive(Clone)]
 pub struct BatchScript {
+    /// The EVAL form, hashed once; its SHA also names the library and the function.
     script: redis::Script,
+    /// `FUNCTION LOAD` source.
+    library: String,
+    /// The function `FCALL` calls.
+    function: String,
+    /// Whether to use `FCALL`; cleared for good when the server does not know it (Redis < 7.0).
+    functions: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for BatchScript {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The source is long and fixed; the SHA identifies it.
-        f.debug_struct("BatchScript").field("sha", &self.sha()).finish()
+        // The source is long and fixed; the names identify it.
+        f.debug_struct("BatchScript")
+            .field("function", &self.function)
+            .field("sha", &self.sha())
+            .field("functions", &self.functions.load(Ordering::Relaxed))
+            .finish()
     }
 }
 
@@ -104,37 +161,95 @@ impl Default for BatchScript {
 }
 
 impl BatchScript {
-    /// The script, hashed once.
+    /// The script, hashed once; calls use `FCALL` until the server turns out not to know it.
     pub fn new() -> Self {
+        let script = redis::Script::new(EVAL_SOURCE);
+        // 16 hex digits (64 bits) of the code's SHA1 tell versions apart.
+        let version = script.get_hash()[..16].to_owned();
+        let function = format!("tollgate_batch_{version}");
+        let library = format!(
+            "#!lua name=tollgate_{version}\n{SOURCE}\nredis.register_function('{function}', tollgate_batch)\n"
+        );
         Self {
-            script: redis::Script::new(SOURCE),
+            script,
+            library,
+            function,
+            functions: Arc::new(AtomicBool::new(true)),
         }
     }
 
-    /// The SHA1 `EVALSHA` uses.
+    /// The same script, but always sent as `EVALSHA` (as on servers without functions). For tests of
+    /// that path on a server that has functions.
+    pub fn eval_only() -> Self {
+        let script = Self::new();
+        script.functions.store(false, Ordering::Relaxed);
+        script
+    }
+
+    /// The SHA1 of the EVAL form (what `EVALSHA` uses).
     pub fn sha(&self) -> &str {
         self.script.get_hash()
     }
 
-    /// KEYS and ARGV for one batch, ready to invoke on any redis connection type.
-    /// [`redis::ScriptInvocation::invoke_async`] sends `EVALSHA` and, on `NOSCRIPT` (after a Redis
-    /// restart or `SCRIPT FLUSH`), loads the script and retries once.
+    /// The name `FCALL` calls (`tollgate_batch_<16 hex digits of the SHA>`).
+    pub fn function(&self) -> &str {
+        &self.function
+    }
+
+    /// The function library's source, as `FUNCTION LOAD` takes it.
+    pub fn library(&self) -> &str {
+        &self.library
+    }
+
+    /// Runs one batch and returns the raw reply (see [`BatchScript::decode`]). `FCALL`, and on
+    /// `Function not found` a `FUNCTION LOAD REPLACE` and a retry (up to [`MAX_LOADS`] times); on a
+    /// server without `FCALL`, `EVALSHA` from then on (NOSCRIPT: one `SCRIPT LOAD` and one retry).
+    pub async fn call<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        items: &[ScriptItem<'_>],
+        policy: CommitPolicy,
+    ) -> redis::RedisResult<redis::Value> {
+        if self.functions.load(Ordering::Relaxed) {
+            let mut fcall = redis::cmd("FCALL");
+            fcall.arg(&self.function).arg(items.len());
+            for item in items {
+                fcall.arg(item.key);
+            }
+            fcall.arg(policy_code(policy)).arg(pack_items(items));
+            let mut loads = 0;
+            loop {
+                match fcall.query_async(conn).await {
+                    Err(error) if loads < MAX_LOADS && is_err_detail(&error, "Function not found") => {
+                        loads += 1;
+                        redis::cmd("FUNCTION")
+                            .arg("LOAD")
+                            .arg("REPLACE")
+                            .arg(&self.library)
+                            .query_async::<redis::Value>(conn)
+                            .await?;
+                    }
+                    Err(error) if loads == 0 && is_err_detail(&error, "unknown command") => {
+                        tracing::info!("Redis has no FCALL (older than 7.0): using EVALSHA");
+                        self.functions.store(false, Ordering::Relaxed);
+                        break;
+                    }
+                    other => return other,
+                }
+            }
+        }
+        self.invocation(items, policy).invoke_async(conn).await
+    }
+
+    /// KEYS and ARGV of the EVAL form for one batch. [`redis::ScriptInvocation::invoke_async`] sends
+    /// `EVALSHA` and, on `NOSCRIPT` (after a Redis restart or `SCRIPT FLUSH`), loads the script and
+    /// retries once. [`BatchScript::call`] uses it only on servers without functions.
     pub fn invocation(&self, items: &[ScriptItem<'_>], policy: CommitPolicy) -> redis::ScriptInvocation<'_> {
         let mut invocation = self.script.prepare_invoke();
-        invocation.arg(policy_code(policy));
-        // Eight ARGV fields per item, in the order `lua/batch.lua` reads them.
         for item in items {
-            invocation
-                .key(item.key)
-                .arg(algorithm_code(item.limit.algorithm))
-                .arg(item.limit.requests)
-                .arg(item.limit.window_us)
-                .arg(item.limit.burst)
-                .arg(item.cost)
-                .arg(item.group)
-                .arg(item.window_start_us)
-                .arg(item.ttl_secs);
+            invocation.key(item.key);
         }
+        invocation.arg(policy_code(policy)).arg(pack_items(items));
         invocation
     }
 
@@ -180,6 +295,33 @@ impl BatchScript {
         }
         Ok(ScriptReply { now_us, decisions })
     }
+}
+
+/// `ARGV[2]`: per item, eight little-endian doubles in the order `lua/batch.lua` reads them. `as f64`
+/// rounds to the nearest double, as the script's `tonumber` of the decimal did before.
+#[allow(clippy::cast_precision_loss)]
+fn pack_items(items: &[ScriptItem<'_>]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(items.len() * ITEM_BYTES);
+    for item in items {
+        for field in [
+            u64::from(algorithm_code(item.limit.algorithm)),
+            item.limit.requests,
+            item.limit.window_us,
+            item.limit.burst,
+            item.cost,
+            u64::from(item.group),
+            item.window_start_us,
+            item.ttl_secs,
+        ] {
+            bytes.extend_from_slice(&(field as f64).to_le_bytes());
+        }
+    }
+    bytes
+}
+
+/// Whether `error` is a plain `ERR` reply whose text starts with `detail`.
+fn is_err_detail(error: &redis::RedisError, detail: &str) -> bool {
+    error.code() == Some("ERR") && error.detail().is_some_and(|d| d.starts_with(detail))
 }
 
 /// The policy code `lua/batch.lua` expects in `ARGV[1]`.
@@ -295,7 +437,43 @@ mod tests {
     fn script_is_the_concatenation_and_hashes_stably() {
         assert!(SOURCE.starts_with("-- exact.lua"));
         assert!(SOURCE.contains("local function gcra_decide"));
+        assert!(EVAL_SOURCE.starts_with(SOURCE));
         assert_eq!(BatchScript::new().sha(), BatchScript::new().sha());
         assert_eq!(BatchScript::new().sha().len(), 40);
+        let script = BatchScript::new();
+        assert_eq!(
+            script.function(),
+            format!("tollgate_batch_{}", &script.sha()[..16])
+        );
+        assert!(script.library().starts_with("#!lua name=tollgate_"));
+        assert!(
+            script
+                .library()
+                .contains(&format!("register_function('{}'", script.function()))
+        );
+    }
+
+    #[test]
+    fn items_are_packed_as_little_endian_doubles() {
+        let item = ScriptItem {
+            key: "k",
+            limit: Limit {
+                algorithm: Algorithm::Gcra,
+                requests: 10,
+                window_us: 1_000_000,
+                burst: u64::MAX,
+            },
+            cost: 1,
+            group: 7,
+            window_start_us: 0,
+            ttl_secs: 0,
+        };
+        let bytes = pack_items(&[item, item]);
+        assert_eq!(bytes.len(), 2 * ITEM_BYTES);
+        let field = |at: usize| f64::from_le_bytes(bytes[8 * at..8 * at + 8].try_into().expect("8 bytes"));
+        assert_eq!(
+            (0..8).map(field).collect::<Vec<_>>(),
+            [4.0, 10.0, 1e6, 18_446_744_073_709_551_615.0, 1.0, 7.0, 0.0, 0.0]
+        );
     }
 }

@@ -171,7 +171,7 @@ fn wait_for_pong(port: u16, within: Duration) -> bool {
     false
 }
 
-/// Total calls of each command since start, from `INFO commandstats` (`evalsha` → count).
+/// Total calls of each command since start, from `INFO commandstats` (`fcall` → count).
 pub fn command_calls(port: u16) -> std::collections::HashMap<String, u64> {
     cli(port, &["INFO", "commandstats"])
         .lines()
