@@ -178,9 +178,11 @@ impl Default for Settings {
     }
 }
 
-/// Default per-call Redis deadline: far inside Envoy's default 20 ms rate-limit timeout, so a slow Redis
-/// is answered by the rules' failure mode before Envoy gives up on Tollgate.
-pub const DEFAULT_REDIS_DEADLINE: Duration = Duration::from_millis(10);
+/// Default per-call Redis deadline: Envoy's default rate-limit timeout, so a stuck Redis is answered by
+/// the rules' failure mode instead of Envoy timing out blind. Not shorter: on a busy 2-core host a
+/// healthy Redis call can wait several milliseconds for CPU, and measured at 10 ms such waits turned
+/// into false failures (a script that ran, reported as failed).
+pub const DEFAULT_REDIS_DEADLINE: Duration = Duration::from_millis(20);
 
 /// Default number of multiplexed connections to one Redis node. Each carries many requests in
 /// flight; two keep one slow reply from stalling everything behind it on one socket.
@@ -436,10 +438,27 @@ impl Source for GoEnvironment {
     }
 }
 
-/// The `TOLLGATE_*` variables that are settings (the settings file's own path is not one of them).
+/// The `TOLLGATE_*` variables that name a setting. Others are skipped with a warning rather than
+/// refused: Kubernetes injects `TOLLGATE_PORT`, `TOLLGATE_SERVICE_HOST`… into every pod of a namespace
+/// with a Service named `tollgate`, and that must not stop the server from starting. (A settings file,
+/// written on purpose, still refuses unknown keys.)
 fn native_env(env: &HashMap<String, String>) -> HashMap<String, String> {
+    let known: Vec<String> = match serde_json::to_value(Settings::default()) {
+        Ok(serde_json::Value::Object(fields)) => fields
+            .keys()
+            .map(|k| format!("TOLLGATE_{}", k.to_uppercase()))
+            .collect(),
+        _ => Vec::new(),
+    };
     env.iter()
         .filter(|(k, _)| k.starts_with("TOLLGATE_") && k.as_str() != SETTINGS_FILE_ENV)
+        .filter(|(k, _)| {
+            let setting = known.contains(k);
+            if !setting {
+                tracing::warn!(variable = %k, "ignoring an environment variable that is not a Tollgate setting");
+            }
+            setting
+        })
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
@@ -449,7 +468,16 @@ pub const SETTINGS_FILE_ENV: &str = "TOLLGATE_SETTINGS_FILE";
 
 /// `HOST` and `PORT` style pairs: either one alone overrides only its half of the default address.
 fn host_port(env: &HashMap<String, String>, host: &str, port: &str, default_host: &str) -> Option<String> {
-    let (h, p) = (env.get(host), env.get(port));
+    // Kubernetes service links set `<SERVICE>_PORT=tcp://10.0.0.1:8081` for a Service named `grpc` (or
+    // the like); that is not a port number, and envoyproxy/ratelimit's meaning must not be read into it.
+    let p = env.get(port).filter(|p| {
+        let numeric = p.parse::<u16>().is_ok();
+        if !numeric {
+            tracing::warn!(variable = port, value = %p, "ignoring a port variable that is not a number");
+        }
+        numeric
+    });
+    let h = env.get(host);
     if h.is_none() && p.is_none() {
         return None;
     }
@@ -552,6 +580,20 @@ mod tests {
         assert!(s.shadow_mode);
         let s = Settings::load_from(None, &e, &[("grpc_addr", "127.0.0.1:0".into())]).expect("loads");
         assert_eq!(s.grpc_addr, "127.0.0.1:0");
+    }
+
+    #[test]
+    fn kubernetes_service_link_variables_do_not_stop_startup() {
+        let e = env(&[
+            ("TOLLGATE_PORT", "tcp://10.0.0.7:8081"),
+            ("TOLLGATE_SERVICE_HOST", "10.0.0.7"),
+            ("TOLLGATE_PORT_8081_TCP_ADDR", "10.0.0.7"),
+            ("GRPC_PORT", "tcp://10.0.0.8:8081"),
+            ("TOLLGATE_SHADOW_MODE", "true"),
+        ]);
+        let s = Settings::load_from(None, &e, &[]).expect("service links are ignored");
+        assert_eq!(s.grpc_addr, "0.0.0.0:8081", "a tcp:// GRPC_PORT is not a port");
+        assert!(s.shadow_mode, "real settings still apply");
     }
 
     #[test]

@@ -143,6 +143,10 @@ impl RedisStore {
         loop {
             match self.connect().await {
                 Ok(connections) => {
+                    if let Err(error) = self.preload(&connections).await {
+                        // Not fatal: calls load the library on demand when they find it missing.
+                        tracing::warn!(%error, "cannot load the Tollgate library into Redis yet");
+                    }
                     self.connections.store(Some(Arc::new(connections)));
                     tracing::info!(target = %self.options.target, "connected to Redis");
                     return;
@@ -200,6 +204,19 @@ impl RedisStore {
                 let link = SentinelLink::connect(master, sentinels, node, self.manager_config()).await?;
                 Ok(Connections::Sentinel(Arc::new(link)))
             }
+        }
+    }
+
+    /// Loads the batch library before the first request (in a cluster, redis-rs sends `FUNCTION LOAD`
+    /// to every master).
+    async fn preload(&self, connections: &Connections) -> redis::RedisResult<()> {
+        match connections {
+            Connections::Single { pool, .. } => {
+                let mut conn = pool[0].clone();
+                self.script.preload(&mut conn).await
+            }
+            Connections::Cluster(conn) => self.script.preload(&mut conn.clone()).await,
+            Connections::Sentinel(link) => self.script.preload(&mut link.connection()).await,
         }
     }
 

@@ -141,6 +141,9 @@ pub struct BatchScript {
     function: String,
     /// Whether to use `FCALL`; cleared for good when the server does not know it (Redis < 7.0).
     functions: Arc<AtomicBool>,
+    /// Held while the library is being loaded, so a burst of requests meeting "Function not found"
+    /// (after a restart or `FUNCTION FLUSH`) loads it once instead of once per request.
+    loading: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for BatchScript {
@@ -175,6 +178,30 @@ impl BatchScript {
             library,
             function,
             functions: Arc::new(AtomicBool::new(true)),
+            loading: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+
+    /// Loads the library (at connect, so the first requests never meet "Function not found"). On a
+    /// server without functions (Redis < 7.0) this switches to `EVALSHA` for good.
+    pub async fn preload<C: ConnectionLike + Send>(&self, conn: &mut C) -> redis::RedisResult<()> {
+        if !self.functions.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let load = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(&self.library)
+            .query_async(conn)
+            .await;
+        match load {
+            Ok(redis::Value::Nil) | Ok(_) => Ok(()),
+            Err(error) if is_err_detail(&error, "unknown command") => {
+                tracing::info!("Redis has no functions (older than 7.0): using EVALSHA");
+                self.functions.store(false, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(error) => Err(error),
         }
     }
 
@@ -222,12 +249,21 @@ impl BatchScript {
                 match fcall.query_async(conn).await {
                     Err(error) if loads < MAX_LOADS && is_err_detail(&error, "Function not found") => {
                         loads += 1;
-                        redis::cmd("FUNCTION")
-                            .arg("LOAD")
-                            .arg("REPLACE")
-                            .arg(&self.library)
-                            .query_async::<redis::Value>(conn)
-                            .await?;
+                        // One loader at a time; whoever waited retries first, as the library is
+                        // usually there by then. (A lock across an await, but only on this cold
+                        // path after a restart or FUNCTION FLUSH, never on the request path.)
+                        let _loading = self.loading.lock().await;
+                        match fcall.query_async(conn).await {
+                            Err(error) if is_err_detail(&error, "Function not found") => {
+                                redis::cmd("FUNCTION")
+                                    .arg("LOAD")
+                                    .arg("REPLACE")
+                                    .arg(&self.library)
+                                    .query_async::<redis::Value>(conn)
+                                    .await?;
+                            }
+                            other => return other,
+                        }
                     }
                     Err(error) if loads == 0 && is_err_detail(&error, "unknown command") => {
                         tracing::info!("Redis has no FCALL (older than 7.0): using EVALSHA");
