@@ -1,0 +1,246 @@
+{{/* Chart name. */}}
+{{- define "tollgate.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: RELEASE-tollgate, truncated to the 63 characters of a DNS label. */}}
+{{- define "tollgate.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A name derived from the full name with a suffix, kept within 63 characters. */}}
+{{- define "tollgate.suffixed" -}}
+{{- $base := include "tollgate.fullname" .root | trunc (int (sub 62 (len .suffix))) | trimSuffix "-" }}
+{{- printf "%s-%s" $base .suffix }}
+{{- end }}
+
+{{- define "tollgate.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tollgate.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tollgate.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "tollgate.labels" -}}
+helm.sh/chart: {{ include "tollgate.chart" . }}
+{{ include "tollgate.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: tollgate
+{{- end }}
+
+{{- define "tollgate.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "tollgate.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The Tollgate image: digest wins over tag; the tag defaults to appVersion. */}}
+{{- define "tollgate.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The ConfigMap holding the rules files. */}}
+{{- define "tollgate.rulesConfigMap" -}}
+{{- if .Values.existingConfigMap }}
+{{- .Values.existingConfigMap }}
+{{- else }}
+{{- include "tollgate.suffixed" (dict "root" . "suffix" "rules") }}
+{{- end }}
+{{- end }}
+
+{{- define "tollgate.redisDevName" -}}
+{{- include "tollgate.suffixed" (dict "root" . "suffix" "redis") }}
+{{- end }}
+
+{{/* Where rules are mounted; also TOLLGATE_CONFIG_DIR (the image's default). */}}
+{{- define "tollgate.rulesDir" -}}
+/etc/tollgate/rules
+{{- end }}
+
+{{/*
+A value as an environment variable string. Helm reads numbers from values files as float64, which would
+print 4194304 as 4.194304e+06: whole numbers are printed as integers.
+*/}}
+{{- define "tollgate.envString" -}}
+{{- if kindIs "float64" . }}
+{{- if eq . (floor .) }}{{ int64 . }}{{ else }}{{ . }}{{ end }}
+{{- else }}
+{{- . }}
+{{- end }}
+{{- end }}
+
+{{/*
+REDIS_TYPE and REDIS_URL for redis.mode, as YAML (empty for the embedded store). Fails on inconsistent
+values, so a mistake shows at `helm install` instead of as a crash-looping pod.
+*/}}
+{{- define "tollgate.redisEnv" -}}
+{{- $r := .Values.redis }}
+{{- if $r.tls }}
+{{- fail "redis.tls: Tollgate does not support TLS to Redis yet (README \"Operating it\"); set redis.tls=false" }}
+{{- end }}
+{{- if and $r.url (contains "@" $r.url) }}
+{{- fail "redis.url must not carry credentials: put the password in a Secret and set redis.existingSecret" }}
+{{- end }}
+{{- if eq $r.mode "memory" }}
+{{- if or $r.url $r.addresses $r.dev.enabled }}
+{{- fail "redis.mode is memory (the embedded store), but redis.url, redis.addresses or redis.dev.enabled is set: set redis.mode to single, sentinel or cluster" }}
+{{- end }}
+{{- else if eq $r.mode "single" }}
+{{- $url := $r.url }}
+{{- if $r.dev.enabled }}
+{{- if $r.url }}
+{{- fail "redis.dev.enabled provides the Redis: leave redis.url empty" }}
+{{- end }}
+{{- $url = printf "%s:6379" (include "tollgate.redisDevName" .) }}
+{{- end }}
+{{- if not $url }}
+{{- fail "redis.mode single needs redis.url (host:port) or redis.dev.enabled=true" }}
+{{- end }}
+{{- if $r.addresses }}
+{{- fail "redis.mode single takes redis.url, not redis.addresses" }}
+{{- end }}
+REDIS_TYPE: single
+REDIS_URL: {{ $url | quote }}
+{{- else if eq $r.mode "sentinel" }}
+{{- if or (not $r.sentinelMaster) (not $r.addresses) }}
+{{- fail "redis.mode sentinel needs redis.sentinelMaster and redis.addresses (the sentinels, host:port)" }}
+{{- end }}
+{{- if or $r.url $r.dev.enabled }}
+{{- fail "redis.mode sentinel takes redis.sentinelMaster and redis.addresses, not redis.url or redis.dev" }}
+{{- end }}
+REDIS_TYPE: sentinel
+REDIS_URL: {{ prepend $r.addresses $r.sentinelMaster | join "," | quote }}
+{{- else if eq $r.mode "cluster" }}
+{{- if not $r.addresses }}
+{{- fail "redis.mode cluster needs redis.addresses (seed nodes, host:port)" }}
+{{- end }}
+{{- if or $r.url $r.dev.enabled }}
+{{- fail "redis.mode cluster takes redis.addresses, not redis.url or redis.dev" }}
+{{- end }}
+REDIS_TYPE: cluster
+REDIS_URL: {{ join "," $r.addresses | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+Every non-secret setting as environment variables (YAML map). Shared by the settings ConfigMap and the
+check-config hook, so the hook validates the settings the pods will run with.
+*/}}
+{{- define "tollgate.settingsEnv" -}}
+{{- if le (int .Values.terminationGracePeriodSeconds) (int .Values.drainPeriodSeconds) }}
+{{- fail "terminationGracePeriodSeconds must be larger than drainPeriodSeconds" }}
+{{- end }}
+{{- $env := dict
+  "TOLLGATE_CONFIG_DIR" (include "tollgate.rulesDir" .)
+  "TOLLGATE_GRPC_ADDR" (printf "0.0.0.0:%d" (int .Values.ports.grpc))
+  "TOLLGATE_HTTP_ADDR" (printf "0.0.0.0:%d" (int .Values.ports.http))
+  "TOLLGATE_DEBUG_ADDR" (printf "0.0.0.0:%d" (int .Values.ports.debug))
+  "TOLLGATE_DRAIN_PERIOD" (printf "%ds" (int .Values.drainPeriodSeconds)) }}
+{{- $env = merge $env (fromYaml (include "tollgate.redisEnv" .)) }}
+{{- range $name, $value := .Values.settings }}
+{{- if not (kindIs "invalid" $value) }}
+{{- $_ := set $env (printf "TOLLGATE_%s" $name) (include "tollgate.envString" $value) }}
+{{- end }}
+{{- end }}
+{{- toYaml $env }}
+{{- end }}
+
+{{/* Environment variables read from Secrets (never rendered into a ConfigMap). */}}
+{{- define "tollgate.secretEnv" -}}
+{{- if .Values.redis.existingSecret }}
+- name: REDIS_AUTH
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.redis.existingSecret }}
+      key: {{ .Values.redis.passwordKey }}
+{{- end }}
+{{- if .Values.hashKey.existingSecret }}
+- name: TOLLGATE_HASH_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.hashKey.existingSecret }}
+      key: {{ .Values.hashKey.key }}
+{{- end }}
+{{- end }}
+
+{{/*
+The rules files: DOMAIN.yaml -> document. Entries are maps or YAML strings; each needs a `domain`, and two
+entries may not share one (merge them into one document).
+*/}}
+{{- define "tollgate.rulesFiles" -}}
+{{- $files := dict }}
+{{- range $i, $entry := .Values.domains }}
+{{- $doc := $entry }}
+{{- $text := "" }}
+{{- if kindIs "string" $entry }}
+{{- $doc = fromYaml $entry }}
+{{- if hasKey $doc "Error" }}
+{{- fail (printf "domains[%d] is not valid YAML: %s" $i (get $doc "Error")) }}
+{{- end }}
+{{- $text = $entry }}
+{{- else }}
+{{- $text = toYaml $entry }}
+{{- end }}
+{{- if not (and (kindIs "map" $doc) $doc.domain) }}
+{{- fail (printf "domains[%d] has no `domain`" $i) }}
+{{- end }}
+{{- $file := printf "%s.yaml" (regexReplaceAll "[^-._a-zA-Z0-9]" (toString $doc.domain) "_") }}
+{{- if and (hasKey $files $file) $.Values.settings.MERGE_DOMAIN_CONFIG }}
+{{- $file = printf "%s-%d.yaml" (trimSuffix ".yaml" $file) $i }}
+{{- end }}
+{{- if hasKey $files $file }}
+{{- fail (printf "domains: two entries for domain %q (file %s); merge them into one document or set settings.MERGE_DOMAIN_CONFIG" (toString $doc.domain) $file) }}
+{{- end }}
+{{- $_ := set $files $file $text }}
+{{- end }}
+{{- toYaml $files }}
+{{- end }}
+
+{{/* The pod security context and container security context, shared by every pod of the chart. */}}
+{{- define "tollgate.podSecurityContext" -}}
+{{- toYaml .Values.podSecurityContext }}
+{{- end }}
+{{- define "tollgate.securityContext" -}}
+{{- toYaml .Values.securityContext }}
+{{- end }}
+
+{{/* The dev Redis has its own name label, so Tollgate's selector never matches its pods. */}}
+{{- define "tollgate.redisDevSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-redis" (include "tollgate.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "tollgate.redisDevLabels" -}}
+helm.sh/chart: {{ include "tollgate.chart" . }}
+{{ include "tollgate.redisDevSelectorLabels" . }}
+app.kubernetes.io/component: dev-redis
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: tollgate
+{{- end }}
+
+{{/*
+Labels of the helm test pod. Its own name label: with the Tollgate selector labels the Services would
+send it traffic and the Deployment's ReplicaSet would adopt it.
+*/}}
+{{- define "tollgate.testSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-test" (include "tollgate.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}

@@ -1,0 +1,337 @@
+#!/usr/bin/env python3
+"""Assertions on the Helm chart's renders that schema validation cannot make (run by check-chart.sh).
+
+Every render of ci/*.yaml (made by check-chart.sh) and a few made here are checked for: native gRPC
+probes on a numeric port with the right health services; non-root pods with a read-only root filesystem;
+the rules ConfigMap mounted as a directory (no subPath) and without a checksum annotation; a grace period
+longer than the drain period; no replicas when the HPA is on; PDB, HPA, ServiceMonitor and NetworkPolicy
+off by default; no secret in any ConfigMap; and `tollgate check-config` passing on the rules rendered from
+the default values (and failing on a broken rule). Values that must fail the render are tried too.
+"""
+
+import argparse
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+RULES_DIR = "/etc/tollgate/rules"
+SECRET_NAME = re.compile(r"AUTH|PASSWORD|PASSWD|SECRET|TOKEN|HASH_KEY|CREDENTIAL", re.I)
+URL_CREDENTIALS = re.compile(r"://[^/\s]*:[^/\s]*@")
+
+failures = []
+
+
+def check(condition, what):
+    if not condition:
+        failures.append(what)
+    return condition
+
+
+class Render:
+    """The parsed documents of one `helm template` output."""
+
+    def __init__(self, name, text):
+        self.name = name
+        self.docs = [d for d in yaml.safe_load_all(text) if d]
+
+    def of(self, kind):
+        return [d for d in self.docs if d["kind"] == kind]
+
+    def hooks(self, kind):
+        return [d for d in self.of(kind) if "helm.sh/hook" in d["metadata"].get("annotations", {})]
+
+    def tollgate_deployment(self):
+        deployments = [
+            d for d in self.of("Deployment")
+            if any(c["name"] == "tollgate" for c in d["spec"]["template"]["spec"]["containers"])
+        ]
+        check(len(deployments) == 1, f"{self.name}: expected one Tollgate Deployment, got {len(deployments)}")
+        return deployments[0]
+
+    def settings(self):
+        maps = [c for c in self.of("ConfigMap") if c["metadata"]["name"].endswith("-settings")]
+        check(len(maps) == 1, f"{self.name}: expected one settings ConfigMap")
+        return maps[0]["data"]
+
+
+def pod_specs(render):
+    """Every pod spec in the render, with a label."""
+    for d in render.docs:
+        if d["kind"] in ("Deployment", "Job"):
+            yield f"{d['kind']}/{d['metadata']['name']}", d["spec"]["template"]["spec"]
+        elif d["kind"] == "Pod":
+            yield f"Pod/{d['metadata']['name']}", d["spec"]
+
+
+def check_pods(r):
+    for label, spec in pod_specs(r):
+        where = f"{r.name}: {label}"
+        psc = spec.get("securityContext", {})
+        check(psc.get("runAsNonRoot") is True, f"{where}: runAsNonRoot is not true")
+        check(isinstance(psc.get("runAsUser"), int) and psc["runAsUser"] > 0, f"{where}: no numeric non-root runAsUser")
+        check(psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{where}: seccomp is not RuntimeDefault")
+        check(spec.get("automountServiceAccountToken") is False, f"{where}: the service account token is mounted")
+        # Service links would inject TOLLGATE_PORT, TOLLGATE_SERVICE_HOST... for a Service named tollgate,
+        # which Tollgate reads as (unknown) settings and refuses to start.
+        check(spec.get("enableServiceLinks") is False, f"{where}: enableServiceLinks is not false")
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for c in spec["containers"] + spec.get("initContainers", []):
+            sc = c.get("securityContext", {})
+            check(sc.get("allowPrivilegeEscalation") is False, f"{where}/{c['name']}: privilege escalation allowed")
+            check(sc.get("readOnlyRootFilesystem") is True, f"{where}/{c['name']}: root filesystem writable")
+            check("ALL" in sc.get("capabilities", {}).get("drop", []), f"{where}/{c['name']}: capabilities not dropped")
+            check(c.get("resources", {}).get("requests"), f"{where}/{c['name']}: no resource requests")
+            for m in c.get("volumeMounts", []):
+                if "configMap" in volumes.get(m["name"], {}):
+                    check("subPath" not in m, f"{where}/{c['name']}: ConfigMap volume {m['name']} mounted with subPath")
+            for e in c.get("env", []):
+                if SECRET_NAME.search(e["name"]):
+                    check("value" not in e, f"{where}/{c['name']}: {e['name']} has an inline value, not a secretKeyRef")
+                if "value" in e:
+                    check(not re.fullmatch(r"-?[0-9.]+e[+-]?[0-9]+", str(e["value"])), f"{where}: {e['name']}={e['value']} in exponent form")
+
+
+def check_tollgate(r):
+    d = r.tollgate_deployment()
+    spec = d["spec"]["template"]["spec"]
+    c = next(c for c in spec["containers"] if c["name"] == "tollgate")
+    probes = {}
+    for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+        p = c.get(kind)
+        if not check(p and "grpc" in p, f"{r.name}: {kind} missing or not a gRPC probe"):
+            continue
+        check(isinstance(p["grpc"].get("port"), int), f"{r.name}: {kind} port is not a number: {p['grpc'].get('port')!r}")
+        probes[kind] = p["grpc"].get("service")
+    check(probes.get("readinessProbe") == "ratelimit", f"{r.name}: readiness does not ask for service ratelimit")
+    check(probes.get("livenessProbe") == "", f"{r.name}: liveness does not ask for service \"\"")
+    check(probes.get("startupProbe") == "", f"{r.name}: startup does not ask for service \"\"")
+
+    mounts = [m for m in c.get("volumeMounts", []) if m["mountPath"] == RULES_DIR]
+    if check(len(mounts) == 1, f"{r.name}: rules not mounted at {RULES_DIR}"):
+        check("subPath" not in mounts[0], f"{r.name}: rules mounted with subPath (ConfigMap updates would not reach the pod)")
+        volume = next(v for v in spec["volumes"] if v["name"] == mounts[0]["name"])
+        check("configMap" in volume, f"{r.name}: the rules volume is not a ConfigMap")
+
+    annotations = d["spec"]["template"]["metadata"].get("annotations", {})
+    check("checksum/settings" in annotations, f"{r.name}: no checksum/settings annotation")
+    check(not any(k.startswith("checksum/") and k != "checksum/settings" for k in annotations),
+          f"{r.name}: a checksum annotation other than settings (rules must hot-reload, not roll pods)")
+
+    settings = r.settings()
+    check(settings.get("TOLLGATE_CONFIG_DIR") == RULES_DIR, f"{r.name}: TOLLGATE_CONFIG_DIR is not {RULES_DIR}")
+    drain = settings.get("TOLLGATE_DRAIN_PERIOD", "0s")
+    check(re.fullmatch(r"[0-9]+s", drain), f"{r.name}: TOLLGATE_DRAIN_PERIOD {drain!r}")
+    check(spec["terminationGracePeriodSeconds"] > int(drain.rstrip("s")), f"{r.name}: grace period not above the drain period")
+    check(spec.get("topologySpreadConstraints"), f"{r.name}: no topologySpreadConstraints")
+
+    hpa = r.of("HorizontalPodAutoscaler")
+    if hpa:
+        check("replicas" not in d["spec"], f"{r.name}: replicas set although the HPA is on")
+        check(hpa[0]["apiVersion"] == "autoscaling/v2", f"{r.name}: HPA is not autoscaling/v2")
+    else:
+        check("replicas" in d["spec"], f"{r.name}: no replicas and no HPA")
+    for pdb in r.of("PodDisruptionBudget"):
+        check("minAvailable" not in pdb["spec"], f"{r.name}: PDB uses minAvailable")
+
+    services = r.of("Service")
+    main = [s for s in services if s["spec"].get("clusterIP") != "None" and "redis" not in s["metadata"]["name"]]
+    check(len(main) == 1, f"{r.name}: expected one Tollgate ClusterIP Service")
+    for s in services:
+        for p in s["spec"]["ports"]:
+            if p["name"] == "grpc":
+                check(p.get("appProtocol") == "grpc", f"{r.name}: Service {s['metadata']['name']} grpc port lacks appProtocol grpc")
+
+    hook_jobs = r.hooks("Job")
+    check(len(hook_jobs) == 1 and "pre-install" in hook_jobs[0]["metadata"]["annotations"]["helm.sh/hook"]
+          and "pre-upgrade" in hook_jobs[0]["metadata"]["annotations"]["helm.sh/hook"],
+          f"{r.name}: no pre-install/pre-upgrade check-config Job")
+    if hook_jobs:
+        args = hook_jobs[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+        check(args[:2] == ["check-config", RULES_DIR], f"{r.name}: the hook Job does not run check-config {RULES_DIR}")
+    tests = r.hooks("Pod")
+    check(tests and tests[0]["spec"]["containers"][0]["args"][0] == "healthcheck", f"{r.name}: no helm test pod")
+
+
+def check_selectors(r):
+    """Only the Deployment's own pods carry Tollgate's selector labels (else Services would route to a
+    hook or test pod, and the ReplicaSet would adopt it)."""
+    selector = r.tollgate_deployment()["spec"]["selector"]["matchLabels"]
+    for d in r.docs:
+        if d["kind"] == "Pod":
+            labels = d["metadata"].get("labels", {})
+        elif d["kind"] in ("Job", "Deployment") and d is not r.tollgate_deployment():
+            labels = d["spec"]["template"]["metadata"].get("labels", {})
+        else:
+            continue
+        check(not all(labels.get(k) == v for k, v in selector.items()),
+              f"{r.name}: {d['kind']}/{d['metadata']['name']} carries Tollgate's selector labels")
+
+
+def check_no_secrets_in_configmaps(r):
+    for cm in r.of("ConfigMap"):
+        for key, value in (cm.get("data") or {}).items():
+            where = f"{r.name}: ConfigMap {cm['metadata']['name']} key {key}"
+            check(not SECRET_NAME.search(key), f"{where} looks like a secret")
+            check(not URL_CREDENTIALS.search(str(value)), f"{where} holds a URL with credentials")
+
+
+def check_render(r):
+    check_pods(r)
+    check_tollgate(r)
+    check_no_secrets_in_configmaps(r)
+    check_selectors(r)
+
+
+def helm_template(args, *extra, kube="1.33.0", api_versions=True):
+    cmd = [args.helm, "template", "tollgate", args.chart, "-n", "rl", "--kube-version", kube, *extra]
+    if api_versions:
+        cmd += ["--api-versions", "monitoring.coreos.com/v1"]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def rendered(args, name, *extra, **kw):
+    result = helm_template(args, *extra, **kw)
+    if not check(result.returncode == 0, f"{name}: helm template failed: {result.stderr.strip()}"):
+        return None
+    return Render(name, result.stdout)
+
+
+def rules_check(args, render, expect_ok, quiet=False):
+    """Writes the rules ConfigMap's files to a directory and runs `tollgate check-config` on it, with the
+    hook Job's arguments and environment (so the chart's settings are validated too)."""
+    rules = [c for c in render.of("ConfigMap") if c["metadata"]["name"].endswith("-rules")]
+    if not check(len(rules) == 1, f"{render.name}: no rules ConfigMap"):
+        return
+    job = render.hooks("Job")[0]["spec"]["template"]["spec"]["containers"][0]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in rules[0]["data"].items():
+            pathlib.Path(tmp, name).write_text(text)
+        # Tollgate reads every TOLLGATE_* variable as a setting and refuses unknown ones: only the Job's.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOLLGATE_")}
+        env.update({e["name"]: e["value"] for e in job.get("env", []) if "value" in e})
+        command = [args.tollgate, *[tmp if a == RULES_DIR else a for a in job["args"]]]
+        result = subprocess.run(command, capture_output=True, text=True, env=env)
+        output = (result.stdout + result.stderr).strip()
+        if expect_ok:
+            check(result.returncode == 0, f"{render.name}: check-config failed on the rendered rules: {output}")
+            if not quiet:
+                print(f"  {render.name}: check-config on the rendered rules: {output.replace(tmp, 'RULES')}")
+        else:
+            check(result.returncode != 0, f"{render.name}: check-config accepted a broken rule")
+            check("broken.yaml" in output, f"{render.name}: check-config did not name the broken file: {output}")
+            print(f"  {render.name}: check-config rejects the broken rule: {output.replace(tmp, 'RULES')}")
+
+
+def must_fail(args, name, values_text, expected):
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        f.write(values_text)
+        f.flush()
+        result = helm_template(args, "-f", f.name)
+    check(result.returncode != 0, f"must-fail {name}: the render succeeded")
+    check(expected in result.stderr, f"must-fail {name}: expected {expected!r} in: {result.stderr.strip()}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--helm", required=True)
+    parser.add_argument("--chart", required=True)
+    parser.add_argument("--tollgate", required=True)
+    parser.add_argument("--renders", required=True, help="directory of render-*.yaml from check-chart.sh")
+    parser.add_argument("--kube-versions", nargs="+", required=True)
+    args = parser.parse_args()
+
+    # 1. Every ci/*.yaml render made by check-chart.sh.
+    files = sorted(pathlib.Path(args.renders).glob("render-*.yaml"))
+    check(len(files) == len(list(pathlib.Path(args.chart, "ci").glob("*.yaml"))) * len(args.kube_versions),
+          "not every ci/*.yaml was rendered for every Kubernetes version")
+    for path in files:
+        render = Render(path.stem, path.read_text())
+        check_render(render)
+        # The hook's check-config, as the Job would run it, on every render that carries its own rules.
+        if any(c["metadata"]["name"].endswith("-rules") for c in render.of("ConfigMap")):
+            rules_check(args, render, expect_ok=True, quiet=True)
+
+    # 2. The defaults: a working single replica on the embedded store; everything optional is off.
+    default = rendered(args, "defaults")
+    if default:
+        check_render(default)
+        for kind in ("PodDisruptionBudget", "HorizontalPodAutoscaler", "ServiceMonitor", "NetworkPolicy"):
+            check(not default.of(kind), f"defaults: {kind} rendered although off by default")
+        check("REDIS_URL" not in default.settings(), "defaults: REDIS_URL set on the embedded store")
+        check(default.tollgate_deployment()["spec"]["replicas"] == 1, "defaults: replicas is not 1")
+        rules_check(args, default, expect_ok=True)
+        # The default domains are examples/config/api.yaml; keep them from drifting apart.
+        values = yaml.safe_load(pathlib.Path(args.chart, "values.yaml").read_text())
+        example = yaml.safe_load(pathlib.Path("examples/config/api.yaml").read_text())
+        check(values["domains"] == [example], "defaults: values.yaml domains differ from examples/config/api.yaml")
+
+    # 3. The monitoring shape: everything on, and the ServiceMonitor only when the API exists.
+    monitoring = rendered(args, "monitoring", "-f", f"{args.chart}/ci/monitoring-values.yaml")
+    if monitoring:
+        pdb = monitoring.of("PodDisruptionBudget")
+        check(len(pdb) == 1 and pdb[0]["spec"].get("maxUnavailable") == 1, "monitoring: PDB is not maxUnavailable 1")
+        check(len(monitoring.of("ServiceMonitor")) == 1, "monitoring: no ServiceMonitor")
+        check(monitoring.of("HorizontalPodAutoscaler"), "monitoring: no HPA")
+        check(len(monitoring.of("NetworkPolicy")) == 2, "monitoring: expected NetworkPolicies for Tollgate and the dev Redis")
+        sm = monitoring.of("ServiceMonitor")
+        if sm:
+            check(sm[0]["spec"]["endpoints"][0]["port"] == "http", "monitoring: ServiceMonitor does not scrape the http port")
+    no_crd = rendered(args, "monitoring-without-crd", "-f", f"{args.chart}/ci/monitoring-values.yaml", api_versions=False)
+    if no_crd:
+        check(not no_crd.of("ServiceMonitor"), "monitoring-without-crd: ServiceMonitor rendered without monitoring.coreos.com/v1")
+
+    # 4. Redis wiring: the password only through a secretKeyRef.
+    single = rendered(args, "redis-single", "-f", f"{args.chart}/ci/redis-single-values.yaml")
+    if single:
+        settings = single.settings()
+        check(settings.get("REDIS_TYPE") == "single" and settings.get("REDIS_URL"), "redis-single: REDIS_TYPE/REDIS_URL not set")
+        env = {e["name"]: e for e in single.tollgate_deployment()["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+        auth = env.get("REDIS_AUTH", {}).get("valueFrom", {}).get("secretKeyRef", {})
+        check(auth.get("name") == "tollgate-redis" and auth.get("key") == "password", "redis-single: REDIS_AUTH not from the Secret")
+    sentinel = rendered(args, "redis-sentinel", "-f", f"{args.chart}/ci/redis-sentinel-values.yaml")
+    if sentinel:
+        url = sentinel.settings().get("REDIS_URL", "")
+        check(url.startswith("mymaster,") and url.count(",") == 3, f"redis-sentinel: REDIS_URL {url!r}")
+        check(not [c for c in sentinel.of("ConfigMap") if c["metadata"]["name"].endswith("-rules")],
+              "redis-sentinel: a rules ConfigMap rendered although existingConfigMap is set")
+        volume = sentinel.tollgate_deployment()["spec"]["template"]["spec"]["volumes"][0]
+        check(volume["configMap"]["name"] == "my-ratelimit-rules", "redis-sentinel: existingConfigMap not mounted")
+
+    # 5. A broken rule renders (the chart cannot know Tollgate's rules) but check-config rejects it, naming
+    #    the file: the hook Job runs exactly this before install and upgrade.
+    broken = rendered(args, "broken-rule", "--set-json",
+                      'domains=[{"domain":"broken","descriptors":[{"key":"k","ratelimit":{"unit":"second"}}]}]')
+    if broken:
+        rules_check(args, broken, expect_ok=False)
+
+    # 6. Values that must fail the render, with a message that says why.
+    must_fail(args, "tls", "redis: {mode: single, url: 'r:6379', tls: true}\n", "TLS to Redis")
+    must_fail(args, "memory-with-url", "redis: {mode: memory, url: 'r:6379'}\n", "redis.mode is memory")
+    must_fail(args, "single-without-url", "redis: {mode: single}\n", "needs redis.url")
+    must_fail(args, "sentinel-without-master", "redis: {mode: sentinel, addresses: ['s:26379']}\n", "sentinelMaster")
+    must_fail(args, "url-with-password", "redis: {mode: single, url: 'redis://:hunter2@r:6379'}\n", "Secret")
+    must_fail(args, "secret-in-settings", "settings: {REDIS_AUTH: hunter2}\n", "REDIS_AUTH")
+    must_fail(args, "hash-key-in-settings", "settings: {HASH_KEY: hunter2}\n", "HASH_KEY")
+    must_fail(args, "grace-below-drain", "drainPeriodSeconds: 30\nterminationGracePeriodSeconds: 30\n", "drainPeriodSeconds")
+    must_fail(args, "duplicate-domain", "domains: [{domain: a}, {domain: a}]\n", "two entries for domain")
+    must_fail(args, "domain-without-name", "domains: [{descriptors: []}]\n", "domain")
+    must_fail(args, "root-pod", "podSecurityContext: {runAsNonRoot: false}\n", "runAsNonRoot")
+    must_fail(args, "unknown-mode", "redis: {mode: memcache}\n", "mode")
+
+    checked = len(files) + 7
+    if failures:
+        for f in failures:
+            print(f"FAIL {f}", file=sys.stderr)
+        print(f"chart assertions: {len(failures)} failed", file=sys.stderr)
+        return 1
+    print(f"chart assertions: {checked} renders and 12 must-fail values checked, all passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
