@@ -648,17 +648,60 @@ impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::Tra
     }
 }
 
-#[tokio::test]
-async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
+type ExportedSpan = opentelemetry_proto::tonic::trace::v1::Span;
+
+/// Starts an OTLP receiver; returns its endpoint and the spans it receives.
+async fn otlp_receiver() -> (
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<ExportedSpan>,
+    tokio::task::JoinHandle<()>,
+) {
     use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
-    let (spans, mut received) = tokio::sync::mpsc::unbounded_channel();
-    let receiver = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(Receiver(spans)))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+    let (spans, received) = tokio::sync::mpsc::unbounded_channel();
+    let server = tonic::transport::Server::builder()
+        .add_service(TraceServiceServer::new(Receiver(spans)))
+        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
+    let handle = tokio::spawn(async move {
+        let _ = server.await;
+    });
+    (endpoint, received, handle)
+}
+
+/// Waits (bounded) for an exported span with this name.
+async fn span_named(
+    received: &mut tokio::sync::mpsc::UnboundedReceiver<ExportedSpan>,
+    name: &str,
+) -> ExportedSpan {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let span = received.recv().await.expect("receiver open");
+            if span.name == name {
+                return span;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no span named {name} was exported"))
+}
+
+fn string_attribute(span: &ExportedSpan, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|a| a.key == key)
+        .and_then(|a| a.value.as_ref())
+        .and_then(|v| match &v.value {
+            Some(opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s)) => Some(s.clone()),
+            _ => None,
+        })
+}
+
+const RPC_SPAN: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+#[tokio::test]
+async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
+    let (endpoint, mut received, receiver) = otlp_receiver().await;
     let dir = rules_dir(&[("cli.yaml", RULES)]);
     let config_dir = dir.path().to_str().expect("utf-8 path");
     let served = Served::start(
@@ -692,16 +735,7 @@ async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
         .expect("connect");
     let mut rls = tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient::new(channel);
     rls.should_rate_limit(request).await.expect("answer");
-    let span = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            let span = received.recv().await.expect("receiver open");
-            if span.name == "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" {
-                return span;
-            }
-        }
-    })
-    .await
-    .expect("the RPC span was exported");
+    let span = span_named(&mut received, RPC_SPAN).await;
     let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
     assert_eq!(hex(&span.trace_id), trace_id, "joined the caller's trace");
     assert_eq!(hex(&span.parent_span_id), parent_id);
@@ -709,25 +743,86 @@ async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
         span.kind,
         opentelemetry_proto::tonic::trace::v1::span::SpanKind::Server as i32
     );
-    let attribute = |key: &str| {
-        span.attributes
-            .iter()
-            .find(|a| a.key == key)
-            .and_then(|a| a.value.as_ref())
-            .and_then(|v| match &v.value {
-                Some(opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s)) => {
-                    Some(s.clone())
-                }
-                _ => None,
-            })
-    };
-    assert_eq!(attribute("rpc.system.name").as_deref(), Some("grpc"));
     assert_eq!(
-        attribute("rpc.method").as_deref(),
-        Some("envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+        string_attribute(&span, "rpc.system.name").as_deref(),
+        Some("grpc")
     );
-    assert_eq!(attribute("rpc.response.status_code").as_deref(), Some("OK"));
-    assert_eq!(attribute("ratelimit.domain").as_deref(), Some("cli"));
+    assert_eq!(string_attribute(&span, "rpc.method").as_deref(), Some(RPC_SPAN));
+    assert_eq!(
+        string_attribute(&span, "rpc.response.status_code").as_deref(),
+        Some("OK")
+    );
+    assert_eq!(
+        string_attribute(&span, "ratelimit.domain").as_deref(),
+        Some("cli")
+    );
     assert_eq!(served.terminate().await, Some(0));
     receiver.abort();
+}
+
+#[tokio::test]
+async fn the_redis_call_is_a_child_span_of_the_rpc() {
+    crate::require_redis!();
+    let redis = crate::common::redis::RedisServer::start();
+    let url = redis.url();
+    let (endpoint, mut received, receiver) = otlp_receiver().await;
+    let dir = rules_dir(&[("cli.yaml", RULES)]);
+    let config_dir = dir.path().to_str().expect("utf-8 path");
+    let served = Served::start(
+        &[
+            "serve",
+            "--config-dir",
+            config_dir,
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--debug-addr",
+            "127.0.0.1:0",
+        ],
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("REDIS_URL", &url),
+            ("TOLLGATE_REDIS_DEADLINE", "2s"),
+        ],
+    )
+    .await;
+    let addr = served.grpc;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Retry until Redis is connected (the server starts before it is).
+    while ask_user_result(addr).await.is_err() {
+        assert!(Instant::now() < deadline, "never answered through Redis");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let store = span_named(&mut received, "FCALL").await;
+    let rpc = span_named(&mut received, RPC_SPAN).await;
+    assert_eq!(store.trace_id, rpc.trace_id);
+    assert_eq!(
+        store.parent_span_id, rpc.span_id,
+        "the store call is a child of the RPC"
+    );
+    assert_eq!(
+        store.kind,
+        opentelemetry_proto::tonic::trace::v1::span::SpanKind::Client as i32
+    );
+    assert_eq!(
+        string_attribute(&store, "db.system.name").as_deref(),
+        Some("redis")
+    );
+    assert_eq!(served.terminate().await, Some(0));
+    receiver.abort();
+}
+
+async fn ask_user_result(grpc: SocketAddr) -> Result<tollgate::proto::rls::RateLimitResponse, tonic::Status> {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{grpc}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut rls = tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient::new(channel);
+    rls.should_rate_limit(crate::common::wire_request("cli", &[&[("user", "via-redis")]]))
+        .await
+        .map(|r| r.into_inner())
 }

@@ -34,6 +34,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 pub use keys::slot;
 pub use target::{RedisMode, RedisTarget, TargetError};
@@ -310,10 +311,22 @@ impl RedisStore {
         policy: CommitPolicy,
     ) -> Result<Vec<Decision>, CallError> {
         let sent_at = self.clock.now_us();
-        let reply = tokio::time::timeout(self.options.deadline, self.script.call(conn, items, policy))
-            .await
-            .map_err(|_| CallError::Timeout)?
-            .map_err(CallError::Redis)?;
+        let call = tokio::time::timeout(self.options.deadline, self.script.call(conn, items, policy));
+        let reply = if crate::telemetry::traces_enabled() {
+            // A child of the RPC span (the current span), named as the database semantic conventions
+            // name client calls: the operation.
+            let span = tracing::info_span!(
+                "FCALL",
+                otel.kind = "client",
+                db.system.name = "redis",
+                db.operation.name = "FCALL",
+                db.operation.batch.size = items.len(),
+            );
+            call.instrument(span).await
+        } else {
+            call.await
+        };
+        let reply = reply.map_err(|_| CallError::Timeout)?.map_err(CallError::Redis)?;
         let ScriptReply { now_us, decisions } =
             BatchScript::decode(reply, items.len()).map_err(CallError::Reply)?;
         self.track_offset(sent_at, now_us);
