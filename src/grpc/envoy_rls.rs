@@ -54,7 +54,7 @@ impl<S: Store> RateLimitService for EnvoyRateLimitService<S> {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        if !crate::telemetry::traces_enabled() {
+        if !crate::telemetry::should_trace(request.metadata()) {
             return self.decide(request.into_inner()).await;
         }
         let span = tracing::info_span!(
