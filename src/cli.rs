@@ -176,7 +176,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let settings = Settings::load(args.settings.as_deref(), &flags)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(settings.workers())
+        .enable_all()
+        .build()?;
     let _context = runtime.enter();
     let traces = settings.tracing_enabled.then(|| crate::telemetry::TraceSettings {
         service_name: settings.tracing_service_name.clone(),

@@ -105,6 +105,8 @@ pub struct Settings {
     pub tracing_sampling_rate: f64,
     /// `TRACING_EXPORTER_PROTOCOL`: only `grpc` is built in.
     pub tracing_exporter_protocol: String,
+    /// Runtime worker threads; 0 means one per CPU minus one, at least one (see [`Settings::workers`]).
+    pub worker_threads: usize,
 }
 
 impl std::fmt::Debug for Settings {
@@ -174,6 +176,7 @@ impl Default for Settings {
             tracing_service_name: "tollgate".into(),
             tracing_sampling_rate: 1.0,
             tracing_exporter_protocol: "grpc".into(),
+            worker_threads: 0,
         }
     }
 }
@@ -273,6 +276,17 @@ impl Settings {
             });
         }
         Ok(())
+    }
+
+    /// The number of runtime worker threads. By default one CPU is left to the rest of the host (Envoy,
+    /// Redis, the kernel's network stack): measured on a 2-core host shared with Redis and the load,
+    /// one worker answered 29,700 decisions/s at a p99 of 4.4 ms where two answered 26,300 at 41 ms,
+    /// because two busy workers mostly wake and preempt each other.
+    pub fn workers(&self) -> usize {
+        if self.worker_threads > 0 {
+            return self.worker_threads;
+        }
+        std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
     }
 
     /// The header styles and body to add to answers.
