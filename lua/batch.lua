@@ -247,7 +247,7 @@ local function tollgate_batch(keys, args)
     key_of[i], alg_of[i], cost_of[i], group_of[i], start_of[i], ttl_of[i] = keys[i], a, cost, group, start, ttl
     lim_of[i] = { requests = requests, window_us = window_us, w = math.max(window_us, 1), burst = burst }
   end
-    -- Read every distinct key once. A table keyed by key name keeps this linear: a request may carry
+  -- Read every distinct key once. A table keyed by key name keeps this linear: a request may carry
   -- thousands of descriptors.
   local first_index = {}
   for i = 1, n do

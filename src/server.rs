@@ -164,6 +164,7 @@ fn build_store(settings: &Settings, stop: CancellationToken) -> anyhow::Result<A
         deadline: settings.redis_deadline,
         connect_timeout: settings.redis_connect_timeout,
         expiration_jitter_max_secs: settings.expiration_jitter_max_seconds,
+        tls: settings.redis_tls_certificates()?,
     };
     let redis = RedisStore::start(options, Arc::clone(&clock), stop);
     Ok(AnyStore::Redis(LocalCache::new(

@@ -76,8 +76,16 @@ pub struct Settings {
     pub redis_socket_type: String,
     /// `REDIS_AUTH`: `password` or `user:password` (secret).
     pub redis_auth: String,
-    /// `REDIS_TLS`.
+    /// `REDIS_TLS`: connect to Redis over TLS (also implied by a `rediss://` URL).
     pub redis_tls: bool,
+    /// `REDIS_TLS_CACERT`: PEM file of the CA that signed Redis' certificate (else the system's roots).
+    pub redis_tls_cacert: String,
+    /// `REDIS_TLS_CLIENT_CERT`: PEM client certificate, for Redis servers that verify clients.
+    pub redis_tls_client_cert: String,
+    /// `REDIS_TLS_CLIENT_KEY`: PEM key of the client certificate.
+    pub redis_tls_client_key: String,
+    /// `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION`: accept a certificate issued for another name.
+    pub redis_tls_skip_hostname_verification: bool,
     /// `REDIS_POOL_SIZE`: multiplexed connections to a single node, used round-robin.
     pub redis_pool_size: usize,
     /// Longest a decision waits for Redis before the rule's failure mode applies.
@@ -164,6 +172,10 @@ impl Default for Settings {
             redis_socket_type: "tcp".into(),
             redis_auth: String::new(),
             redis_tls: false,
+            redis_tls_cacert: String::new(),
+            redis_tls_client_cert: String::new(),
+            redis_tls_client_key: String::new(),
+            redis_tls_skip_hostname_verification: false,
             redis_pool_size: DEFAULT_REDIS_CONNECTIONS,
             redis_deadline: DEFAULT_REDIS_DEADLINE,
             redis_connect_timeout: Duration::from_secs(1),
@@ -289,6 +301,45 @@ impl Settings {
         std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
     }
 
+    /// The certificates for TLS to Redis, read from the configured files (none configured: `None`, and
+    /// the system's roots verify the server).
+    pub fn redis_tls_certificates(&self) -> Result<Option<redis::TlsCertificates>, SettingsError> {
+        let read = |name: &'static str, path: &str| {
+            std::fs::read(path).map_err(|e| SettingsError::BadValue {
+                name,
+                value: path.into(),
+                reason: e.to_string(),
+            })
+        };
+        let root_cert = match self.redis_tls_cacert.as_str() {
+            "" => None,
+            path => Some(read("redis_tls_cacert", path)?),
+        };
+        let client_tls = match (
+            self.redis_tls_client_cert.as_str(),
+            self.redis_tls_client_key.as_str(),
+        ) {
+            ("", "") => None,
+            (cert, key) if !cert.is_empty() && !key.is_empty() => Some(redis::ClientTlsConfig {
+                client_cert: read("redis_tls_client_cert", cert)?,
+                client_key: read("redis_tls_client_key", key)?,
+            }),
+            _ => {
+                return Err(SettingsError::BadValue {
+                    name: "redis_tls_client_cert",
+                    value: self.redis_tls_client_cert.clone(),
+                    reason: "a client certificate and its key go together".into(),
+                });
+            }
+        };
+        Ok(
+            (root_cert.is_some() || client_tls.is_some()).then_some(redis::TlsCertificates {
+                client_tls,
+                root_cert,
+            }),
+        )
+    }
+
     /// The header styles and body to add to answers.
     pub fn header_options(&self) -> Result<crate::grpc::HeaderOptions, SettingsError> {
         let mut options = crate::grpc::HeaderOptions::default();
@@ -335,6 +386,7 @@ impl Settings {
             &self.redis_socket_type,
             &self.redis_auth,
             self.redis_tls,
+            self.redis_tls_skip_hostname_verification,
         )
         .map_err(|e| SettingsError::BadValue {
             name: "redis_url",
@@ -385,6 +437,13 @@ const GO_DIRECT: &[(&str, &str)] = &[
     ("REDIS_SOCKET_TYPE", "redis_socket_type"),
     ("REDIS_AUTH", "redis_auth"),
     ("REDIS_TLS", "redis_tls"),
+    ("REDIS_TLS_CACERT", "redis_tls_cacert"),
+    ("REDIS_TLS_CLIENT_CERT", "redis_tls_client_cert"),
+    ("REDIS_TLS_CLIENT_KEY", "redis_tls_client_key"),
+    (
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        "redis_tls_skip_hostname_verification",
+    ),
     ("REDIS_POOL_SIZE", "redis_pool_size"),
     ("REDIS_TIMEOUT", "redis_connect_timeout"),
     ("EXPIRATION_JITTER_MAX_SECONDS", "expiration_jitter_max_seconds"),
@@ -405,6 +464,7 @@ const GO_BOOLS: &[&str] = &[
     "MERGE_DOMAIN_CONFIG",
     "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
     "REDIS_TLS",
+    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
     "TRACING_ENABLED",
 ];
 

@@ -407,3 +407,119 @@ async fn sentinel_failover_is_followed_without_a_restart() {
     assert!(after.statuses[0].limit_remaining <= 996, "{after:?}");
     server.stop().await;
 }
+
+/// A private CA and a certificate for 127.0.0.1 signed by it, made with the `openssl` command.
+fn private_ca(dir: &std::path::Path) -> Option<()> {
+    let openssl = |args: &[&str]| {
+        std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .ok()
+            .filter(|s| s.success())
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=tollgate-test-ca",
+    ])?;
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ])?;
+    std::fs::write(dir.join("san.ext"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n").ok()?;
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ])?;
+    Some(())
+}
+
+#[tokio::test]
+async fn tls_to_redis_verified_by_a_private_ca() {
+    require_redis!();
+    let certs = tempfile::tempdir().expect("tempdir");
+    if private_ca(certs.path()).is_none() {
+        assert!(
+            std::env::var("TOLLGATE_REQUIRE_REDIS").is_err(),
+            "openssl is needed to test TLS"
+        );
+        return;
+    }
+    let path = |name: &str| certs.path().join(name).to_string_lossy().into_owned();
+    let tls_port = crate::common::redis::free_port().to_string();
+    let (cert, key, ca) = (path("server.crt"), path("server.key"), path("ca.crt"));
+    let redis = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let url = format!("127.0.0.1:{tls_port}");
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CACERT", ca.as_str()),
+    ];
+    let server = start(&env, &rules(Algorithm::FixedWindow, 5)).await;
+    let response = ask(&server, &[&[("k", "over-tls")]])
+        .await
+        .expect("answered through TLS");
+    assert_eq!(response.statuses[0].limit_remaining, 4);
+    // The counter landed in this Redis (read back over its plain port).
+    assert!(redis.cli(&["KEYS", "rd_k_over-tls_*"]).contains("rd_k_over-tls_"));
+    server.stop().await;
+
+    // Without the CA, the certificate cannot be verified: never ready, and requests fail clearly.
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("rd.yaml"), rules(Algorithm::FixedWindow, 5)).expect("rules");
+    let unverified =
+        TestServer::start_unready(dir, &[("REDIS_URL", url.as_str()), ("REDIS_TLS", "true")]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, _) = http(unverified.http, "GET", "/healthcheck", "").await;
+    assert_eq!(status, 500);
+    let error = ask(&unverified, &[&[("k", "x")]])
+        .await
+        .expect_err("no trusted connection");
+    assert_eq!(error.code(), tonic::Code::Unavailable);
+    unverified.stop().await;
+}

@@ -94,7 +94,7 @@ values, so a mistake shows at `helm install` instead of as a crash-looping pod.
 {{- define "tollgate.redisEnv" -}}
 {{- $r := .Values.redis }}
 {{- if $r.tls }}
-{{- fail "redis.tls: Tollgate does not support TLS to Redis yet (README \"Operating it\"); set redis.tls=false" }}
+{{- fail "redis.tls: the chart does not wire TLS to Redis yet (the service supports it: set REDIS_TLS and REDIS_TLS_CACERT through extraEnv and a mounted CA); set redis.tls=false" }}
 {{- end }}
 {{- if and $r.url (contains "@" $r.url) }}
 {{- fail "redis.url must not carry credentials: put the password in a Secret and set redis.existingSecret" }}

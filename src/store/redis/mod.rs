@@ -57,6 +57,9 @@ pub struct RedisOptions {
     pub deadline: Duration,
     /// Longest a connection attempt may take.
     pub connect_timeout: Duration,
+    /// Certificates for TLS (a private CA, a client certificate); `None` trusts the system's roots.
+    /// Whether TLS is used at all is in the target (`REDIS_TLS`, `rediss://`).
+    pub tls: Option<redis::TlsCertificates>,
     /// Fixed-window keys expire after their window plus up to this much (`EXPIRATION_JITTER_MAX_SECONDS`),
     /// spreading expirations as envoyproxy/ratelimit does.
     pub expiration_jitter_max_secs: u64,
@@ -127,6 +130,9 @@ impl RedisStore {
     /// Creates the store and starts connecting in the background until `stop` is cancelled. Returns at
     /// once: a Redis that is down at startup is not an error, only a store that is not ready yet.
     pub fn start(options: RedisOptions, clock: Arc<dyn Clock>, stop: CancellationToken) -> Arc<Self> {
+        // redis-rs builds its TLS configs on rustls' process-wide provider; another install (a second
+        // store in tests) is a no-op.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let store = Arc::new(Self {
             options,
             connections: ArcSwapOption::empty(),
@@ -179,7 +185,10 @@ impl RedisStore {
         match &self.options.target.mode {
             RedisMode::Single(info) => {
                 let config = self.manager_config();
-                let client = redis::Client::open(info.clone())?;
+                let client = match &self.options.tls {
+                    Some(certificates) => redis::Client::build_with_tls(info.clone(), certificates.clone())?,
+                    None => redis::Client::open(info.clone())?,
+                };
                 let mut pool = Vec::with_capacity(self.options.connections.max(1));
                 for _ in 0..self.options.connections.max(1) {
                     pool.push(ConnectionManager::new_with_config(client.clone(), config.clone()).await?);
@@ -190,11 +199,14 @@ impl RedisStore {
                 })
             }
             RedisMode::Cluster(nodes) => {
-                let client = ClusterClient::builder(nodes.clone())
+                let mut builder = ClusterClient::builder(nodes.clone())
                     .connection_timeout(timeout)
                     .response_timeout(self.options.deadline.max(timeout))
-                    .retries(2)
-                    .build()?;
+                    .retries(2);
+                if let Some(certificates) = &self.options.tls {
+                    builder = builder.certs(certificates.clone());
+                }
+                let client = builder.build()?;
                 Ok(Connections::Cluster(client.get_async_connection().await?))
             }
             RedisMode::Sentinel {

@@ -36,12 +36,8 @@ impl SentinelLink {
         config: ConnectionManagerConfig,
     ) -> redis::RedisResult<Self> {
         let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(node.clone());
-        let mut client = SentinelClient::build(
-            sentinels.to_vec(),
-            master.to_owned(),
-            Some(node),
-            SentinelServerType::Master,
-        )?;
+        let mut client =
+            SentinelClient::build(sentinels.to_vec(), master, Some(node), SentinelServerType::Master)?;
         let manager =
             ConnectionManager::new_with_config(client.async_get_client().await?, config.clone()).await?;
         Ok(Self {

@@ -7,7 +7,8 @@
 //! - sentinel: `master_name,sentinel_host:port,...` (the master is found through the sentinels;
 //!   `REDIS_AUTH` applies to the master, sentinels are reached without a password).
 //!
-//! TLS (`REDIS_TLS=true`, `rediss://`) is refused clearly too, until it can be tested end to end.
+//! TLS: `REDIS_TLS=true` with `host:port`, or a `rediss://` URL; certificates come separately (see
+//! [`super::RedisOptions::tls`]). Sentinel over TLS is refused clearly.
 
 use std::fmt;
 
@@ -73,21 +74,25 @@ impl RedisTarget {
         socket_type: &str,
         auth: &str,
         tls: bool,
+        skip_hostname_verification: bool,
     ) -> Result<Self, TargetError> {
         let addresses: Vec<&str> = url.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
-        let one = |address: &str| node(address, socket_type, auth, tls);
+        let one = |address: &str| node(address, socket_type, auth, tls, skip_hostname_verification);
         let mode = match kind.to_ascii_lowercase().as_str() {
             "" | "single" => match addresses.as_slice() {
                 [address] => RedisMode::Single(one(address)?),
                 _ => return Err(bad(url, "a single Redis takes exactly one address")),
             },
             "cluster" => RedisMode::Cluster(addresses.iter().map(|a| one(a)).collect::<Result<_, _>>()?),
+            "sentinel" if tls => {
+                return Err(TargetError::Unsupported("TLS to Redis Sentinel is not supported"));
+            }
             "sentinel" => match addresses.as_slice() {
                 [master, sentinels @ ..] if !sentinels.is_empty() => RedisMode::Sentinel {
                     master: (*master).to_owned(),
                     sentinels: sentinels
                         .iter()
-                        .map(|a| node(a, socket_type, "", tls))
+                        .map(|a| node(a, socket_type, "", false, false))
                         .collect::<Result<_, _>>()?,
                     node: credentials(redis::RedisConnectionInfo::default(), auth),
                 },
@@ -107,7 +112,13 @@ impl RedisTarget {
     }
 }
 
-fn node(address: &str, socket_type: &str, auth: &str, tls: bool) -> Result<ConnectionInfo, TargetError> {
+fn node(
+    address: &str,
+    socket_type: &str,
+    auth: &str,
+    tls: bool,
+    insecure: bool,
+) -> Result<ConnectionInfo, TargetError> {
     let info = if address.contains("://") {
         address
             .into_connection_info()
@@ -128,7 +139,7 @@ fn node(address: &str, socket_type: &str, auth: &str, tls: bool) -> Result<Conne
             ConnectionAddr::TcpTls {
                 host,
                 port,
-                insecure: false,
+                insecure,
                 tls_params: None,
             }
         } else {
@@ -137,11 +148,7 @@ fn node(address: &str, socket_type: &str, auth: &str, tls: bool) -> Result<Conne
         addr.into_connection_info()
             .map_err(|e| bad(address, &e.to_string()))?
     };
-    if matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
-        return Err(TargetError::Unsupported(
-            "TLS to Redis (REDIS_TLS, rediss://) is not supported yet",
-        ));
-    }
+
     Ok(with_auth(info, auth))
 }
 
@@ -185,27 +192,45 @@ mod tests {
 
     #[test]
     fn go_forms_parse() {
-        let t = RedisTarget::parse("127.0.0.1:6379", "SINGLE", "tcp", "", false).expect("host:port");
+        let t = RedisTarget::parse("127.0.0.1:6379", "SINGLE", "tcp", "", false, false).expect("host:port");
         assert!(
             matches!(&t.mode, RedisMode::Single(i) if matches!(i.addr(), ConnectionAddr::Tcp(h, 6379) if h == "127.0.0.1"))
         );
-        let t = RedisTarget::parse("/var/run/redis.sock", "", "unix", "", false).expect("unix");
+        let t = RedisTarget::parse("/var/run/redis.sock", "", "unix", "", false, false).expect("unix");
         assert!(matches!(&t.mode, RedisMode::Single(i) if matches!(i.addr(), ConnectionAddr::Unix(_))));
-        let t = RedisTarget::parse("a:1,b:2,c:3", "cluster", "tcp", "", false).expect("cluster");
+        let t = RedisTarget::parse("a:1,b:2,c:3", "cluster", "tcp", "", false, false).expect("cluster");
         assert!(matches!(&t.mode, RedisMode::Cluster(nodes) if nodes.len() == 3));
-        let t = RedisTarget::parse("redis://localhost:7000/2", "", "", "", false).expect("url");
+        let t = RedisTarget::parse("redis://localhost:7000/2", "", "", "", false, false).expect("url");
         assert!(matches!(&t.mode, RedisMode::Single(i) if i.redis_settings().db() == 2));
     }
 
     #[test]
+    fn tls_forms_parse() {
+        let t = RedisTarget::parse("h:6380", "", "tcp", "", true, false).expect("tls host:port");
+        assert!(
+            matches!(&t.mode, RedisMode::Single(i) if matches!(i.addr(), ConnectionAddr::TcpTls { insecure: false, .. }))
+        );
+        let t = RedisTarget::parse("h:6380", "", "tcp", "", true, true).expect("insecure");
+        assert!(
+            matches!(&t.mode, RedisMode::Single(i) if matches!(i.addr(), ConnectionAddr::TcpTls { insecure: true, .. }))
+        );
+        let t = RedisTarget::parse("rediss://h:6380", "", "", "", false, false).expect("rediss");
+        assert!(matches!(&t.mode, RedisMode::Single(i) if matches!(i.addr(), ConnectionAddr::TcpTls { .. })));
+        assert!(matches!(
+            RedisTarget::parse("m,s:1", "sentinel", "", "", true, false),
+            Err(TargetError::Unsupported(_))
+        ));
+    }
+
+    #[test]
     fn auth_sets_user_and_password() {
-        let t = RedisTarget::parse("h:1", "", "", "alice:s3cret", false).expect("parses");
+        let t = RedisTarget::parse("h:1", "", "", "alice:s3cret", false, false).expect("parses");
         let RedisMode::Single(info) = &t.mode else {
             panic!("single")
         };
         assert_eq!(info.redis_settings().username(), Some("alice"));
         assert_eq!(info.redis_settings().password(), Some("s3cret"));
-        let t = RedisTarget::parse("h:1", "", "", "s3cret", false).expect("parses");
+        let t = RedisTarget::parse("h:1", "", "", "s3cret", false, false).expect("parses");
         let RedisMode::Single(info) = &t.mode else {
             panic!("single")
         };
@@ -216,31 +241,31 @@ mod tests {
     #[test]
     fn bad_input_is_refused_clearly() {
         assert!(matches!(
-            RedisTarget::parse("h:1", "ring", "", "", false),
+            RedisTarget::parse("h:1", "ring", "", "", false, false),
             Err(TargetError::UnknownType(_))
         ));
         assert!(matches!(
-            RedisTarget::parse("nohostport", "", "", "", false),
+            RedisTarget::parse("nohostport", "", "", "", false, false),
             Err(TargetError::BadAddress { .. })
         ));
         assert!(matches!(
-            RedisTarget::parse("h:x", "", "", "", false),
+            RedisTarget::parse("h:x", "", "", "", false, false),
             Err(TargetError::BadAddress { .. })
         ));
         assert!(matches!(
-            RedisTarget::parse("a:1,b:2", "single", "", "", false),
+            RedisTarget::parse("a:1,b:2", "single", "", "", false, false),
             Err(TargetError::BadAddress { .. })
         ));
         assert!(matches!(
-            RedisTarget::parse("mymaster", "sentinel", "", "", false),
+            RedisTarget::parse("mymaster", "sentinel", "", "", false, false),
             Err(TargetError::BadAddress { .. })
         ));
-        let t =
-            RedisTarget::parse("mymaster,s1:26379,s2:26379", "sentinel", "", "pw", false).expect("sentinel");
+        let t = RedisTarget::parse("mymaster,s1:26379,s2:26379", "sentinel", "", "pw", false, false)
+            .expect("sentinel");
         assert!(
             matches!(&t.mode, RedisMode::Sentinel { master, sentinels, node } if master == "mymaster" && sentinels.len() == 2 && node.password() == Some("pw"))
         );
-        let err = RedisTarget::parse("redis://u:pw@", "", "", "", false).expect_err("no host");
+        let err = RedisTarget::parse("redis://u:pw@", "", "", "", false, false).expect_err("no host");
         assert!(!err.to_string().contains("pw"), "{err}");
         assert_eq!(redact("redis://u:pw@h:1"), "redis://***@h:1");
     }

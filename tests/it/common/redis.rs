@@ -38,7 +38,7 @@ macro_rules! require_redis {
 }
 
 /// A free loopback port (bound and released; the small race is retried by the callers).
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
