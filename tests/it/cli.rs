@@ -284,21 +284,7 @@ fn serving_line_parser() {
 async fn serve_with_flags_answers_then_exits_zero_on_sigterm() {
     let dir = rules_dir(&[("cli.yaml", RULES)]);
     let config_dir = dir.path().to_str().expect("utf-8 path");
-    let served = Served::start(
-        &[
-            "serve",
-            "--config-dir",
-            config_dir,
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--debug-addr",
-            "127.0.0.1:0",
-        ],
-        &[],
-    )
-    .await;
+    let served = Served::start(&serve_args(config_dir), &[]).await;
     for addr in [served.grpc, served.http, served.debug] {
         assert!(addr.ip().is_loopback() && addr.port() != 0, "{addr}");
     }
@@ -362,21 +348,7 @@ async fn serve_with_go_environment_names() {
 async fn invalid_rules_at_startup_exit_non_zero_naming_file_and_reason() {
     let dir = rules_dir(&[("good.yaml", RULES), ("broken.yaml", MISSPELLED)]);
     let config_dir = dir.path().to_str().expect("utf-8 path");
-    let out = run(
-        &[
-            "serve",
-            "--config-dir",
-            config_dir,
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--debug-addr",
-            "127.0.0.1:0",
-        ],
-        &[],
-    )
-    .await;
+    let out = run(&serve_args(config_dir), &[]).await;
     let stderr = strip_ansi(&String::from_utf8_lossy(&out.stderr));
     assert!(!out.status.success(), "non-zero exit; stderr:\n{stderr}");
     assert!(stderr.contains("broken.yaml"), "names the file: {stderr}");
@@ -527,21 +499,7 @@ async fn query_errors_exit_two() {
 async fn sigterm_flips_health_first_then_drains_then_exits_zero() {
     let dir = rules_dir(&[("cli.yaml", RULES)]);
     let config_dir = dir.path().to_str().expect("utf-8 path");
-    let served = Served::start(
-        &[
-            "serve",
-            "--config-dir",
-            config_dir,
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--debug-addr",
-            "127.0.0.1:0",
-        ],
-        &[("TOLLGATE_DRAIN_PERIOD", "1500ms")],
-    )
-    .await;
+    let served = Served::start(&serve_args(config_dir), &[("TOLLGATE_DRAIN_PERIOD", "1500ms")]).await;
     // An open connection, as Envoy holds one.
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", served.grpc))
         .expect("uri")
@@ -594,21 +552,7 @@ async fn sigterm_flips_health_first_then_drains_then_exits_zero() {
 async fn healthcheck_subcommand_reports_serving_or_fails() {
     let dir = rules_dir(&[("cli.yaml", RULES)]);
     let config_dir = dir.path().to_str().expect("utf-8 path");
-    let served = Served::start(
-        &[
-            "serve",
-            "--config-dir",
-            config_dir,
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--debug-addr",
-            "127.0.0.1:0",
-        ],
-        &[],
-    )
-    .await;
+    let served = Served::start(&serve_args(config_dir), &[]).await;
     let addr = format!("http://{}", served.grpc);
     let ok = run(&["healthcheck", "--addr", &addr], &[]).await;
     assert_eq!(
@@ -623,6 +567,21 @@ async fn healthcheck_subcommand_reports_serving_or_fails() {
     assert_eq!(served.terminate().await, Some(0));
     let down = run(&["healthcheck", "--addr", &addr, "--timeout", "500ms"], &[]).await;
     assert_eq!(down.status.code(), Some(1));
+}
+
+/// `serve` on free loopback ports over `config_dir`.
+fn serve_args(config_dir: &str) -> [&str; 9] {
+    [
+        "serve",
+        "--config-dir",
+        config_dir,
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--debug-addr",
+        "127.0.0.1:0",
+    ]
 }
 
 /// An OTLP/gRPC trace receiver that forwards every export to a channel.
@@ -705,17 +664,7 @@ async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
     let dir = rules_dir(&[("cli.yaml", RULES)]);
     let config_dir = dir.path().to_str().expect("utf-8 path");
     let served = Served::start(
-        &[
-            "serve",
-            "--config-dir",
-            config_dir,
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--debug-addr",
-            "127.0.0.1:0",
-        ],
+        &serve_args(config_dir),
         &[
             ("TRACING_ENABLED", "true"),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
@@ -769,17 +718,7 @@ async fn the_redis_call_is_a_child_span_of_the_rpc() {
     let dir = rules_dir(&[("cli.yaml", RULES)]);
     let config_dir = dir.path().to_str().expect("utf-8 path");
     let served = Served::start(
-        &[
-            "serve",
-            "--config-dir",
-            config_dir,
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--debug-addr",
-            "127.0.0.1:0",
-        ],
+        &serve_args(config_dir),
         &[
             ("TRACING_ENABLED", "true"),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),

@@ -30,42 +30,29 @@ use redis::aio::ConnectionLike;
 use crate::algorithm::{Algorithm, Decision, Limit};
 use crate::store::CommitPolicy;
 
-/// The program: the shared helpers, every algorithm, then the driver (which must come last: it
-/// refers to the functions defined before it). It defines `tollgate_batch` and runs nothing; see
-/// [`BatchScript::library`] and the EVAL form for the line that exposes it.
-pub const SOURCE: &str = concat!(
-    include_str!("../../../lua/exact.lua"),
-    "\n",
-    include_str!("../../../lua/fixed_window.lua"),
-    "\n",
-    include_str!("../../../lua/sliding_window.lua"),
-    "\n",
-    include_str!("../../../lua/sliding_log.lua"),
-    "\n",
-    include_str!("../../../lua/token_bucket.lua"),
-    "\n",
-    include_str!("../../../lua/gcra.lua"),
-    "\n",
-    include_str!("../../../lua/batch.lua"),
-);
+/// The Lua files in load order, concatenated with `extra` text after them: the shared helpers, every
+/// algorithm, then the driver (which must come last: it refers to the functions defined before it).
+macro_rules! program {
+    ($($extra:expr),*) => {
+        concat!(
+            include_str!("../../../lua/exact.lua"), "\n",
+            include_str!("../../../lua/fixed_window.lua"), "\n",
+            include_str!("../../../lua/sliding_window.lua"), "\n",
+            include_str!("../../../lua/sliding_log.lua"), "\n",
+            include_str!("../../../lua/token_bucket.lua"), "\n",
+            include_str!("../../../lua/gcra.lua"), "\n",
+            include_str!("../../../lua/batch.lua"),
+            $($extra),*
+        )
+    };
+}
+
+/// The program. It defines `tollgate_batch` and runs nothing; see [`BatchScript::library`] and the EVAL
+/// form for the line that exposes it.
+pub const SOURCE: &str = program!();
 
 /// The EVAL form: the program, then a call of the driver with EVAL's globals.
-const EVAL_SOURCE: &str = concat!(
-    include_str!("../../../lua/exact.lua"),
-    "\n",
-    include_str!("../../../lua/fixed_window.lua"),
-    "\n",
-    include_str!("../../../lua/sliding_window.lua"),
-    "\n",
-    include_str!("../../../lua/sliding_log.lua"),
-    "\n",
-    include_str!("../../../lua/token_bucket.lua"),
-    "\n",
-    include_str!("../../../lua/gcra.lua"),
-    "\n",
-    include_str!("../../../lua/batch.lua"),
-    "\nreturn tollgate_batch(KEYS, ARGV)\n",
-);
+const EVAL_SOURCE: &str = program!("\nreturn tollgate_batch(KEYS, ARGV)\n");
 
 /// Bytes per item in `ARGV[2]`: eight little-endian doubles.
 const ITEM_BYTES: usize = 64;
