@@ -408,7 +408,7 @@ impl<S: Store> Limiter<S> {
             let started = Instant::now();
             let answer = self
                 .store
-                .apply(Batch {
+                .apply(&Batch {
                     items,
                     policy,
                     scope_len,

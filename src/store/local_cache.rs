@@ -136,7 +136,7 @@ impl<S: Store> LocalCache<S> {
 }
 
 impl<S: Store> Store for LocalCache<S> {
-    async fn apply(&self, batch: Batch) -> Result<Vec<Decision>, StoreError> {
+    async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
         if self.per_shard == 0 {
             return self.inner.apply(batch).await;
         }
@@ -144,7 +144,7 @@ impl<S: Store> Store for LocalCache<S> {
         let cached: Vec<Option<Decision>> = batch.items.iter().map(|item| self.lookup(item, now)).collect();
         let hits = cached.iter().flatten().count();
         if hits == 0 {
-            let decisions = self.inner.apply(batch.clone()).await?;
+            let decisions = self.inner.apply(batch).await?;
             for (item, decision) in batch.items.iter().zip(&decisions) {
                 self.remember(item, decision, now);
             }
@@ -176,14 +176,13 @@ impl<S: Store> Store for LocalCache<S> {
         }
         let mut decisions: Vec<Decision> = cached.into_iter().map(Option::unwrap_or_default).collect();
         if !sent.is_empty() {
-            let answers = self
-                .inner
-                .apply(Batch {
-                    items: sent.clone(),
-                    ..batch
-                })
-                .await?;
-            for ((at, item), decision) in positions.into_iter().zip(&sent).zip(answers) {
+            let sent = Batch {
+                items: sent,
+                policy: batch.policy,
+                scope_len: batch.scope_len,
+            };
+            let answers = self.inner.apply(&sent).await?;
+            for ((at, item), decision) in positions.into_iter().zip(&sent.items).zip(answers) {
                 self.remember(item, &decision, now);
                 decisions[at] = decision;
             }

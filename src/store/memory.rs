@@ -111,26 +111,26 @@ impl MemoryStore {
 
     /// The synchronous heart of [`Store::apply`]: apply every item; if the policy says some of them
     /// must not consume after all, restore the previous states and apply again with those costs at 0.
-    fn apply_batch(&self, items: Vec<BatchItem>, policy: CommitPolicy) -> Vec<Decision> {
+    fn apply_batch(&self, items: &[BatchItem], policy: CommitPolicy) -> Vec<Decision> {
         let now = self.clock.now_us();
         let hashes: Vec<u64> = items.iter().map(|i| self.hash(i)).collect();
         let mut locked = self.lock_shards(&hashes);
         let costs: Vec<u64> = items.iter().map(|i| i.cost).collect();
-        let may_settle = policy != CommitPolicy::Independent || has_shared_group(&items);
+        let may_settle = policy != CommitPolicy::Independent || has_shared_group(items);
         let mut undo = Vec::with_capacity(if may_settle { items.len() } else { 0 });
         let first = self.run(
             &mut locked,
-            &items,
+            items,
             &hashes,
             &costs,
             now,
             may_settle.then_some(&mut undo),
         );
-        let Some(settled) = settled_costs(&items, &first, policy) else {
+        let Some(settled) = settled_costs(items, &first, policy) else {
             return first;
         };
-        rollback(&mut locked, &items, &hashes, undo);
-        let second = self.run(&mut locked, &items, &hashes, &settled, now, None);
+        rollback(&mut locked, items, &hashes, undo);
+        let second = self.run(&mut locked, items, &hashes, &settled, now, None);
         first
             .iter()
             .zip(second)
@@ -198,8 +198,8 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    async fn apply(&self, batch: Batch) -> Result<Vec<Decision>, StoreError> {
-        Ok(self.apply_batch(batch.items, batch.policy))
+    async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
+        Ok(self.apply_batch(&batch.items, batch.policy))
     }
 }
 

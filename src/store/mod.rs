@@ -94,8 +94,9 @@ impl Batch {
 
 /// A place to keep counters.
 pub trait Store: Send + Sync + 'static {
-    /// Applies a batch atomically and returns one decision per item, in order.
-    fn apply(&self, batch: Batch) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+    /// Applies a batch atomically and returns one decision per item, in order. The batch is borrowed:
+    /// a store copies a key only when it must keep it (a new entry), not on every request.
+    fn apply(&self, batch: &Batch) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 }
 
 /// The store chosen at startup: the embedded one, or Redis behind the local over-limit cache.
@@ -118,7 +119,7 @@ impl AnyStore {
 }
 
 impl Store for AnyStore {
-    async fn apply(&self, batch: Batch) -> Result<Vec<Decision>, StoreError> {
+    async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
         match self {
             AnyStore::Memory(store) => store.apply(batch).await,
             AnyStore::Redis(store) => store.apply(batch).await,

@@ -18,7 +18,7 @@ use crate::common::{Harness, T0_US, assert_status, d, rules};
 struct DownStore;
 
 impl Store for DownStore {
-    async fn apply(&self, _: Batch) -> Result<Vec<Decision>, StoreError> {
+    async fn apply(&self, _: &Batch) -> Result<Vec<Decision>, StoreError> {
         Err(StoreError::Unavailable("connection refused".into()))
     }
 }
@@ -152,7 +152,7 @@ async fn a_million_distinct_keys_are_dropped_once_they_cannot_matter() {
     const KEYS: usize = 1_000_000;
     for i in 0..KEYS {
         let decisions = store
-            .apply(Batch::new(
+            .apply(&Batch::new(
                 vec![item(format!("churn_ip_{i}_"), 1)],
                 CommitPolicy::Independent,
             ))
@@ -173,7 +173,7 @@ async fn expired_state_is_ignored_even_before_a_sweep() {
     let clock = ManualClock::new(T0_US);
     let store = MemoryStore::new(Arc::new(clock.clone()));
     let first = store
-        .apply(Batch::new(
+        .apply(&Batch::new(
             vec![item("k_v_".into(), 10)],
             CommitPolicy::Independent,
         ))
@@ -182,7 +182,7 @@ async fn expired_state_is_ignored_even_before_a_sweep() {
     assert_eq!(first[0].remaining, 0);
     clock.advance_us(1_000_000);
     let again = store
-        .apply(Batch::new(
+        .apply(&Batch::new(
             vec![item("k_v_".into(), 1)],
             CommitPolicy::Independent,
         ))
@@ -199,13 +199,16 @@ async fn all_or_nothing_rolls_back_a_key_seen_twice() {
     batch[1].group = 1;
     batch[2].group = 2;
     let decisions = store
-        .apply(Batch::new(batch, CommitPolicy::AllOrNothing))
+        .apply(&Batch::new(batch, CommitPolicy::AllOrNothing))
         .await
         .expect("ok");
     assert!(decisions[0].allowed && decisions[1].allowed && !decisions[2].allowed);
     // Nothing was consumed: the full budget is still there for "a".
     let after = store
-        .apply(Batch::new(vec![item("a_".into(), 10)], CommitPolicy::Independent))
+        .apply(&Batch::new(
+            vec![item("a_".into(), 10)],
+            CommitPolicy::Independent,
+        ))
         .await
         .expect("ok");
     assert!(after[0].allowed);

@@ -205,7 +205,7 @@ impl Harness {
             .collect();
         let expected = self
             .memory
-            .apply(Batch::new(batch_items.clone(), policy))
+            .apply(&Batch::new(batch_items.clone(), policy))
             .await
             .expect("memory store");
         assert_eq!(
@@ -240,7 +240,7 @@ impl Harness {
         };
         let seen = self
             .memory
-            .apply(Batch::new(vec![peek], CommitPolicy::Independent))
+            .apply(&Batch::new(vec![peek], CommitPolicy::Independent))
             .await
             .expect("peek")[0];
         if count <= item.limit.requests {

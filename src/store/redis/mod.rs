@@ -362,11 +362,11 @@ fn shares_group(items: &[BatchItem], at: usize) -> bool {
 }
 
 impl Store for Arc<RedisStore> {
-    async fn apply(&self, batch: Batch) -> Result<Vec<Decision>, StoreError> {
+    async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
         let Some(connections) = self.connections.load_full() else {
             return Err(StoreError::Unavailable("not connected to Redis yet".into()));
         };
-        let named = self.script_items(&batch);
+        let named = self.script_items(batch);
         let items: Vec<ScriptItem<'_>> = named
             .iter()
             .map(|(key, item)| ScriptItem { key, ..*item })
