@@ -18,11 +18,13 @@
 //!   top-offender sketches.
 //! - [`health`], [`reload`], [`settings`], [`telemetry`], [`server`], [`cli`]: running the service.
 //!   [`denial_log`]: sampled logs of refusals.
-//! - [`loadgen`]: `tollgate bench`, the load generator.
+//! - [`loadgen`]: `tollgate bench`, the load generator. [`client`]: a client and tower layer for
+//!   application servers.
 //! - [`proto`]: generated protocol types.
 
 pub mod algorithm;
 pub mod cli;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod denial_log;

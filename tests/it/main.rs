@@ -6,6 +6,7 @@
 mod common;
 
 mod cli;
+mod client;
 mod compat;
 mod extensions;
 mod grpc;
