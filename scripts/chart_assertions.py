@@ -293,6 +293,16 @@ def main():
         env = {e["name"]: e for e in single.tollgate_deployment()["spec"]["template"]["spec"]["containers"][0].get("env", [])}
         auth = env.get("REDIS_AUTH", {}).get("valueFrom", {}).get("secretKeyRef", {})
         check(auth.get("name") == "tollgate-redis" and auth.get("key") == "password", "redis-single: REDIS_AUTH not from the Secret")
+    cluster = rendered(args, "redis-cluster", "-f", f"{args.chart}/ci/redis-cluster-values.yaml")
+    if cluster:
+        settings = cluster.settings()
+        check(settings.get("REDIS_TLS") == "true", "redis-cluster: REDIS_TLS not set")
+        check(settings.get("REDIS_TLS_CACERT") == "/etc/tollgate/redis-tls/ca.crt", "redis-cluster: REDIS_TLS_CACERT not the mounted CA")
+        pod = cluster.tollgate_deployment()["spec"]["template"]["spec"]
+        mounts = {m["name"]: m for m in pod["containers"][0].get("volumeMounts", [])}
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        check(mounts.get("redis-tls", {}).get("readOnly") is True, "redis-cluster: the Redis CA is not mounted read-only")
+        check(volumes.get("redis-tls", {}).get("secret", {}).get("secretName") == "redis-cluster-ca", "redis-cluster: the CA volume is not the Secret")
     sentinel = rendered(args, "redis-sentinel", "-f", f"{args.chart}/ci/redis-sentinel-values.yaml")
     if sentinel:
         url = sentinel.settings().get("REDIS_URL", "")
@@ -310,7 +320,8 @@ def main():
         rules_check(args, broken, expect_ok=False)
 
     # 6. Values that must fail the render, with a message that says why.
-    must_fail(args, "tls", "redis: {mode: single, url: 'r:6379', tls: true}\n", "TLS to Redis")
+        must_fail(args, "tls-memory", "redis: {mode: memory, tls: true}\n", "redis.tls")
+    must_fail(args, "tls-sentinel", "redis: {mode: sentinel, sentinelMaster: m, addresses: ['s:26379'], tls: true}\n", "redis.tls")
     must_fail(args, "memory-with-url", "redis: {mode: memory, url: 'r:6379'}\n", "redis.mode is memory")
     must_fail(args, "single-without-url", "redis: {mode: single}\n", "needs redis.url")
     must_fail(args, "sentinel-without-master", "redis: {mode: sentinel, addresses: ['s:26379']}\n", "sentinelMaster")

@@ -87,14 +87,19 @@ print 4194304 as 4.194304e+06: whole numbers are printed as integers.
 {{- end }}
 {{- end }}
 
+{{/* Where the Redis CA Secret is mounted. */}}
+{{- define "tollgate.redisTlsDir" -}}
+/etc/tollgate/redis-tls
+{{- end }}
+
 {{/*
 REDIS_TYPE and REDIS_URL for redis.mode, as YAML (empty for the embedded store). Fails on inconsistent
 values, so a mistake shows at `helm install` instead of as a crash-looping pod.
 */}}
 {{- define "tollgate.redisEnv" -}}
 {{- $r := .Values.redis }}
-{{- if $r.tls }}
-{{- fail "redis.tls: the chart does not wire TLS to Redis yet (the service supports it: set REDIS_TLS and REDIS_TLS_CACERT through extraEnv and a mounted CA); set redis.tls=false" }}
+{{- if and $r.tls (or (eq $r.mode "memory") (eq $r.mode "sentinel") $r.dev.enabled) }}
+{{- fail "redis.tls needs an external Redis in mode single or cluster (Tollgate does not speak TLS to Sentinel, and the dev Redis has no TLS)" }}
 {{- end }}
 {{- if and $r.url (contains "@" $r.url) }}
 {{- fail "redis.url must not carry credentials: put the password in a Secret and set redis.existingSecret" }}
@@ -137,6 +142,12 @@ REDIS_URL: {{ prepend $r.addresses $r.sentinelMaster | join "," | quote }}
 {{- end }}
 REDIS_TYPE: cluster
 REDIS_URL: {{ join "," $r.addresses | quote }}
+{{- end }}
+{{- if $r.tls }}
+REDIS_TLS: "true"
+{{- if $r.tlsCaSecret }}
+REDIS_TLS_CACERT: {{ printf "%s/%s" (include "tollgate.redisTlsDir" .) $r.tlsCaKey | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
 
