@@ -305,7 +305,7 @@ impl<S: Store> Limiter<S> {
             CommitPolicy::Independent
         };
         let scope_len = self.options.cache_key_prefix.len() + domain.len();
-        let decisions = self.decide(&mut targets, policy, scope_len).await?;
+        let decisions = self.decide(&targets, policy, scope_len).await?;
         Ok(self.verdict(domain, targets, decisions))
     }
 
@@ -386,7 +386,7 @@ impl<S: Store> Limiter<S> {
     /// affected limit has a `failure_mode` to answer with instead.
     async fn decide(
         &self,
-        targets: &mut [Target],
+        targets: &[Target],
         policy: CommitPolicy,
         scope_len: usize,
     ) -> Result<Option<Vec<Vec<Decision>>>, LimiterError> {
