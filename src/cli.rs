@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use crate::proto::descriptor::RateLimitDescriptor;
-use crate::proto::descriptor::rate_limit_descriptor::Entry;
 use crate::proto::rls::RateLimitRequest;
 use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use crate::reload::load_rules;
@@ -280,10 +279,7 @@ fn query(args: QueryArgs) -> ExitCode {
         .target
         .descriptors
         .into_iter()
-        .map(|d| RateLimitDescriptor {
-            entries: d.0.into_iter().map(|(key, value)| Entry { key, value }).collect(),
-            ..Default::default()
-        })
+        .map(|d| RateLimitDescriptor::from_entries(d.0))
         .collect();
     let request = RateLimitRequest {
         domain: args.target.domain,

@@ -19,7 +19,6 @@ use axum::http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use tonic::transport::Channel;
 
 use crate::proto::descriptor::RateLimitDescriptor;
-use crate::proto::descriptor::rate_limit_descriptor::Entry;
 use crate::proto::rls::rate_limit_response::Code;
 use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
@@ -103,13 +102,7 @@ impl Client {
             domain: self.domain.clone(),
             descriptors: descriptors
                 .into_iter()
-                .map(|entries| RateLimitDescriptor {
-                    entries: entries
-                        .into_iter()
-                        .map(|(key, value)| Entry { key, value })
-                        .collect(),
-                    ..Default::default()
-                })
+                .map(RateLimitDescriptor::from_entries)
                 .collect(),
             hits_addend: cost,
         };

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
 use crate::proto::descriptor::RateLimitDescriptor;
-use crate::proto::descriptor::rate_limit_descriptor::Entry;
 use crate::proto::rls::RateLimitRequest;
 use crate::proto::rls::rate_limit_response::Code;
 use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
@@ -165,15 +164,10 @@ fn request(domain: &str, templates: &[Template], key: u64) -> RateLimitRequest {
     let index = key.to_string();
     let descriptors = templates
         .iter()
-        .map(|entries| RateLimitDescriptor {
-            entries: entries
-                .iter()
-                .map(|(k, v)| Entry {
-                    key: k.clone(),
-                    value: v.replace("{i}", &index),
-                })
-                .collect(),
-            ..Default::default()
+        .map(|entries| {
+            RateLimitDescriptor::from_entries(
+                entries.iter().map(|(k, v)| (k.clone(), v.replace("{i}", &index))),
+            )
         })
         .collect();
     RateLimitRequest {

@@ -57,3 +57,21 @@ pub mod envoy {
 
 pub use envoy::extensions::common::ratelimit::v3 as descriptor;
 pub use envoy::service::ratelimit::v3 as rls;
+
+impl descriptor::RateLimitDescriptor {
+    /// A descriptor of these `(key, value)` entries, in order, with no limit override and no
+    /// descriptor-level hits.
+    pub fn from_entries<K: Into<String>, V: Into<String>>(entries: impl IntoIterator<Item = (K, V)>) -> Self {
+        let entries = entries
+            .into_iter()
+            .map(|(key, value)| descriptor::rate_limit_descriptor::Entry {
+                key: key.into(),
+                value: value.into(),
+            })
+            .collect();
+        Self {
+            entries,
+            ..Default::default()
+        }
+    }
+}

@@ -21,7 +21,7 @@ use tollgate::limiter::{
     Code, DescriptorStatus, LimitOverride, Limiter, LimiterError, LimiterOptions, RequestDescriptor, Verdict,
 };
 use tollgate::proto::descriptor::RateLimitDescriptor;
-use tollgate::proto::descriptor::rate_limit_descriptor::{Entry, RateLimitOverride};
+use tollgate::proto::descriptor::rate_limit_descriptor::RateLimitOverride;
 use tollgate::proto::rls::RateLimitRequest;
 use tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use tollgate::rules::{CompileOptions, RuleSet, ValueHasher};
@@ -294,16 +294,7 @@ pub fn wire_request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitR
 }
 
 pub fn wire_descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: k.to_string(),
-                value: v.to_string(),
-            })
-            .collect(),
-        ..Default::default()
-    }
+    RateLimitDescriptor::from_entries(entries.iter().copied())
 }
 
 pub fn wire_override(requests_per_unit: u32, unit: i32) -> Option<RateLimitOverride> {
