@@ -253,6 +253,15 @@ impl Served {
 }
 
 async fn ask_user(grpc: SocketAddr, domain: &str, user: &str) -> tollgate::proto::rls::RateLimitResponse {
+    try_ask_user(grpc, domain, user).await.expect("ShouldRateLimit")
+}
+
+/// One ShouldRateLimit for `user`, bounded in time; a gRPC error is returned, not a failure.
+async fn try_ask_user(
+    grpc: SocketAddr,
+    domain: &str,
+    user: &str,
+) -> Result<tollgate::proto::rls::RateLimitResponse, tonic::Status> {
     let mut client = tokio::time::timeout(STARTUP, RateLimitServiceClient::connect(format!("http://{grpc}")))
         .await
         .expect("connect within the bound")
@@ -263,8 +272,7 @@ async fn ask_user(grpc: SocketAddr, domain: &str, user: &str) -> tollgate::proto
     )
     .await
     .expect("answer within the bound")
-    .expect("ShouldRateLimit")
-    .into_inner()
+    .map(tonic::Response::into_inner)
 }
 
 #[test]
@@ -731,7 +739,7 @@ async fn the_redis_call_is_a_child_span_of_the_rpc() {
     let addr = served.grpc;
     let deadline = Instant::now() + Duration::from_secs(10);
     // Retry until Redis is connected (the server starts before it is).
-    while ask_user_result(addr).await.is_err() {
+    while try_ask_user(addr, "cli", "via-redis").await.is_err() {
         assert!(Instant::now() < deadline, "never answered through Redis");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -752,16 +760,4 @@ async fn the_redis_call_is_a_child_span_of_the_rpc() {
     );
     assert_eq!(served.terminate().await, Some(0));
     receiver.abort();
-}
-
-async fn ask_user_result(grpc: SocketAddr) -> Result<tollgate::proto::rls::RateLimitResponse, tonic::Status> {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{grpc}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    let mut rls = tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient::new(channel);
-    rls.should_rate_limit(crate::common::wire_request("cli", &[&[("user", "via-redis")]]))
-        .await
-        .map(|r| r.into_inner())
 }
