@@ -19,7 +19,7 @@ use crate::config::{FailureMode, Unit};
 use crate::denial_log::DenialLog;
 use crate::metrics::Metrics;
 use crate::offenders::TopOffenders;
-use crate::rules::{DescriptorEntry, Rate, Rule, RuleSet, ValueHasher};
+use crate::rules::{DescriptorEntry, Rate, Rule, RuleLimit, RuleSet, ValueHasher};
 use crate::store::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 
 /// The currently loaded rules; `None` until a rule set has loaded successfully. Shared between the
@@ -186,15 +186,59 @@ pub enum LimiterError {
     Store(#[from] StoreError),
 }
 
-/// What one matched descriptor will be checked against.
+/// What one matched descriptor will be checked against. It refers to the rule's limits rather than
+/// copying them: a request allocates nothing per limit.
 struct Target {
+    /// The matched rule; `None` for no match and for a request's limit override.
     rule: Option<Arc<Rule>>,
-    /// Active rates with their name and failure mode; an empty list with `unlimited` false means "no
-    /// limit" (no match, or everything replaced).
-    rates: Vec<(Rate, Option<Arc<str>>, Option<FailureMode>)>,
+    /// A request's limit override, used instead of any rule.
+    override_limit: Option<RuleLimit>,
+    /// Bit `i` set: limit `i` of [`Target::limits`] is checked (it has a rate and no matched rule
+    /// replaces it). Zero with `unlimited` false means "no limit" (no match, or everything replaced).
+    active: u64,
     unlimited: bool,
     key: String,
     cost: u64,
+}
+
+impl Target {
+    fn limits(&self) -> &[RuleLimit] {
+        match (&self.override_limit, &self.rule) {
+            (Some(limit), _) => std::slice::from_ref(limit),
+            (None, Some(rule)) => &rule.limits,
+            (None, None) => &[],
+        }
+    }
+
+    /// The checked limits with their rates, in rule order.
+    fn rates(&self) -> impl Iterator<Item = (&RuleLimit, &Rate)> + '_ {
+        self.limits()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.active & bit(*i) != 0)
+            .filter_map(|(_, limit)| limit.rate.as_ref().map(|rate| (limit, rate)))
+    }
+
+    fn rate_count(&self) -> usize {
+        self.active.count_ones() as usize
+    }
+}
+
+/// The mask bit of limit `i` (rules hold at most [`crate::rules::MAX_LIMITS_PER_RULE`] = 64 limits).
+fn bit(i: usize) -> u64 {
+    u32::try_from(i)
+        .ok()
+        .and_then(|i| 1u64.checked_shl(i))
+        .unwrap_or(0)
+}
+
+/// The mask of the limits that have a rate.
+fn rate_bits(limits: &[RuleLimit]) -> u64 {
+    limits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.rate.is_some())
+        .fold(0, |bits, (i, _)| bits | bit(i))
 }
 
 /// The decision core.
@@ -350,9 +394,16 @@ impl<S: Store> Limiter<S> {
                 None,
             );
             domain.raw_key(descriptor.entries(), &self.hasher, &mut key);
+            let limit = RuleLimit {
+                name: None,
+                replaces: Vec::new(),
+                failure_mode: None,
+                rate: Some(rate),
+            };
             return Ok(Target {
                 rule: None,
-                rates: vec![(rate, None, None)],
+                override_limit: Some(limit),
+                active: 1,
                 unlimited: false,
                 key,
                 cost,
@@ -361,22 +412,18 @@ impl<S: Store> Limiter<S> {
         let Some(rule) = domain.find(descriptor.entries(), &self.hasher, &mut key) else {
             return Ok(Target {
                 rule: None,
-                rates: Vec::new(),
+                override_limit: None,
+                active: 0,
                 unlimited: false,
                 key: String::new(),
                 cost,
             });
         };
-        let unlimited = rule.limits.iter().any(|l| l.rate.is_none());
-        let rates = rule
-            .limits
-            .iter()
-            .filter_map(|l| l.rate.map(|rate| (rate, l.name.clone(), l.failure_mode)))
-            .collect();
         Ok(Target {
             rule: Some(Arc::clone(rule)),
-            rates,
-            unlimited,
+            override_limit: None,
+            active: rate_bits(&rule.limits),
+            unlimited: rule.limits.iter().any(|l| l.rate.is_none()),
             key,
             cost,
         })
@@ -393,7 +440,7 @@ impl<S: Store> Limiter<S> {
         let mut items = Vec::with_capacity(targets.len());
         for (group, target) in (0u32..).zip(targets.iter()).filter(|(_, t)| !t.unlimited) {
             // The descriptor keeps its key for the top-offender report; each limit gets a copy.
-            for (rate, _, _) in &target.rates {
+            for (_, rate) in target.rates() {
                 items.push(BatchItem {
                     key: target.key.clone(),
                     limit: rate.limit,
@@ -432,7 +479,7 @@ impl<S: Store> Limiter<S> {
                     if t.unlimited {
                         Vec::new()
                     } else {
-                        decisions.by_ref().take(t.rates.len()).collect()
+                        decisions.by_ref().take(t.rate_count()).collect()
                     }
                 })
                 .collect(),
@@ -480,7 +527,15 @@ impl<S: Store> Limiter<S> {
             };
         };
         let decision = &decisions[at];
-        let (rate, name, _) = &target.rates[at];
+        let Some((limit, rate)) = target.rates().nth(at) else {
+            return DescriptorStatus {
+                quota_mode,
+                rule: target.rule,
+                ..DescriptorStatus::no_limit(0)
+            };
+        };
+        let current = current_limit(rate, &limit.name);
+        let fixed_window = rate.limit.algorithm == Algorithm::FixedWindow;
         let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);
         if let Some(rule) = &target.rule
             && self.count_hits(rule, rate, decision, target.cost)
@@ -496,14 +551,14 @@ impl<S: Store> Limiter<S> {
         } else {
             Code::OverLimit
         };
-        let until_reset_us = if decision.allowed || rate.limit.algorithm == Algorithm::FixedWindow {
+        let until_reset_us = if decision.allowed || fixed_window {
             decision.reset_after_us
         } else {
             decision.retry_after_us
         };
         DescriptorStatus {
             code,
-            current_limit: Some(current_limit(rate, name)),
+            current_limit: Some(current),
             limit_remaining: if decision.allowed {
                 clamp_u32(decision.remaining)
             } else {
@@ -522,20 +577,22 @@ impl<S: Store> Limiter<S> {
     /// known about the remaining budget; the retry hint is one second.
     fn failure_status(&self, target: Target) -> DescriptorStatus {
         let quota_mode = self.quota_mode(&target);
-        if target.unlimited || target.rates.is_empty() {
+        if target.unlimited || target.rate_count() == 0 {
             return self.status("", target, &[]);
         }
         let closed = target
-            .rates
-            .iter()
-            .position(|(_, _, mode)| *mode == Some(FailureMode::Closed));
+            .rates()
+            .position(|(limit, _)| limit.failure_mode == Some(FailureMode::Closed));
         let counter = if closed.is_some() {
             &self.metrics.failure_mode_denied
         } else {
             &self.metrics.failure_mode_allowed
         };
         counter.add(1);
-        let (rate, name, _) = &target.rates[closed.unwrap_or(0)];
+        let Some((limit, rate)) = target.rates().nth(closed.unwrap_or(0)) else {
+            return self.status("", target, &[]);
+        };
+        let current = current_limit(rate, &limit.name);
         let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);
         DescriptorStatus {
             code: if closed.is_some() && !shadow {
@@ -543,7 +600,7 @@ impl<S: Store> Limiter<S> {
             } else {
                 Code::Ok
             },
-            current_limit: Some(current_limit(rate, name)),
+            current_limit: Some(current),
             limit_remaining: 0,
             duration_until_reset: Some(FAILURE_RETRY_HINT),
             retry_after: closed.map(|_| FAILURE_RETRY_HINT),
@@ -599,33 +656,40 @@ fn every_limit_has_failure_mode(targets: &[Target]) -> bool {
     targets
         .iter()
         .filter(|t| !t.unlimited)
-        .flat_map(|t| t.rates.iter())
-        .all(|(_, _, mode)| mode.is_some())
+        .flat_map(Target::rates)
+        .all(|(limit, _)| limit.failure_mode.is_some())
 }
 
 /// Drops every limit whose name another matched rule `replaces` (envoyproxy/ratelimit computes this
 /// after matching every descriptor, unlimited rules included).
 fn apply_replaces(targets: &mut [Target]) {
-    let replaced: HashSet<&str> = targets
+    let replacing = |t: &Target| {
+        t.rule
+            .as_ref()
+            .is_some_and(|r| r.limits.iter().any(|l| !l.replaces.is_empty()))
+    };
+    if !targets.iter().any(replacing) {
+        return;
+    }
+    // The names are read from shared rules, so the targets can be changed while they are held.
+    let rules: Vec<Arc<Rule>> = targets.iter().filter_map(|t| t.rule.clone()).collect();
+    let replaced: HashSet<&str> = rules
         .iter()
-        .filter_map(|t| t.rule.as_deref())
-        .flat_map(|rule| {
-            rule.limits
+        .flat_map(|r| {
+            r.limits
                 .iter()
                 .flat_map(|l| l.replaces.iter().map(String::as_str))
         })
         .collect();
-    if replaced.is_empty() {
-        return;
-    }
-    let replaced: HashSet<String> = replaced.into_iter().map(str::to_owned).collect();
+    let is_replaced = |limit: &RuleLimit| limit.name.as_deref().is_some_and(|n| replaced.contains(n));
     for target in targets.iter_mut() {
-        let Some(rule) = target.rule.as_deref() else {
-            continue;
-        };
-        let is_replaced = |name: &Option<Arc<str>>| name.as_deref().is_some_and(|n| replaced.contains(n));
-        target.rates.retain(|(_, name, _)| !is_replaced(name));
-        if target.unlimited && rule.limits.iter().all(|l| is_replaced(&l.name)) {
+        let Some(rule) = target.rule.clone() else { continue };
+        for (i, limit) in rule.limits.iter().enumerate() {
+            if is_replaced(limit) {
+                target.active &= !bit(i);
+            }
+        }
+        if target.unlimited && rule.limits.iter().all(is_replaced) {
             target.unlimited = false;
         }
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::matcher::{KeyGroup, Level, Node};
 use super::normalize::Normalizer;
 use super::pattern::{Pattern, Wildcard};
-use super::{Domain, Rate, Rule, RuleLimit, RuleSet};
+use super::{Domain, MAX_LIMITS_PER_RULE, Rate, Rule, RuleLimit, RuleSet};
 use crate::algorithm::Algorithm;
 use crate::config::{ConfigError, DescriptorConfig, DomainConfig, LimitPolicy, RateLimitConfig, ValueMatch};
 use crate::metrics::Metrics;
@@ -135,6 +135,15 @@ impl Context<'_> {
     fn rule(&mut self, d: &DescriptorConfig, path: &str) -> Result<Option<Arc<Rule>>, ConfigError> {
         if d.rate_limits.is_empty() {
             return Ok(None);
+        }
+        if d.rate_limits.len() > MAX_LIMITS_PER_RULE {
+            return Err(ConfigError::Invalid {
+                file: self.file.to_owned(),
+                message: format!(
+                    "rate_limits of '{path}' has {} limits; at most {MAX_LIMITS_PER_RULE} are allowed",
+                    d.rate_limits.len()
+                ),
+            });
         }
         let limits: Vec<RuleLimit> = d
             .rate_limits

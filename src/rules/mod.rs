@@ -16,6 +16,10 @@ use crate::algorithm::{Algorithm, Limit};
 use crate::config::{FailureMode, MetaValue, Unit};
 
 pub use compile::CompileOptions;
+
+/// Most limits one descriptor node may carry (`rate_limits`). The limiter tracks a request's active
+/// limits in a 64-bit mask, so it never copies them; no real key needs more than a handful.
+pub const MAX_LIMITS_PER_RULE: usize = 64;
 pub use matcher::DescriptorEntry;
 pub use normalize::{MAX_RAW_VALUE_IN_KEY, ValueHasher};
 

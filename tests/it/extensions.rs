@@ -287,3 +287,22 @@ async fn default_algorithm_applies_to_rules_and_overrides_that_name_none() {
     h.clock.advance_us(500_000);
     assert_eq!(h.admitted("dflt", &key, 2).await, 1);
 }
+
+#[test]
+fn more_than_sixty_four_limits_on_one_key_are_refused_by_name() {
+    let mut yaml = String::from("domain: many\ndescriptors:\n  - key: k\n    rate_limits:\n");
+    for seconds in 1..=65 {
+        yaml.push_str(&format!(
+            "      - {{unit: second, unit_multiplier: {seconds}, requests_per_unit: 1}}\n"
+        ));
+    }
+    let domain = tollgate::config::parse_file("many.yaml", &yaml).expect("valid YAML and rules");
+    let options = tollgate::rules::CompileOptions {
+        default_algorithm: Algorithm::FixedWindow,
+    };
+    let error = tollgate::rules::RuleSet::compile(&[domain], options).expect_err("65 limits");
+    assert!(
+        error.to_string().contains("many.yaml") && error.to_string().contains("at most 64"),
+        "{error}"
+    );
+}
