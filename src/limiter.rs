@@ -349,7 +349,7 @@ impl<S: Store> Limiter<S> {
             CommitPolicy::Independent
         };
         let scope_len = self.options.cache_key_prefix.len() + domain.len();
-        let decisions = self.decide(&targets, policy, scope_len).await?;
+        let decisions = self.decide(&mut targets, policy, scope_len).await?;
         Ok(self.verdict(domain, targets, decisions))
     }
 
@@ -433,35 +433,43 @@ impl<S: Store> Limiter<S> {
     /// affected limit has a `failure_mode` to answer with instead.
     async fn decide(
         &self,
-        targets: &[Target],
+        targets: &mut [Target],
         policy: CommitPolicy,
         scope_len: usize,
     ) -> Result<Option<Vec<Vec<Decision>>>, LimiterError> {
         let mut items = Vec::with_capacity(targets.len());
-        for (group, target) in (0u32..).zip(targets.iter()).filter(|(_, t)| !t.unlimited) {
-            // The descriptor keeps its key for the top-offender report; each limit gets a copy.
+        for (group, target) in (0u32..).zip(targets.iter_mut()).filter(|(_, t)| !t.unlimited) {
+            // The key moves into the descriptor's last item (copies only for several limits) and moves
+            // back after the call: the store only borrows the batch.
+            let key = std::mem::take(&mut target.key);
+            let first = items.len();
             for (_, rate) in target.rates() {
                 items.push(BatchItem {
-                    key: target.key.clone(),
+                    key: String::new(),
                     limit: rate.limit,
                     cost: target.cost,
                     group,
                 });
+            }
+            if let Some((last, others)) = items[first..].split_last_mut() {
+                for item in others {
+                    item.key.clone_from(&key);
+                }
+                last.key = key;
             }
         }
         let decisions = if items.is_empty() {
             Vec::new()
         } else {
             let started = Instant::now();
-            let answer = self
-                .store
-                .apply(&Batch {
-                    items,
-                    policy,
-                    scope_len,
-                })
-                .await;
+            let mut batch = Batch {
+                items,
+                policy,
+                scope_len,
+            };
+            let answer = self.store.apply(&batch).await;
             self.metrics.store_time.observe(started.elapsed());
+            return_keys(targets, &mut batch.items);
             match answer {
                 Ok(decisions) => decisions,
                 Err(error) if every_limit_has_failure_mode(targets) => {
@@ -658,6 +666,19 @@ fn every_limit_has_failure_mode(targets: &[Target]) -> bool {
         .filter(|t| !t.unlimited)
         .flat_map(Target::rates)
         .all(|(limit, _)| limit.failure_mode.is_some())
+}
+
+/// Moves each descriptor's key back from the last of its batch items (see `Limiter::decide`).
+fn return_keys(targets: &mut [Target], items: &mut [BatchItem]) {
+    let mut next = 0;
+    for target in targets.iter_mut().filter(|t| !t.unlimited) {
+        next += target.rate_count();
+        if let Some(last) = next.checked_sub(1).and_then(|at| items.get_mut(at))
+            && target.rate_count() > 0
+        {
+            target.key = std::mem::take(&mut last.key);
+        }
+    }
 }
 
 /// Drops every limit whose name another matched rule `replaces` (envoyproxy/ratelimit computes this
