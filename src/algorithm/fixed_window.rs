@@ -21,8 +21,20 @@
 //! * expiry: the window end.
 //!
 //! Near `u64::MAX` the window end saturates to `u64::MAX`, so the last window is truncated.
+//!
+//! # Refunds
+//!
+//! A refund of `n` subtracts `n` from the current window's count, saturating at 0, and reports
+//! what a peek of the new count sees (allowed, even while the count is still above the limit).
+//! The count is all the state there is: it does not record when each unit was charged. So a
+//! refund for a charge made in a window that has since rolled over cannot be told apart from
+//! one for this window: it lands in the current window, and a state from an earlier window is
+//! no state, so **a refund into a fresh window refunds nothing** (it is meaningless, and
+//! nothing is written). Into a window that already holds other charges it returns units of
+//! those instead, which is the best a counter can do; callers refund right after the charge,
+//! when the two are almost always the same window.
 
-use super::{Decision, Limit};
+use super::{Decision, Limit, refunded};
 
 /// Counter of one epoch-aligned window.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +72,24 @@ pub(crate) fn decide(limit: &Limit, state: Option<&State>, now_us: u64, cost: u6
         count: after,
     };
     (judge(limit.requests, after, until_end), next)
+}
+
+/// See the module docs ("Refunds"): only a count of the current window can be refunded.
+pub(crate) fn refund(limit: &Limit, state: Option<&State>, now_us: u64, amount: u64) -> (Decision, State) {
+    let (start, _) = window_bounds(limit, now_us);
+    let next = match state {
+        Some(current) if current.window_start_us == start && amount > 0 => State {
+            window_start_us: start,
+            count: current.count.saturating_sub(amount),
+        },
+        // Another window's count (or none) says nothing about this window: nothing to give back.
+        _ => state.cloned().unwrap_or(State {
+            window_start_us: start,
+            count: 0,
+        }),
+    };
+    let (check, _) = decide(limit, Some(&next), now_us, 0);
+    (refunded(check), next)
 }
 
 /// Verdict for a window whose counter (including this request) stands at `count`.
@@ -166,5 +196,45 @@ mod tests {
         let (_, s) = decide(&limit, None, 5, 1);
         assert_eq!(expires_at_us(&limit, &s), 10);
         assert_eq!(decide(&limit, Some(&s), 10, 1).0, Decision::allow(0, 10));
+    }
+
+    #[test]
+    fn refund_in_the_same_window_restores_and_saturates_at_zero() {
+        let limit = limit(5, 1_000_000);
+        let (_, s) = decide(&limit, None, 2_250_000, 3);
+        let (d, s) = refund(&limit, Some(&s), 2_400_000, 3);
+        assert_eq!(d, Decision::allow(5, 600_000));
+        assert_eq!(s.count, 0);
+        let (_, s) = decide(&limit, Some(&s), 2_500_000, 2);
+        let (d, s) = refund(&limit, Some(&s), 2_500_000, u64::MAX);
+        assert_eq!((d, s.count), (Decision::allow(5, 500_000), 0));
+    }
+
+    #[test]
+    fn refund_over_the_limit_is_allowed_with_nothing_remaining() {
+        let limit = limit(5, 1_000_000);
+        let (_, s) = decide(&limit, None, 0, 7);
+        let (d, s) = refund(&limit, Some(&s), 10, 1);
+        assert_eq!((d, s.count), (Decision::allow(0, 999_990), 6));
+        assert!(!decide(&limit, Some(&s), 10, 0).0.allowed, "still over the limit");
+    }
+
+    /// The documented "meaningless refund": the charge's window rolled over, so the refund
+    /// lands in a fresh window and gives nothing back (the state is left as it was).
+    #[test]
+    fn refund_after_roll_over_refunds_nothing() {
+        let limit = limit(5, 1_000_000);
+        let (_, charged) = decide(&limit, None, 2_900_000, 5);
+        let (d, s) = refund(&limit, Some(&charged), 3_100_000, 5);
+        assert_eq!(d, Decision::allow(5, 900_000));
+        assert_eq!(s, charged, "the old window's state is untouched");
+        // This window charges 2; the late refund of 5 can only take those 2 off.
+        let (_, s) = decide(&limit, Some(&s), 3_200_000, 2);
+        let (d, s) = refund(&limit, Some(&s), 3_300_000, 5);
+        assert_eq!((d, s.count), (Decision::allow(5, 700_000), 0));
+        assert!(
+            !decide(&limit, Some(&s), 3_300_000, 6).0.allowed,
+            "never above the limit"
+        );
     }
 }

@@ -22,8 +22,17 @@
 //! `burst * T - debt` in the same units, so on a non-decreasing clock both return identical
 //! decisions (property-tested field by field). If the clock steps back, GCRA charges the gap
 //! as extra debt, so it is slightly stricter there than the bucket (which pauses refill).
+//!
+//! # Refunds
+//!
+//! A refund of `n` moves the TAT back by `n` emission intervals (`n * window_us` ticks of
+//! debt), never before `now`: a TAT at or before now is a full bucket, which nothing can
+//! overfill. A refund right after a consumption of `n` restores the exact TAT (or, if the key
+//! had no debt, one at now, which is the same bucket). Exactly the token bucket's refund,
+//! since the bucket's credits are `burst * T - debt`. A state without debt (or none), and any
+//! state when `requests == 0`, is left alone.
 
-use super::{Decision, Limit, ceil_div, clamp_u64, never_refills};
+use super::{Decision, Limit, ceil_div, clamp_u64, never_refills, refunded};
 
 /// Theoretical arrival time `tat_us + tat_frac / requests` µs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +90,28 @@ pub(crate) fn decide(limit: &Limit, state: Option<&State>, now_us: u64, cost: u6
     (Decision::allow(remaining, reset), next)
 }
 
+/// See the module docs ("Refunds").
+pub(crate) fn refund(limit: &Limit, state: Option<&State>, now_us: u64, amount: u64) -> (Decision, State) {
+    let stored = state.cloned().unwrap_or(State {
+        tat_us: now_us,
+        tat_frac: 0,
+    });
+    let ticks_per_us = u128::from(limit.requests);
+    let debt = if limit.requests == 0 {
+        0
+    } else {
+        debt_at(state, now_us, ticks_per_us)
+    };
+    let next = if debt == 0 || amount == 0 {
+        stored
+    } else {
+        let back = u128::from(amount) * u128::from(limit.window());
+        from_debt(now_us, debt.saturating_sub(back), ticks_per_us)
+    };
+    let (check, _) = decide(limit, Some(&next), now_us, 0);
+    (refunded(check), next)
+}
+
 /// The denial of `cost`, which would overshoot the tolerance by `excess` ticks, with
 /// `debt` ticks outstanding before it.
 fn denial(limit: &Limit, debt: u128, excess: u128, cost: u64) -> Decision {
@@ -102,7 +133,10 @@ pub(crate) fn expires_at_us(_limit: &Limit, state: &State) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{check_burst_plus_refill, check_invariants, large_case, run, small_case};
+    use super::super::tests::{
+        check_burst_plus_refill, check_invariants, large_case, refund_flags, run, run_mixed, small_case,
+        with_refunds,
+    };
     use super::super::{Algorithm, Decision, Limit};
     use super::*;
     use proptest::prelude::*;
@@ -178,5 +212,65 @@ mod tests {
         let (d, s) = decide(&limit, None, u64::MAX - 1, u64::MAX);
         assert!(d.allowed);
         assert_eq!(expires_at_us(&limit, &s), u64::MAX);
+    }
+
+    proptest! {
+        /// Refunds keep GCRA and the token bucket in lockstep: credits are `burst * T - debt`,
+        /// and a refund adds to one exactly what it takes off the other.
+        #[test]
+        fn refunds_decide_exactly_like_the_token_bucket(
+            (limit, start, steps) in small_case(Algorithm::Gcra),
+            refunds in refund_flags(),
+        ) {
+            let mixed = with_refunds(&steps, &refunds);
+            let bucket = Limit { algorithm: Algorithm::TokenBucket, ..limit };
+            let gcra: Vec<_> = run_mixed(&limit, start, &mixed).iter().map(|s| s.decision).collect();
+            let tb: Vec<_> = run_mixed(&bucket, start, &mixed).iter().map(|s| s.decision).collect();
+            prop_assert_eq!(gcra, tb);
+        }
+    }
+
+    #[test]
+    fn refund_moves_the_tat_back_but_never_before_now() {
+        // T = 1_000_000 / 3 µs.
+        let limit = limit(3, 1_000_000, 3);
+        let (_, s) = decide(&limit, None, 0, 3);
+        assert_eq!(
+            s,
+            State {
+                tat_us: 1_000_000,
+                tat_frac: 0
+            }
+        );
+        let (d, r) = refund(&limit, Some(&s), 100_000, 1);
+        assert_eq!(
+            r,
+            State {
+                tat_us: 666_666,
+                tat_frac: 2
+            }
+        );
+        assert_eq!(d, Decision::allow(1, 566_667));
+        let (d, r) = refund(&limit, Some(&r), 100_000, 5);
+        assert_eq!(
+            r,
+            State {
+                tat_us: 100_000,
+                tat_frac: 0
+            },
+            "a full bucket, not a TAT in the past"
+        );
+        assert_eq!(d, Decision::allow(3, 0));
+    }
+
+    #[test]
+    fn refund_without_debt_changes_nothing() {
+        let three = limit(3, 1_000_000, 3);
+        let (_, s) = decide(&three, None, 0, 1);
+        let (d, r) = refund(&three, Some(&s), 2_000_000, 2);
+        assert_eq!((d, r), (Decision::allow(3, 0), s));
+        let never_refills = limit(0, 1_000_000, 3);
+        let (_, s) = decide(&never_refills, None, 5, 0);
+        assert_eq!(refund(&never_refills, Some(&s), 5, 1), (Decision::allow(0, 0), s));
     }
 }

@@ -1,9 +1,30 @@
 //! Pure rate-limit decision algorithms.
 //!
 //! Everything here is a pure function of `(limit, state, now_us, cost)`: no clock, no I/O,
-//! no locks. The caller reads a key's [`State`], calls [`decide`], and stores the returned
-//! state if it wants the decision to count. That keeps storage, concurrency and replication
-//! out of the algorithms and makes every algorithm testable against a naive model.
+//! no locks. The caller reads a key's [`State`], calls [`decide`] (or [`refund`]), and stores
+//! the returned state if it wants the decision to count. That keeps storage, concurrency and
+//! replication out of the algorithms and makes every algorithm testable against a naive model.
+//!
+//! # Refunds
+//!
+//! [`refund`] gives units back to a key, for a caller that consumed them and then did not use
+//! them (the request failed before doing any work, say). Each algorithm undoes a charge in its
+//! own terms, so that a refund of `n` right after a consumption of `n` restores exactly what
+//! was admissible before, and never makes more admissible than a fresh key allows:
+//!
+//! * token bucket: `n` tokens go back into the bucket, capped at its capacity;
+//! * GCRA: the TAT moves back by `n` emission intervals, never before now;
+//! * sliding window: `n` comes off the current window's count, then off the previous one's;
+//! * sliding log: the newest live entries (or part of the newest) totalling `n` are removed;
+//! * fixed window: `n` comes off the current window's count, saturating at 0.
+//!
+//! A refund cannot tell which charge it undoes, only which key. The fixed window shows the
+//! consequence most plainly: a charge made in a window that has since rolled over is already
+//! forgotten, so its refund lands in the current window and, since that window's count is
+//! unrelated to the charge, refunds nothing if the window is fresh (and otherwise returns
+//! units this window never charged for that request). Callers should refund promptly; a
+//! refund long after the charge is meaningless for every algorithm once the charge has
+//! drained.
 //!
 //! Units: instants are microseconds since the Unix epoch, durations are microseconds.
 //!
@@ -176,6 +197,37 @@ pub enum State {
     Gcra(gcra::State),
 }
 
+/// Calls `$function` of the module of `$limit.algorithm` with that algorithm's own state (a
+/// state of another algorithm reads as None) and the remaining arguments, and re-wraps the
+/// state it returns.
+macro_rules! dispatch {
+    ($function:ident, $limit:expr, $state:expr, $($arg:expr),*) => {
+        match $limit.algorithm {
+            Algorithm::FixedWindow => {
+                dispatch!(@one FixedWindow, fixed_window::$function, $limit, $state, $($arg),*)
+            }
+            Algorithm::SlidingWindow => {
+                dispatch!(@one SlidingWindow, sliding_window::$function, $limit, $state, $($arg),*)
+            }
+            Algorithm::SlidingLog => {
+                dispatch!(@one SlidingLog, sliding_log::$function, $limit, $state, $($arg),*)
+            }
+            Algorithm::TokenBucket => {
+                dispatch!(@one TokenBucket, token_bucket::$function, $limit, $state, $($arg),*)
+            }
+            Algorithm::Gcra => dispatch!(@one Gcra, gcra::$function, $limit, $state, $($arg),*),
+        }
+    };
+    (@one $variant:ident, $call:path, $limit:expr, $state:expr, $($arg:expr),*) => {{
+        let own = match $state {
+            Some(State::$variant(own)) => Some(own),
+            _ => None,
+        };
+        let (decision, next) = $call($limit, own, $($arg),*);
+        (decision, State::$variant(next))
+    }};
+}
+
 /// Pure decision. `state` is None for a key never seen (or expired). If `state` is Some but
 /// of another algorithm's variant, it is treated as None. Returns the decision and the state
 /// to store IF the caller commits.
@@ -185,24 +237,21 @@ pub enum State {
 /// never changes the state (a None state comes back as the equivalent empty state) and
 /// reports what a zero-cost request sees.
 pub fn decide(limit: &Limit, state: Option<&State>, now_us: u64, cost: u64) -> (Decision, State) {
-    // Expands to: pick this algorithm's own state (else None), decide, re-wrap.
-    macro_rules! dispatch {
-        ($variant:ident, $module:ident) => {{
-            let own = match state {
-                Some(State::$variant(own)) => Some(own),
-                _ => None,
-            };
-            let (decision, next) = $module::decide(limit, own, now_us, cost);
-            (decision, State::$variant(next))
-        }};
-    }
-    match limit.algorithm {
-        Algorithm::FixedWindow => dispatch!(FixedWindow, fixed_window),
-        Algorithm::SlidingWindow => dispatch!(SlidingWindow, sliding_window),
-        Algorithm::SlidingLog => dispatch!(SlidingLog, sliding_log),
-        Algorithm::TokenBucket => dispatch!(TokenBucket, token_bucket),
-        Algorithm::Gcra => dispatch!(Gcra, gcra),
-    }
+    dispatch!(decide, limit, state, now_us, cost)
+}
+
+/// Pure refund: gives `amount` cost units back to the key whose state is `state` (see the
+/// module docs, "Refunds", and each algorithm's module docs). Returns the state to store IF
+/// the caller commits, and a decision that is always allowed, with no retry, whose
+/// `remaining` and `reset_after_us` are what a zero-cost [`decide`] of the new state sees.
+///
+/// Like [`decide`], a state of another algorithm's variant is treated as None. A None state
+/// (a key never seen, or expired) has nothing to give back: the result is the equivalent empty
+/// state, and a store should not write it (a refund never creates a key). `amount == 0`
+/// returns the state unchanged, as a zero-cost [`decide`] does. No input panics: every sum
+/// saturates, and no refund makes more admissible than a fresh key allows.
+pub fn refund(limit: &Limit, state: Option<&State>, now_us: u64, amount: u64) -> (Decision, State) {
+    dispatch!(refund, limit, state, now_us, amount)
 }
 
 /// The instant (µs since epoch) after which this state is indistinguishable from no state at
@@ -232,6 +281,13 @@ pub(crate) fn ceil_div(numerator: u128, denominator: u128) -> u128 {
     numerator.div_ceil(denominator.max(1))
 }
 
+/// The decision reported for a refund, from what a zero-cost check of the refunded state sees:
+/// a refund is never refused, so it is allowed with no retry, even where that check is denied
+/// (a fixed window whose count is still above the limit, say), which then reports 0 remaining.
+pub(crate) fn refunded(check: Decision) -> Decision {
+    Decision::allow(check.remaining, check.reset_after_us)
+}
+
 /// Decision of the bucket algorithms when `requests == 0`: nothing ever refills, so every
 /// request with cost > 0 is denied, even on a fresh (full) bucket. Nothing can change, so a
 /// peek sees nothing to reset; a denial suggests one window as the retry hint.
@@ -252,7 +308,10 @@ pub(crate) mod tests {
     #[derive(Debug, Clone)]
     pub(crate) struct Step {
         pub now: u64,
+        /// The cost decided, or for a refund step the amount given back.
         pub cost: u64,
+        /// Whether this step is a [`refund`] rather than a [`decide`].
+        pub refund: bool,
         pub before: Option<State>,
         pub decision: Decision,
         pub after: State,
@@ -261,16 +320,24 @@ pub(crate) mod tests {
     /// Runs `(time delta, cost)` steps from `start`, always committing the returned state
     /// (as the service does). Time never goes backwards here.
     pub(crate) fn run(limit: &Limit, start: u64, steps: &[(u64, u64)]) -> Vec<Step> {
+        let decisions: Vec<_> = steps.iter().map(|&(delta, cost)| (delta, cost, false)).collect();
+        run_mixed(limit, start, &decisions)
+    }
+
+    /// Like [`run`], with `(time delta, cost or amount, is a refund)` steps.
+    pub(crate) fn run_mixed(limit: &Limit, start: u64, steps: &[(u64, u64, bool)]) -> Vec<Step> {
         let mut now = start;
         let mut state: Option<State> = None;
         let mut out = Vec::with_capacity(steps.len());
-        for &(delta, cost) in steps {
+        for &(delta, cost, is_refund) in steps {
             now = now.saturating_add(delta);
-            let (decision, after) = decide(limit, state.as_ref(), now, cost);
+            let apply = if is_refund { refund } else { decide };
+            let (decision, after) = apply(limit, state.as_ref(), now, cost);
             let before = state.replace(after.clone());
             out.push(Step {
                 now,
                 cost,
+                refund: is_refund,
                 before,
                 decision,
                 after,
@@ -279,11 +346,22 @@ pub(crate) mod tests {
         out
     }
 
-    /// Admitted `(instant, cost)` pairs of a timeline, ignoring peeks.
+    /// Turns decision steps into a mixed timeline: step `i` becomes a refund of its cost when
+    /// `refunds[i]` (missing flags mean a decision).
+    pub(crate) fn with_refunds(steps: &[(u64, u64)], refunds: &[bool]) -> Vec<(u64, u64, bool)> {
+        let flags = refunds.iter().copied().chain(std::iter::repeat(false));
+        steps
+            .iter()
+            .zip(flags)
+            .map(|(&(delta, cost), refund)| (delta, cost, refund))
+            .collect()
+    }
+
+    /// Admitted `(instant, cost)` pairs of a timeline, ignoring peeks (and refunds).
     pub(crate) fn admitted(steps: &[Step]) -> Vec<(u64, u64)> {
         steps
             .iter()
-            .filter(|s| s.decision.allowed && s.cost > 0)
+            .filter(|s| !s.refund && s.decision.allowed && s.cost > 0)
             .map(|s| (s.now, s.cost))
             .collect()
     }
@@ -329,8 +407,38 @@ pub(crate) mod tests {
         for step in steps {
             check_shape(limit, step);
             check_peek(limit, step);
-            check_retry(limit, step);
+            if step.refund {
+                check_refund(limit, step);
+            } else {
+                check_retry(limit, step);
+            }
             check_expiry(limit, step);
+        }
+    }
+
+    /// A refund is allowed with no retry, reports what a zero-cost check of the new state
+    /// sees, never lowers what is admissible, raises it by at most the amount, and changes
+    /// nothing when the amount is 0.
+    fn check_refund(limit: &Limit, step: &Step) {
+        let d = step.decision;
+        assert!(d.allowed && d.retry_after_us == 0, "{step:?}");
+        let after = decide(limit, Some(&step.after), step.now, 0).0;
+        assert_eq!(
+            (d.remaining, d.reset_after_us),
+            (after.remaining, after.reset_after_us),
+            "{step:?}"
+        );
+        let (before, unchanged) = decide(limit, step.before.as_ref(), step.now, 0);
+        assert!(
+            d.remaining >= before.remaining,
+            "refund lowered remaining: {step:?}"
+        );
+        assert!(
+            d.remaining <= before.remaining.saturating_add(step.cost),
+            "refund gave back more than its amount: {step:?}"
+        );
+        if step.cost == 0 {
+            assert_eq!(step.after, unchanged, "a refund of 0 changed the state");
         }
     }
 
@@ -426,6 +534,12 @@ pub(crate) mod tests {
         prop::sample::select(Algorithm::ALL.to_vec())
     }
 
+    /// Which steps of a case are refunds: about one in three, so that timelines both build
+    /// usage up and give it back.
+    pub(crate) fn refund_flags() -> impl Strategy<Value = Vec<bool>> {
+        prop::collection::vec(prop::bool::weighted(0.35), 60)
+    }
+
     proptest! {
         #[test]
         fn invariants_hold_for_small_limits(
@@ -442,6 +556,40 @@ pub(crate) mod tests {
         }
 
         #[test]
+        fn invariants_hold_for_small_limits_with_refunds(
+            (limit, start, steps) in any_algorithm().prop_flat_map(small_case),
+            refunds in refund_flags(),
+        ) {
+            check_invariants(&limit, &run_mixed(&limit, start, &with_refunds(&steps, &refunds)));
+        }
+
+        #[test]
+        fn invariants_hold_for_large_limits_with_refunds(
+            (limit, start, steps) in any_algorithm().prop_flat_map(large_case),
+            refunds in refund_flags(),
+        ) {
+            check_invariants(&limit, &run_mixed(&limit, start, &with_refunds(&steps, &refunds)));
+        }
+
+        #[test]
+        fn refunding_what_was_just_consumed_restores_remaining(
+            (limit, start, steps) in any_algorithm().prop_flat_map(small_case),
+            refunds in refund_flags(),
+            cost in 1u64..6,
+        ) {
+            // Any reachable state, then a consumption and its refund at the same instant.
+            let history = run_mixed(&limit, start, &with_refunds(&steps, &refunds));
+            let last = history.last().expect("at least one step");
+            let state = Some(last.after.clone());
+            let before = decide(&limit, state.as_ref(), last.now, 0).0;
+            let (consumed, charged) = decide(&limit, state.as_ref(), last.now, cost);
+            if consumed.allowed {
+                let (refunded, _) = refund(&limit, Some(&charged), last.now, cost);
+                prop_assert_eq!(refunded.remaining, before.remaining);
+            }
+        }
+
+        #[test]
         fn arbitrary_inputs_never_panic(
             algorithm in any_algorithm(),
             (requests, window_us, burst) in any::<(u64, u64, u64)>(),
@@ -451,6 +599,10 @@ pub(crate) mod tests {
             let (_, state) = decide(&limit, None, t1, c1);
             let (_, state) = decide(&limit, Some(&state), t2, c2);
             let _ = decide(&limit, Some(&state), t1, c2);
+            let _ = expires_at_us(&limit, &state);
+            let (_, state) = refund(&limit, Some(&state), t1, c1);
+            let _ = refund(&limit, None, t2, c2);
+            let _ = refund(&limit, Some(&state), t2, c2);
             let _ = expires_at_us(&limit, &state);
         }
 
@@ -463,6 +615,8 @@ pub(crate) mod tests {
                     let (_, foreign) = decide(&foreign_limit, None, now, 2);
                     let with = decide(&limit, Some(&foreign), now, cost);
                     prop_assert_eq!(with, decide(&limit, None, now, cost));
+                    let with = refund(&limit, Some(&foreign), now, cost);
+                    prop_assert_eq!(with, refund(&limit, None, now, cost));
                     prop_assert_eq!(expires_at_us(&limit, &foreign), 0);
                 }
             }
@@ -493,6 +647,8 @@ pub(crate) mod tests {
                         let (_, s) = decide(&limit, None, t, c);
                         for &t2 in &instants {
                             let _ = decide(&limit, Some(&s), t2, c);
+                            let (_, r) = refund(&limit, Some(&s), t2, c);
+                            let _ = expires_at_us(&limit, &r);
                         }
                         let _ = expires_at_us(&limit, &s);
                     }
@@ -519,6 +675,36 @@ pub(crate) mod tests {
              sliding_window, sliding_log, token_bucket, gcra)"
         );
         assert!(" gcra".parse::<Algorithm>().is_err());
+    }
+
+    /// The targeted promises of the module docs, for every algorithm: a consumption of `n`
+    /// refunded at once restores `remaining`, refunds never lift it above the limit (or burst),
+    /// and a key without state is left without state.
+    #[test]
+    fn refunds_restore_and_never_overfill() {
+        for algorithm in Algorithm::ALL {
+            let limit = Limit {
+                algorithm,
+                requests: 5,
+                window_us: 1_000_000,
+                burst: 5,
+            };
+            let now = 7_250_000;
+            let (fresh_check, fresh) = decide(&limit, None, now, 0);
+            let (_, charged) = decide(&limit, None, now, 3);
+            assert_eq!(
+                refund(&limit, Some(&charged), now, 3).0,
+                fresh_check,
+                "{algorithm:?}"
+            );
+            let (d, _) = refund(&limit, Some(&charged), now, u64::MAX);
+            assert_eq!(d.remaining, 5, "{algorithm:?}: capped at the limit");
+            assert_eq!(
+                refund(&limit, None, now, 4),
+                (fresh_check, fresh),
+                "{algorithm:?}"
+            );
+        }
     }
 
     #[test]

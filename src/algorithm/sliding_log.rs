@@ -18,8 +18,17 @@
 //!
 //! If the clock steps back, a new entry is stamped with the newest existing timestamp
 //! instead, so the log stays sorted and the entry expires later rather than earlier.
+//!
+//! # Refunds
+//!
+//! A refund of `n` removes the newest live entries totalling up to `n`, the last one only in
+//! part if it holds more (its cost shrinks, it keeps its timestamp); expired entries are
+//! dropped, and entries that already expired are never refunded (their charge is over). The
+//! newest entries are the likeliest to be the charge being refunded, so a refund right after
+//! a consumption of `n` restores the exact log; a refund matching an older charge frees the
+//! same amount now but leaves the older entry to expire when it would have.
 
-use super::{Decision, Limit, clamp_u64};
+use super::{Decision, Limit, clamp_u64, refunded};
 use std::collections::VecDeque;
 
 /// Admitted requests that may still be inside the window, oldest first.
@@ -82,6 +91,22 @@ impl State {
         }
         State { entries }
     }
+
+    /// The live entries minus the newest `amount` cost: whole entries, then part of the next.
+    fn give_back(&self, first: usize, amount: u64) -> State {
+        let mut entries: VecDeque<Entry> = self.entries.range(first..).copied().collect();
+        let mut left = amount;
+        while let Some(newest) = entries.back_mut().filter(|_| left > 0) {
+            if newest.cost > left {
+                // Leaves a cost >= 1, as the log requires.
+                newest.cost -= left;
+                break;
+            }
+            left -= newest.cost;
+            entries.pop_back();
+        }
+        State { entries }
+    }
 }
 
 /// See the module docs.
@@ -110,6 +135,20 @@ pub(crate) fn decide(limit: &Limit, state: Option<&State>, now_us: u64, cost: u6
     };
     let reset = clamp_u64(next.reset_after(window, now_us));
     (Decision::allow(clamp_u64(requests - after), reset), next)
+}
+
+/// See the module docs ("Refunds").
+pub(crate) fn refund(limit: &Limit, state: Option<&State>, now_us: u64, amount: u64) -> (Decision, State) {
+    let empty = State::default();
+    let current = state.unwrap_or(&empty);
+    let first = current.first_live(limit.window(), now_us);
+    let next = if amount == 0 || first == current.entries.len() {
+        current.clone()
+    } else {
+        current.give_back(first, amount)
+    };
+    let (check, _) = decide(limit, Some(&next), now_us, 0);
+    (refunded(check), next)
 }
 
 /// When the newest entry expires; an empty log is already expired.
@@ -232,5 +271,33 @@ mod tests {
         let (_, s) = decide(&limit, Some(&s), 7, 3);
         assert_eq!(s.entries, [Entry { at_us: 7, cost: 5 }]);
         assert_eq!(expires_at_us(&limit, &s), 107);
+    }
+
+    #[test]
+    fn refund_removes_the_newest_entries_first_in_part_if_needed() {
+        let limit = limit(5, 100);
+        let (_, s) = decide(&limit, None, 10, 2);
+        let (_, s) = decide(&limit, Some(&s), 30, 3);
+        let (d, r) = refund(&limit, Some(&s), 40, 4);
+        assert_eq!(r.entries, [Entry { at_us: 10, cost: 1 }]);
+        assert_eq!(d, Decision::allow(4, 70));
+        let (d, r) = refund(&limit, Some(&r), 40, 9);
+        assert!(r.entries.is_empty());
+        assert_eq!(d, Decision::allow(5, 0), "never above the limit");
+    }
+
+    #[test]
+    fn refund_restores_what_was_just_admitted_and_skips_expired_entries() {
+        let limit = limit(5, 100);
+        let (_, s) = decide(&limit, None, 10, 2);
+        let (_, s) = decide(&limit, Some(&s), 30, 1);
+        let (_, charged) = decide(&limit, Some(&s), 30, 2);
+        let (d, r) = refund(&limit, Some(&charged), 30, 2);
+        assert_eq!(d, decide(&limit, Some(&s), 30, 0).0);
+        assert_eq!(r, s);
+        // At 115 the entry from 10 has expired: only the one from 30 can be refunded.
+        let (d, r) = refund(&limit, Some(&charged), 115, 5);
+        assert!(r.entries.is_empty());
+        assert_eq!(d, Decision::allow(5, 0));
     }
 }

@@ -43,8 +43,18 @@
 //! it. The property tests check the per-interval form at every admitted instant, the overall
 //! form, and `<= requests` per aligned window. The bound needs a non-decreasing clock; if
 //! the clock steps back, the state's window is used as "now" (conservative).
+//!
+//! # Refunds
+//!
+//! A refund of `n` is taken off the current window's count first, then off the previous
+//! window's, each saturating at 0 (seen from the window containing `now`, as a decision sees
+//! it). After a roll-over the charge being refunded lives in `previous`, where it now only
+//! weighs `(window - elapsed) / window`, so the refund frees that much, not all of `n`: it
+//! undoes exactly what the charge still costs. A refund in the window of the charge restores
+//! the exact counts. The error bound above is for timelines without refunds: a refund lowers
+//! the counts, so it lets through up to the refunded amount more, as it is meant to.
 
-use super::{Decision, Limit, clamp_u64};
+use super::{Decision, Limit, clamp_u64, refunded};
 
 /// Admitted cost of the current and the previous epoch-aligned window.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,6 +130,27 @@ pub(crate) fn decide(limit: &Limit, state: Option<&State>, now_us: u64, cost: u6
     let remaining = clamp_u64((budget - usage) / u128::from(window));
     let reset = lag + View::new(window, Some(&next), at).reset_after(window);
     (Decision::allow(remaining, clamp_u64(reset)), next)
+}
+
+/// See the module docs ("Refunds").
+pub(crate) fn refund(limit: &Limit, state: Option<&State>, now_us: u64, amount: u64) -> (Decision, State) {
+    let window = limit.window();
+    // The same view as `decide`, so a clock that stepped back refunds the counts it would judge.
+    let at = state.map_or(now_us, |s| now_us.max(s.window_start_us));
+    let view = View::new(window, state, at);
+    let from_current = amount.min(view.current);
+    let from_previous = (amount - from_current).min(view.previous);
+    let next = if from_current == 0 && from_previous == 0 {
+        unchanged(state, view.start)
+    } else {
+        State {
+            window_start_us: view.start,
+            current: view.current - from_current,
+            previous: view.previous - from_previous,
+        }
+    };
+    let (check, _) = decide(limit, Some(&next), now_us, 0);
+    (refunded(check), next)
 }
 
 /// The denial of `cost` at the view's instant; `lag` (clock step-back) is added to both
@@ -313,5 +344,42 @@ mod tests {
         // At 100 + e: 4 * (100 - e) / 100 + 1 <= 4  <=>  e >= 25.
         assert_eq!(d, Decision::deny(180, 105));
         assert_eq!(expires_at_us(&limit, &s), 200);
+    }
+
+    #[test]
+    fn refund_in_the_same_window_restores_the_counts() {
+        let limit = limit(10, 100);
+        let (_, s) = decide(&limit, None, 50, 10);
+        let (_, charged) = decide(&limit, Some(&s), 150, 3);
+        let (d, r) = refund(&limit, Some(&charged), 150, 3);
+        assert_eq!(d, decide(&limit, Some(&s), 150, 0).0);
+        assert_eq!((r.current, r.previous), (0, 10));
+    }
+
+    #[test]
+    fn refund_takes_from_current_then_from_previous() {
+        let limit = limit(10, 100);
+        let (_, s) = decide(&limit, None, 50, 10);
+        let (_, s) = decide(&limit, Some(&s), 150, 2);
+        // 10 * 50 / 100 + 2 = 7 used. Refund 4: current 2 -> 0, previous 10 -> 8: 4 used.
+        let (d, r) = refund(&limit, Some(&s), 150, 4);
+        assert_eq!((r.window_start_us, r.current, r.previous), (100, 0, 8));
+        assert_eq!(d, Decision::allow(6, 50));
+        let (d, r) = refund(&limit, Some(&r), 150, 100);
+        assert_eq!((r.current, r.previous), (0, 0));
+        assert_eq!(d, Decision::allow(10, 0), "never above the limit");
+    }
+
+    /// After the roll-over the charge lives in `previous`, weighted by what is left of it.
+    #[test]
+    fn refund_after_roll_over_frees_what_the_charge_still_weighs() {
+        let limit = limit(10, 100);
+        let (_, s) = decide(&limit, None, 50, 8);
+        let (d, r) = refund(&limit, Some(&s), 175, 8);
+        assert_eq!((r.window_start_us, r.current, r.previous), (100, 0, 0));
+        assert_eq!(d, Decision::allow(10, 0));
+        // Two windows later nothing is left to refund.
+        let (d, r) = refund(&limit, Some(&s), 250, 8);
+        assert_eq!((d, r), (Decision::allow(10, 0), s));
     }
 }

@@ -21,8 +21,16 @@
 //!
 //! [`super::gcra`] makes the same decisions from a single timestamp; the property tests
 //! check that the two agree on every field.
+//!
+//! # Refunds
+//!
+//! A refund of `n` first refills the bucket as a decision would (as of `max(now, last
+//! update)`), then puts `n` tokens (`n * window_us` credits) back, capped at the capacity: a
+//! refund right after a consumption of `n` restores the exact level, fractions included, and
+//! no refund fills the bucket beyond `burst`. A missing state is a full bucket, so there is
+//! nothing to give back; with `requests == 0` the level never matters, and it is left alone.
 
-use super::{Decision, Limit, ceil_div, clamp_u64, never_refills};
+use super::{Decision, Limit, ceil_div, clamp_u64, never_refills, refunded};
 
 /// Exact fill level of the bucket at an instant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +89,25 @@ pub(crate) fn decide(limit: &Limit, state: Option<&State>, now_us: u64, cost: u6
         }
     };
     (Decision::allow(remaining, reset), next)
+}
+
+/// See the module docs ("Refunds").
+pub(crate) fn refund(limit: &Limit, state: Option<&State>, now_us: u64, amount: u64) -> (Decision, State) {
+    let next = match state {
+        Some(stored) if limit.requests > 0 && amount > 0 => {
+            let at = now_us.max(stored.updated_us);
+            let back = u128::from(amount) * u128::from(limit.window());
+            State {
+                credits: credits_at(limit, stored, at)
+                    .saturating_add(back)
+                    .min(capacity(limit)),
+                updated_us: at,
+            }
+        }
+        _ => state.cloned().unwrap_or_else(|| full(limit, now_us)),
+    };
+    let (check, _) = decide(limit, Some(&next), now_us, 0);
+    (refunded(check), next)
 }
 
 /// The denial of `need` credits when the bucket holds `credits`; `lag` (clock step-back)
@@ -226,5 +253,41 @@ mod tests {
         let (_, s) = decide(&limit, None, 0, 1);
         assert_eq!(decide(&limit, Some(&s), 0, 3).0, Decision::deny(100, 100));
         assert_eq!(decide(&limit, None, 0, 3).0, Decision::deny(0, 0));
+    }
+
+    #[test]
+    fn refund_restores_the_exact_level_with_a_fractional_rate() {
+        // 3 per second: one token every 333_333.33 µs.
+        let limit = limit(3, 1_000_000, 3);
+        let (_, s) = decide(&limit, None, 0, 3);
+        let before = decide(&limit, Some(&s), 500_000, 0).0;
+        let (_, charged) = decide(&limit, Some(&s), 500_000, 1);
+        let (d, s) = refund(&limit, Some(&charged), 500_000, 1);
+        assert_eq!(d, before);
+        assert_eq!(s.credits, 1_500_000, "1.5 tokens, fraction kept");
+        let (d, s) = refund(&limit, Some(&s), 600_000, 7);
+        assert_eq!(d, Decision::allow(3, 0), "capped at the burst");
+        assert_eq!(s.credits, capacity(&limit));
+    }
+
+    #[test]
+    fn refund_refills_first_and_pauses_on_a_clock_step_back() {
+        let limit = limit(1, 1000, 4);
+        let (_, s) = decide(&limit, None, 10_000, 4);
+        // 500 µs later half a token has refilled; the refund adds one more.
+        let (d, r) = refund(&limit, Some(&s), 10_500, 1);
+        assert_eq!((r.credits, r.updated_us), (1_500, 10_500));
+        assert_eq!(d, Decision::allow(1, 2_500));
+        // A clock behind the last update refunds as of that update.
+        let (d, back) = refund(&limit, Some(&r), 10_000, 1);
+        assert_eq!((back.credits, back.updated_us), (2_500, 10_500));
+        assert_eq!(d, Decision::allow(2, 2_000));
+    }
+
+    #[test]
+    fn zero_requests_leave_the_level_alone() {
+        let limit = limit(0, 1000, 4);
+        let (_, s) = decide(&limit, None, 10, 0);
+        assert_eq!(refund(&limit, Some(&s), 20, 3), (Decision::allow(0, 0), s));
     }
 }
