@@ -219,6 +219,56 @@ local function settle(n, policy)
   return false
 end
 
+-- Consumed fixed windows: each key's counter plus its items' settled costs (`costs`), in
+-- first-appearance order, with the last item's TTL.
+local function write_counters(n, costs)
+  -- One pass sums each counter's settled costs (and keeps its last TTL), a second writes them.
+  local increment_of, ttl_for = {}, {}
+  for j = 1, n do
+    if alg_of[j] == 0 and costs[j] > 0 then
+      local g = first_of[j]
+      increment_of[g] = (increment_of[g] or 0) + costs[j]
+      ttl_for[g] = ttl_of[j]
+    end
+  end
+  for i = 1, n do
+    local g = first_of[i]
+    if alg_of[i] == 0 and costs[i] > 0 and not written[g] then
+      written[g] = true
+      local increment, ttl = increment_of[g], ttl_for[g]
+      -- A counter holding something else (or leaving the exact range) is set outright, saturated
+      -- at 2^53 - 1 (still far above any limit, so still denying). EX 0 would delete the counter,
+      -- so a TTL is at least one second; and at most 2^53 ms in seconds, beyond which SET fails
+      -- ("invalid expire time") instead of meaning "forever".
+      local total = math.min(stored_count(raw[g]) + increment, MAX_EXACT)
+      redis.call('SET', key_of[i], int_str(total), 'EX', int_str(math.min(math.max(ttl, 1), 9007199254740)))
+    end
+  end
+end
+
+-- Other algorithms: write each touched key's final state, in first-appearance order.
+local function write_states(n)
+  for i = 1, n do
+    local g = first_of[i]
+    if alg_of[i] ~= 0 and ov_live[g] and not written[g] and ov_alg[g] ~= 0 then
+      written[g] = true
+      local a, st, lim = ov_alg[g], ov_state[g], lim_of[ov_writer[g]]
+      local algorithm = ALGORITHMS[a]
+      local old = raw[g]
+      if st then
+        local value = algorithm.encode(lim, st)
+        if value ~= old then
+          -- Milliseconds rounded up: the key outlives the state's last relevant µs.
+          local at_ms = math.ceil(algorithm.expires(lim, st) / 1000)
+          redis.call('SET', key_of[i], value, 'PXAT', int_str(at_ms))
+        end
+      elseif old then
+        redis.call('DEL', key_of[i])
+      end
+    end
+  end
+end
+
 local function tollgate_batch(keys, args)
   local now
   do
@@ -277,52 +327,8 @@ local function tollgate_batch(keys, args)
     end
     costs = settled
   end
-
-  -- Fixed windows: each key's counter plus its items' settled costs, in first-appearance order,
-  -- with the last item's TTL.
-  -- One pass sums each counter's settled costs (and keeps its last TTL), a second writes them.
-  local increment_of, ttl_for = {}, {}
-  for j = 1, n do
-    if alg_of[j] == 0 and costs[j] > 0 then
-      local g = first_of[j]
-      increment_of[g] = (increment_of[g] or 0) + costs[j]
-      ttl_for[g] = ttl_of[j]
-    end
-  end
-  for i = 1, n do
-    local g = first_of[i]
-    if alg_of[i] == 0 and costs[i] > 0 and not written[g] then
-      written[g] = true
-      local increment, ttl = increment_of[g], ttl_for[g]
-      -- A counter holding something else (or leaving the exact range) is set outright, saturated
-      -- at 2^53 - 1 (still far above any limit, so still denying). EX 0 would delete the counter,
-      -- so a TTL is at least one second; and at most 2^53 ms in seconds, beyond which SET fails
-      -- ("invalid expire time") instead of meaning "forever".
-      local total = math.min(stored_count(raw[g]) + increment, MAX_EXACT)
-      redis.call('SET', key_of[i], int_str(total), 'EX', int_str(math.min(math.max(ttl, 1), 9007199254740)))
-    end
-  end
-
-  -- Other algorithms: write each touched key's final state, in first-appearance order.
-  for i = 1, n do
-    local g = first_of[i]
-    if alg_of[i] ~= 0 and ov_live[g] and not written[g] and ov_alg[g] ~= 0 then
-      written[g] = true
-      local a, st, lim = ov_alg[g], ov_state[g], lim_of[ov_writer[g]]
-      local algorithm = ALGORITHMS[a]
-      local old = raw[g]
-      if st then
-        local value = algorithm.encode(lim, st)
-        if value ~= old then
-          -- Milliseconds rounded up: the key outlives the state's last relevant µs.
-          local at_ms = math.ceil(algorithm.expires(lim, st) / 1000)
-          redis.call('SET', key_of[i], value, 'PXAT', int_str(at_ms))
-        end
-      elseif old then
-        redis.call('DEL', key_of[i])
-      end
-    end
-  end
+  write_counters(n, costs)
+  write_states(n)
 
   local reply = { reply_int(now) }
   for i = 1, n do

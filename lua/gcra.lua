@@ -31,20 +31,25 @@
 -- years to replenish): TAT and durations rounded to the nearest representable µs (finite, never
 -- negative).
 
+-- The debt at `now` (requests > 0): ahead * requests + frac ticks = d * window + e, 0 <= e < window.
+local function gcra_debt(lim, st, now)
+  local w, r = lim.w, lim.requests
+  if st and st.tat >= now then
+    local frac = math.min(st.frac, r - 1)
+    local q, rem = muldiv(st.tat - now, r, w)
+    local q2, e = divmod(rem + frac, w)
+    return q + q2, e
+  end
+  return 0, 0
+end
+
 local function gcra_decide(lim, st, now, cost)
   local w, r, burst = lim.w, lim.requests, lim.burst
   if r == 0 then
     -- An infinite emission interval: every costed request is denied, like the token bucket.
     return never_refills(w, cost, st)
   end
-  -- Debt = ahead * requests + frac ticks = d * window + e.
-  local d, e = 0, 0
-  if st and st.tat >= now then
-    local frac = math.min(st.frac, r - 1)
-    local q, rem = muldiv(st.tat - now, r, w)
-    local q2, e2 = divmod(rem + frac, w)
-    d, e = q + q2, e2
-  end
+  local d, e = gcra_debt(lim, st, now)
   -- New debt = (d + cost) * window + e; tolerance = burst * window.
   local nd = d + cost
   if nd > burst or (nd == burst and e > 0) then

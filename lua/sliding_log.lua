@@ -23,15 +23,10 @@
 -- Exactness: sums of costs are bounded by requests + cost and times by now + window: exact when
 -- requests and costs are < 2^52 and instants + window_us < 2^53. Cost per decision: O(entries).
 
-local function sliding_log_decide(lim, st, now, cost)
-  local w = lim.w
-  local ats, cs = {}, {}
-  if st then
-    ats, cs = st.at, st.c
-  end
-  local n = #ats
-  -- First live entry: binary search for the first with at + w > now (the log is sorted).
-  local lo, hi = 1, n + 1
+-- Index of the first live entry (at + w > now), #ats + 1 when none: binary search, the log is
+-- sorted.
+local function sliding_log_first(ats, w, now)
+  local lo, hi = 1, #ats + 1
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
     if ats[mid] + w <= now then
@@ -40,7 +35,17 @@ local function sliding_log_decide(lim, st, now, cost)
       hi = mid
     end
   end
-  local first = lo
+  return lo
+end
+
+local function sliding_log_decide(lim, st, now, cost)
+  local w = lim.w
+  local ats, cs = {}, {}
+  if st then
+    ats, cs = st.at, st.c
+  end
+  local n = #ats
+  local first = sliding_log_first(ats, w, now)
   local used = 0
   for i = first, n do
     used = used + cs[i]

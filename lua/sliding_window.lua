@@ -42,14 +42,14 @@ local function sliding_window_earliest(weight, room, w)
   return w - q
 end
 
-local function sliding_window_decide(lim, st, now, cost)
-  local w = lim.w
+-- The state seen from the window holding `at` = max(now, the state's window start): that
+-- window's start, the current and previous counts there, and lag = at - now.
+local function sliding_window_view(w, st, now)
   -- A clock that stepped back into an earlier window must not forget the counts.
   local at = now
   if st and st.start > now then
     at = st.start
   end
-  local lag = at - now
   local start = at - math.fmod(at, w)
   local cur, prev = 0, 0
   if st then
@@ -59,6 +59,12 @@ local function sliding_window_decide(lim, st, now, cost)
       prev = st.cur
     end
   end
+  return at, start, cur, prev, at - now
+end
+
+local function sliding_window_decide(lim, st, now, cost)
+  local w = lim.w
+  local at, start, cur, prev, lag = sliding_window_view(w, st, now)
   local elapsed = at - start
   -- usage <= budget  <=>  prev * (w - elapsed) <= room * w  <=>  ceil(prev * (w - elapsed) / w) <= room
   local dq, dr = muldiv(prev, w - elapsed, w)

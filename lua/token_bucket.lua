@@ -29,19 +29,16 @@
 -- of 10^6: allowed/remaining and the stored state stay exact, durations beyond 285 years come back
 -- rounded (never NaN/inf, never negative).
 
-local function token_bucket_decide(lim, st, now, cost)
+-- The bucket as of max(now, last update) (requests > 0): whole tokens t, fraction f, that
+-- instant, and how far it lies after now.
+local function token_bucket_level(lim, st, now)
   local w, r, burst = lim.w, lim.requests, lim.burst
-  if r == 0 then
-    -- Nothing ever refills: every costed request is denied, even on a full bucket.
-    return never_refills(w, cost, st)
-  end
   local t, f, updated = burst, 0, now
   if st then
     t, f, updated = st.t, st.f, st.at
   end
   -- A clock that stepped back mints no tokens; decide as of the last update.
   local at = math.max(now, updated)
-  local lag = at - now
   if t >= burst then
     -- At (or, after a burst reduction, above) capacity: capped.
     t, f = burst, 0
@@ -59,6 +56,16 @@ local function token_bucket_decide(lim, st, now, cost)
       t, f = burst, 0
     end
   end
+  return t, f, at, at - now
+end
+
+local function token_bucket_decide(lim, st, now, cost)
+  local w, r, burst = lim.w, lim.requests, lim.burst
+  if r == 0 then
+    -- Nothing ever refills: every costed request is denied, even on a full bucket.
+    return never_refills(w, cost, st)
+  end
+  local t, f, at, lag = token_bucket_level(lim, st, now)
   -- credits >= cost * window  <=>  t >= cost, since 0 <= f < window.
   if t < cost then
     local reset = lag + ceil_sub(burst - t, w, f, r)
