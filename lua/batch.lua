@@ -12,7 +12,8 @@
 --     the code, so Tollgate versions with different code never replace each other's function.
 --   - As an EVAL script (the fallback for servers without FCALL): `return tollgate_batch(KEYS,
 --     ARGV)` is appended and each request is `EVALSHA`; the whole chunk then runs per call.
--- It reproduces MemoryStore::apply_batch (src/store/memory.rs) exactly:
+-- It reproduces MemoryStore::apply_batch (src/store/memory.rs) exactly. Consuming policies
+-- (0 Independent, 1 AllOrNothing, 2 StopIncrementWhenOverLimit):
 --
 --   1. Evaluate the items in order with their costs. An in-call overlay holds each key's
 --      state as left by earlier items, so a key appearing twice sees the first item's effect.
@@ -32,13 +33,26 @@
 --      algorithm's expires_at (the instant the state stops mattering), in ms rounded up. Every
 --      key written therefore has a TTL.
 --
+-- Peek (3): step 1 alone. The decisions are the first pass's, with the real costs (no
+--   settling), and nothing is written, for any algorithm.
+-- Refund (4) (refund_all): each item gives its cost back to its key, in order, through the same
+--   overlay (a key appearing twice sees the first refund), with the algorithm's <name>_refund
+--   (algorithm::refund). Every decision is allowed with no retry. A key without state (absent,
+--   another algorithm's or window's, malformed, expired; for a fixed window, a counter that is
+--   absent or not an integer) is never written, and neither is a state the refund left as it
+--   was. Other algorithms: written as in step 3 (SET ... PXAT expiry, DEL when the refunded
+--   state is equivalent to no state). Fixed window: `SET key count KEEPTTL`, lowering the
+--   existing counter in place with the TTL it has, so a Go replica's INCRBY + EXPIRE on the same
+--   key go on working; the key is never created (a fresh window has nothing to refund).
+--
 -- KEYS: one per item, in batch order (duplicates allowed). Fixed window: the caller-named window
 --   counter (Go's key). Others: the caller's state key. In Redis Cluster all must share a slot.
--- ARGV: [1] policy (0 Independent, 1 AllOrNothing, 2 StopIncrementWhenOverLimit) in decimal;
---   [2] the items, 64 bytes each: 8 little-endian IEEE doubles (struct '<dddddddd') holding
---   algorithm (0 fixed_window, 1 sliding_window, 2 sliding_log, 3 token_bucket, 4 gcra),
---   requests, window_us, burst, cost, group, window_start_us (fixed window; else 0), ttl_secs
---   (fixed window; else 0). Binary because decimal parsing (strtod) was a large share of a call;
+-- ARGV: [1] policy (0 Independent, 1 AllOrNothing, 2 StopIncrementWhenOverLimit, 3 Peek,
+--   4 Refund) in decimal; [2] the items, 64 bytes each: 8 little-endian IEEE doubles (struct
+--   '<dddddddd') holding algorithm (0 fixed_window, 1 sliding_window, 2 sliding_log,
+--   3 token_bucket, 4 gcra), requests, window_us, burst, cost (a refund's amount), group (unused
+--   by peeks and refunds), window_start_us (fixed window; else 0), ttl_secs (fixed window, used
+--   by consuming policies only; else 0). Binary because decimal parsing (strtod) was a large share of a call;
 --   the caller converts each u64 to the nearest double, which is what tonumber() did with the
 --   decimal string, so the values seen are the same. Each must be a non-negative integer.
 -- Returns: an array { now_us, then per item: allowed (1/0), remaining, reset_after_us,
@@ -53,7 +67,7 @@
 --   writes) ships the resulting SET/DEL, with PXAT being absolute, to replicas and AOF.
 -- Time: `TIME` is read once (µs since the epoch, the Redis server's clock), so every item is
 --   decided at the same instant, and returned so the caller can track its offset from Redis.
--- Requires Redis >= 6.2 (SET ... PXAT); Redis >= 7.0 for the function library.
+-- Requires Redis >= 6.2 (SET ... PXAT, KEEPTTL); Redis >= 7.0 for the function library.
 --
 -- Exactness (Lua numbers are doubles): every decision field equals the Rust one whenever requests,
 --   burst, costs and window_us are < 2^52, instants (now + the algorithm's longest duration) are
@@ -61,6 +75,9 @@
 --   and the like) are computed exactly by exact.lua's muldiv. Each algorithm file states its bound.
 --   Outside them results are rounded but finite, non-negative and never NaN. Counters and costs
 --   above 2^53 still deny, as in Rust (where they saturate at u64::MAX instead of 2^53 - 1).
+--   A refund's amount only ever meets quantities below those bounds (it is capped at the burst,
+--   at a count, or compared with whole intervals of debt), so any amount, up to u64::MAX rounded
+--   to a double, has the effect it has in Rust: beyond what is held, it gives everything back.
 --
 -- Stored values of the other algorithms are binary (struct.pack): an algorithm byte, window_us as
 -- a double, then the algorithm's fields as doubles (exact: they are integers, and a double
@@ -73,13 +90,16 @@ local MAX_EXACT = 9007199254740991
 
 -- Algorithms other than the fixed window, by code.
 local ALGORITHMS = {
-  [1] = { decide = sliding_window_decide, expires = sliding_window_expires,
-          encode = sliding_window_encode, decode = sliding_window_decode },
-  [2] = { decide = sliding_log_decide, expires = sliding_log_expires,
-          encode = sliding_log_encode, decode = sliding_log_decode },
-  [3] = { decide = token_bucket_decide, expires = token_bucket_expires,
-          encode = token_bucket_encode, decode = token_bucket_decode },
-  [4] = { decide = gcra_decide, expires = gcra_expires,
+  [1] = { decide = sliding_window_decide, refund = sliding_window_refund,
+          expires = sliding_window_expires, encode = sliding_window_encode,
+          decode = sliding_window_decode },
+  [2] = { decide = sliding_log_decide, refund = sliding_log_refund,
+          expires = sliding_log_expires, encode = sliding_log_encode,
+          decode = sliding_log_decode },
+  [3] = { decide = token_bucket_decide, refund = token_bucket_refund,
+          expires = token_bucket_expires, encode = token_bucket_encode,
+          decode = token_bucket_decode },
+  [4] = { decide = gcra_decide, refund = gcra_refund, expires = gcra_expires,
           encode = gcra_encode, decode = gcra_decode },
 }
 
@@ -219,6 +239,50 @@ local function settle(n, policy)
   return false
 end
 
+-- The refund pass (policy 4; MemoryStore's give_back): each item's cost given back to its key,
+-- in order, through the overlay. Only a refund that changed a stored state enters the overlay,
+-- and only the overlay is written, so a key without state is never written.
+local function refund_all(n, now)
+  for i = 1, n do
+    ov_live[first_of[i]] = false
+  end
+  for i = 1, n do
+    local g, a, lim, amount = first_of[i], alg_of[i], lim_of[i], cost_of[i]
+    local entry = ov_live[g] and ov_alg[g] == a and ov_win[g] == lim.window_us
+    local ok, left, rst, rty, next_state, changed
+    if a == 0 then
+      local count, exists = 0, entry
+      if entry then
+        count = ov_state[g]
+      else
+        local stored, garbage = stored_count(raw[g])
+        count, exists = stored, raw[g] and not garbage
+      end
+      ok, left, rst, rty, next_state = fixed_window_refund(lim, count, now, amount, start_of[i])
+      changed = exists and next_state ~= count
+    else
+      local st
+      if entry then
+        st = ov_state[g] or nil
+      else
+        st = stored_state(i, now)
+      end
+      local algorithm = ALGORITHMS[a]
+      -- Each refund returns `st` itself when it changed nothing (always when `st` is nil).
+      ok, left, rst, rty, next_state = algorithm.refund(lim, st, now, amount)
+      changed = next_state ~= st
+      if changed and algorithm.expires(lim, next_state) <= now then
+        next_state = false
+      end
+    end
+    if changed then
+      ov_live[g], ov_alg[g], ov_win[g], ov_state[g], ov_writer[g] =
+        true, a, lim.window_us, next_state, i
+    end
+    allowed[i], remaining[i], reset[i], retry[i] = ok, left, rst, rty
+  end
+end
+
 -- Consumed fixed windows: each key's counter plus its items' settled costs (`costs`), in
 -- first-appearance order, with the last item's TTL.
 local function write_counters(n, costs)
@@ -246,7 +310,19 @@ local function write_counters(n, costs)
   end
 end
 
--- Other algorithms: write each touched key's final state, in first-appearance order.
+-- Refunded fixed windows: each lowered counter set in place, keeping the TTL the key has (the
+-- overlay only holds counters that exist, so none is created).
+local function write_refunded_counters(n)
+  for i = 1, n do
+    local g = first_of[i]
+    if alg_of[i] == 0 and ov_live[g] and ov_alg[g] == 0 and not written[g] then
+      written[g] = true
+      redis.call('SET', key_of[i], int_str(ov_state[g]), 'KEEPTTL')
+    end
+  end
+end
+
+-- Other algorithms: write each key's final state in the overlay, in first-appearance order.
 local function write_states(n)
   for i = 1, n do
     local g = first_of[i]
@@ -277,8 +353,9 @@ local function tollgate_batch(keys, args)
   end
   local n = #keys
   local policy, items = tonumber(args[1]), args[2]
-  if #args ~= 2 or #items ~= 64 * n or (policy ~= 0 and policy ~= 1 and policy ~= 2) then
-    return redis.error_reply('ERR tollgate: expected a policy 0..2 and 64 bytes of fields per key')
+  if #args ~= 2 or #items ~= 64 * n or not (policy == 0 or policy == 1 or policy == 2
+      or policy == 3 or policy == 4) then
+    return redis.error_reply('ERR tollgate: expected a policy 0..4 and 64 bytes of fields per key')
   end
   local unpack, pos = struct.unpack, 1
   for i = 1, n do
@@ -312,23 +389,32 @@ local function tollgate_batch(keys, args)
     first_of[i] = g
   end
 
-  run(n, cost_of, now)
-  local costs = cost_of
-  if settle(n, policy) then
-    for i = 1, n do
-      first_allowed[i], first_retry[i] = allowed[i], retry[i]
-    end
-    run(n, settled, now)
-    for i = 1, n do
-      if settled[i] ~= cost_of[i] then
-        -- Evaluated but not consumed: the verdict (and retry) stand, the counters are a peek's.
-        allowed[i], retry[i] = first_allowed[i], first_retry[i]
+  if policy == 4 then
+    refund_all(n, now)
+    write_refunded_counters(n)
+    write_states(n)
+  else
+    run(n, cost_of, now)
+    -- A peek (3) is the first pass alone: its decisions, no settling, nothing written.
+    if policy ~= 3 then
+      local costs = cost_of
+      if settle(n, policy) then
+        for i = 1, n do
+          first_allowed[i], first_retry[i] = allowed[i], retry[i]
+        end
+        run(n, settled, now)
+        for i = 1, n do
+          if settled[i] ~= cost_of[i] then
+            -- Evaluated but not consumed: the verdict (and retry) stand, the counters are a peek's.
+            allowed[i], retry[i] = first_allowed[i], first_retry[i]
+          end
+        end
+        costs = settled
       end
+      write_counters(n, costs)
+      write_states(n)
     end
-    costs = settled
   end
-  write_counters(n, costs)
-  write_states(n)
 
   local reply = { reply_int(now) }
   for i = 1, n do

@@ -3,8 +3,8 @@
 --
 -- Part of Tollgate's batch script (exact.lua + the five algorithm files + batch.lua, concatenated
 -- into one chunk; batch.lua reads KEYS/ARGV and performs every Redis call). This file defines
--- `gcra_decide` (decides one item, writes nothing), `gcra_expires`, `gcra_encode` and
--- `gcra_decode`.
+-- `gcra_decide` and `gcra_refund` (each handles one item and writes nothing), `gcra_expires`,
+-- `gcra_encode` and `gcra_decode`.
 --
 -- Representation: exactly Rust's state, the theoretical arrival time `tat_us + tat_frac /
 -- requests` µs (tat_frac < requests), stored as 25 bytes, struct.pack('<Bddd', 4, window_us,
@@ -18,9 +18,14 @@
 -- and every product goes through muldiv.
 --
 -- Arguments: `lim` = { requests, window_us, w = max(window_us, 1), burst }; `st` = { tat, frac }
--- or nil; `now` = Redis TIME in µs; `cost` >= 0.
+-- or nil; `now` = Redis TIME in µs; `cost` (or a refund's `amount`) >= 0.
 -- Returns: allowed, remaining, reset_after_us, retry_after_us, next state (`st` itself when
--- unchanged: denials, peeks and requests == 0).
+-- unchanged: denials, peeks, requests == 0, and refunds of nothing or to a key without debt).
+--
+-- Refunds (gcra::refund): the debt d * window + e loses amount * window ticks, never going
+-- below 0 (a TAT at now): since e < window, amount > d leaves no debt, else the debt is
+-- (d - amount) * window + e, turned back into a TAT exactly as decide does; reported as a peek
+-- of the new state sees it, allowed, no retry.
 --
 -- Atomicity: see batch.lua. Time: batch.lua's single TIME read.
 --
@@ -72,6 +77,24 @@ local function gcra_decide(lim, st, now, cost)
     next_state = { tat = now + q, frac = m }
   end
   return true, remaining, ceil_qr(q, m), 0, next_state
+end
+
+local function gcra_refund(lim, st, now, amount)
+  local next_state = st
+  if lim.requests > 0 and amount > 0 then
+    local d, e = gcra_debt(lim, st, now)
+    if amount > d then
+      -- amount * window >= (d + 1) * window > d * window + e: no debt left, a full bucket.
+      if d > 0 or e > 0 then
+        next_state = { tat = now, frac = 0 }
+      end
+    else
+      local q, m = muldiv_add(d - amount, lim.w, e, lim.requests)
+      next_state = { tat = now + q, frac = m }
+    end
+  end
+  local _, left, reset = gcra_decide(lim, next_state, now, 0)
+  return true, left, reset, 0, next_state
 end
 
 -- TAT rounded up to a whole µs: from then on there is no debt.

@@ -3,8 +3,8 @@
 --
 -- Part of Tollgate's batch script (exact.lua + the five algorithm files + batch.lua, concatenated
 -- into one chunk; batch.lua reads KEYS/ARGV and performs every Redis call). This file defines
--- `sliding_log_decide` (decides one item, writes nothing), `sliding_log_expires`,
--- `sliding_log_encode` and `sliding_log_decode`.
+-- `sliding_log_decide` and `sliding_log_refund` (each handles one item and writes nothing),
+-- `sliding_log_expires`, `sliding_log_encode` and `sliding_log_decode`.
 --
 -- Representation: struct.pack('<Bd', 2, window_us) (batch.lua checks the algorithm byte and the
 -- window) followed by 16 bytes per entry, struct.pack('<dd', timestamp_us, cost), oldest first,
@@ -14,9 +14,15 @@
 -- PXAT = expiry of the newest entry, so every key has a TTL.
 --
 -- Arguments: `lim` = { requests, window_us, w = max(window_us, 1), burst }; `st` = { at = {...},
--- c = {...} } (parallel arrays, oldest first) or nil; `now` = Redis TIME in µs; `cost` >= 0.
+-- c = {...} } (parallel arrays, oldest first) or nil; `now` = Redis TIME in µs; `cost` (or a
+-- refund's `amount`) >= 0.
 -- Returns: allowed, remaining, reset_after_us, retry_after_us, next state (`st` itself when
--- unchanged: denials and peeks).
+-- unchanged: denials, peeks, and refunds with no live entry to take from).
+--
+-- Refunds (sliding_log::refund): the live entries are kept, then the newest of them removed
+-- until `amount` is given back, the last one only in part if it holds more (its cost shrinks,
+-- so every cost stays >= 1); an emptied log is no state (batch.lua deletes the key). Reported as
+-- a peek of the new state sees it, allowed, no retry.
 --
 -- Atomicity: see batch.lua. Time: batch.lua's single TIME read.
 --
@@ -95,6 +101,35 @@ local function sliding_log_decide(lim, st, now, cost)
     nat[m], nc[m] = stamp, cost
   end
   return true, lim.requests - after, reset_of(nat[m]), 0, { at = nat, c = nc }
+end
+
+local function sliding_log_refund(lim, st, now, amount)
+  local next_state = st
+  if st and amount > 0 then
+    local ats, cs = st.at, st.c
+    local first = sliding_log_first(ats, lim.w, now)
+    if first <= #ats then
+      local nat, nc, m = {}, {}, 0
+      for i = first, #ats do
+        m = m + 1
+        nat[m], nc[m] = ats[i], cs[i]
+      end
+      local owed = amount
+      while owed > 0 and m > 0 do
+        if nc[m] > owed then
+          nc[m] = nc[m] - owed
+          owed = 0
+        else
+          owed = owed - nc[m]
+          nat[m], nc[m] = nil, nil
+          m = m - 1
+        end
+      end
+      next_state = { at = nat, c = nc }
+    end
+  end
+  local _, left, reset = sliding_log_decide(lim, next_state, now, 0)
+  return true, left, reset, 0, next_state
 end
 
 -- Expiry of the newest entry; an empty log is already expired.

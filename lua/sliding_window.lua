@@ -3,17 +3,21 @@
 --
 -- Part of Tollgate's batch script (exact.lua + the five algorithm files + batch.lua, concatenated
 -- into one chunk; batch.lua reads KEYS/ARGV and performs every Redis call). This file defines
--- `sliding_window_decide` (decides one item, writes nothing), `sliding_window_expires`,
--- `sliding_window_encode` and `sliding_window_decode`.
+-- `sliding_window_decide` and `sliding_window_refund` (each handles one item and writes
+-- nothing), `sliding_window_expires`, `sliding_window_encode` and `sliding_window_decode`.
 --
 -- Representation: 33 bytes, struct.pack('<Bddd', 1, window_us, window_start_us, current,
 -- previous) (batch.lua checks the algorithm byte and the window), set with PXAT = the state's
 -- expiry (end of the next window), so every key has a TTL.
 --
 -- Arguments: `lim` = { requests, window_us, w = max(window_us, 1), burst }; `st` = { start, cur,
--- prev } or nil; `now` = Redis TIME in µs; `cost` >= 0.
+-- prev } or nil; `now` = Redis TIME in µs; `cost` (or a refund's `amount`) >= 0.
 -- Returns: allowed, remaining, reset_after_us, retry_after_us, next state (`st` itself when
--- unchanged: denials and peeks).
+-- unchanged: denials, peeks, and refunds with nothing to take off).
+--
+-- Refunds (sliding_window::refund): from the view decide uses (the window holding max(now, the
+-- state's window)), `amount` comes off the current count, the rest off the previous one, each
+-- saturating at 0; reported as a peek of the new state sees it, allowed, no retry.
 --
 -- Atomicity: see batch.lua. Time: batch.lua's single TIME read.
 --
@@ -97,6 +101,20 @@ local function sliding_window_decide(lim, st, now, cost)
     next_state = { start = start, cur = cur, prev = prev }
   end
   return true, room - decayed, lag + sliding_window_reset(w, cur, prev, elapsed), 0, next_state
+end
+
+local function sliding_window_refund(lim, st, now, amount)
+  local next_state = st
+  if st and amount > 0 then
+    local _, start, cur, prev = sliding_window_view(lim.w, st, now)
+    local from_cur = math.min(amount, cur)
+    local from_prev = math.min(amount - from_cur, prev)
+    if from_cur > 0 or from_prev > 0 then
+      next_state = { start = start, cur = cur - from_cur, prev = prev - from_prev }
+    end
+  end
+  local _, left, reset = sliding_window_decide(lim, next_state, now, 0)
+  return true, left, reset, 0, next_state
 end
 
 -- The instant the estimate reaches 0; from then on the state decides like no state.

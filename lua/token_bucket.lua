@@ -3,8 +3,9 @@
 --
 -- Part of Tollgate's batch script (exact.lua + the five algorithm files + batch.lua, concatenated
 -- into one chunk; batch.lua reads KEYS/ARGV and performs every Redis call). This file defines
--- `token_bucket_decide` (decides one item, writes nothing), `token_bucket_expires`,
--- `token_bucket_encode` and `token_bucket_decode` (the stored value, see Representation).
+-- `token_bucket_decide` and `token_bucket_refund` (each handles one item and writes nothing),
+-- `token_bucket_expires`, `token_bucket_encode` and `token_bucket_decode` (the stored value, see
+-- Representation).
 --
 -- Representation: Rust keeps `credits = tokens * window_us` (refill: `requests` credits per µs),
 -- which reaches burst * window_us (3.2 * 10^19 for 10^6 tokens a year) and does not fit a
@@ -16,9 +17,13 @@
 -- every key has a TTL. Doubles hold these integers (all < 2^53) exactly.
 --
 -- Arguments: `lim` = { requests, window_us, w = max(window_us, 1), burst }; `st` = { t, f, at }
--- or nil (a full bucket); `now` = Redis TIME in µs; `cost` >= 0.
+-- or nil (a full bucket); `now` = Redis TIME in µs; `cost` (or a refund's `amount`) >= 0.
 -- Returns: allowed, remaining, reset_after_us, retry_after_us, next state (`st` itself when
--- unchanged: denials, peeks and requests == 0).
+-- unchanged: denials, peeks, requests == 0, and refunds of nothing or to no state).
+--
+-- Refunds (token_bucket::refund): refill as a decision does, then `amount` whole tokens back,
+-- capped at `burst` (the fraction f is kept: t + amount < burst leaves credits below capacity,
+-- since f < window_us); reported as a peek of the new state sees it, allowed, no retry.
 --
 -- Atomicity: see batch.lua. Time: batch.lua's single TIME read.
 --
@@ -82,6 +87,22 @@ local function token_bucket_decide(lim, st, now, cost)
   if cost > 0 then
     next_state = { t = left, f = f, at = at }
   end
+  return true, left, reset, 0, next_state
+end
+
+local function token_bucket_refund(lim, st, now, amount)
+  local next_state = st
+  -- No state is a full bucket, and with requests == 0 the level never matters: nothing to do.
+  if st and lim.requests > 0 and amount > 0 then
+    local t, f, at = token_bucket_level(lim, st, now)
+    if t + amount >= lim.burst then
+      t, f = lim.burst, 0
+    else
+      t = t + amount
+    end
+    next_state = { t = t, f = f, at = at }
+  end
+  local _, left, reset = token_bucket_decide(lim, next_state, now, 0)
   return true, left, reset, 0, next_state
 end
 
