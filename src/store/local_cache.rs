@@ -15,6 +15,17 @@
 //!   item becomes a zero-cost check;
 //! - `Independent`: only the other limits of the same descriptor become checks.
 //!
+//! Peeks ([`CommitPolicy::Peek`]) are answered from cached denials like consuming batches (a denial is
+//! exact whatever the batch would have written) and keep their costs when sent, since they write
+//! nothing; their own denials are not cached, because a peek's answer for a key that appears twice
+//! reflects a first consumption that was never written.
+//!
+//! Refunds ([`CommitPolicy::Refund`]) are never answered from the cache: every item is sent, and the
+//! cached denials of the refunded (key, limit) pairs are dropped once the store has answered, since the
+//! refund may let the same request pass sooner. That is this replica only: other replicas keep their
+//! cached denial until it expires, i.e. for at most the `retry_after` of the denial they cached, and
+//! answer OVER_LIMIT for that key until then (as they would have without the refund).
+//!
 //! Memory is bounded: [`LocalCache::new`] takes a byte budget. A full shard first drops expired entries,
 //! then stops caching new ones until entries expire.
 
@@ -107,6 +118,25 @@ impl<S: Store> LocalCache<S> {
         })
     }
 
+    /// Drops the cached denial of `item`'s key and limit, if any.
+    fn forget(&self, item: &BatchItem) {
+        let hash = self.hash(&item.key, &item.limit);
+        let mut shard = self.shard(hash);
+        if let Ok(blocked) = shard.find_entry(hash, |b| b.limit == item.limit && b.key == item.key) {
+            blocked.remove();
+        }
+    }
+
+    /// Sends a refund on and drops the cached denials it may have lifted, even when the store failed:
+    /// the refund may have landed all the same, and a dropped entry only costs one round trip.
+    async fn refund(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
+        let result = self.inner.apply(batch).await;
+        for item in &batch.items {
+            self.forget(item);
+        }
+        result
+    }
+
     fn remember(&self, item: &BatchItem, decision: &Decision, now_us: u64) {
         if decision.allowed || item.cost == 0 || decision.retry_after_us == 0 || self.per_shard == 0 {
             return;
@@ -140,13 +170,19 @@ impl<S: Store> Store for LocalCache<S> {
         if self.per_shard == 0 {
             return self.inner.apply(batch).await;
         }
+        if let CommitPolicy::Refund { .. } = batch.policy {
+            return self.refund(batch).await;
+        }
+        let remembers = !matches!(batch.policy, CommitPolicy::Peek { .. });
         let now = self.clock.now_us();
         let cached: Vec<Option<Decision>> = batch.items.iter().map(|item| self.lookup(item, now)).collect();
         let hits = cached.iter().flatten().count();
         if hits == 0 {
             let decisions = self.inner.apply(batch).await?;
-            for (item, decision) in batch.items.iter().zip(&decisions) {
-                self.remember(item, decision, now);
+            if remembers {
+                for (item, decision) in batch.items.iter().zip(&decisions) {
+                    self.remember(item, decision, now);
+                }
             }
             return Ok(decisions);
         }
@@ -167,6 +203,8 @@ impl<S: Store> Store for LocalCache<S> {
             let check_only = match batch.policy {
                 CommitPolicy::Independent => blocked_groups.contains(&item.group),
                 CommitPolicy::AllOrNothing | CommitPolicy::StopIncrementWhenOverLimit => true,
+                // A peek writes nothing, so its items keep their costs (and refunds never get here).
+                CommitPolicy::Peek { .. } | CommitPolicy::Refund { .. } => false,
             };
             sent.push(BatchItem {
                 cost: if check_only { 0 } else { item.cost },
@@ -183,10 +221,109 @@ impl<S: Store> Store for LocalCache<S> {
             };
             let answers = self.inner.apply(&sent).await?;
             for ((at, item), decision) in positions.into_iter().zip(&sent.items).zip(answers) {
-                self.remember(item, &decision, now);
+                if remembers {
+                    self.remember(item, &decision, now);
+                }
                 decisions[at] = decision;
             }
         }
         Ok(decisions)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::clock::ManualClock;
+    use crate::store::memory::MemoryStore;
+
+    const PEEK: CommitPolicy = CommitPolicy::Peek {
+        all_or_nothing: false,
+    };
+
+    fn cache() -> LocalCache<MemoryStore> {
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(5_000_000));
+        LocalCache::new(MemoryStore::new(Arc::clone(&clock)), 1 << 20, clock)
+    }
+
+    fn item(key: &str, cost: u64) -> BatchItem {
+        BatchItem {
+            key: key.to_owned(),
+            limit: Limit {
+                algorithm: Algorithm::Gcra,
+                requests: 5,
+                window_us: 1_000_000,
+                burst: 5,
+            },
+            cost,
+            group: 0,
+        }
+    }
+
+    async fn one(cache: &LocalCache<MemoryStore>, item: BatchItem, policy: CommitPolicy) -> Decision {
+        let decisions = cache.apply(&Batch::new(vec![item], policy)).await;
+        decisions.expect("the memory store never fails")[0]
+    }
+
+    /// Exhausts `key` and gets its denial cached.
+    async fn block(cache: &LocalCache<MemoryStore>, key: &str) {
+        assert!(one(cache, item(key, 5), CommitPolicy::Independent).await.allowed);
+        assert!(!one(cache, item(key, 1), CommitPolicy::Independent).await.allowed);
+        let hits = cache.hits();
+        assert!(!one(cache, item(key, 1), CommitPolicy::Independent).await.allowed);
+        assert_eq!(cache.hits(), hits + 1, "the denial is cached");
+    }
+
+    #[tokio::test]
+    async fn a_refund_is_always_sent_and_lifts_the_cached_denial() {
+        let cache = cache();
+        block(&cache, "k").await;
+        let hits = cache.hits();
+        let refund = CommitPolicy::Refund {
+            all_or_nothing: false,
+        };
+        let refunded = one(&cache, item("k", 2), refund).await;
+        assert_eq!((refunded.allowed, refunded.remaining), (true, 2));
+        assert_eq!(cache.hits(), hits, "a refund is never answered from the cache");
+        let after = one(&cache, item("k", 1), CommitPolicy::Independent).await;
+        assert_eq!((after.allowed, after.remaining), (true, 1), "the store answered");
+        assert_eq!(cache.hits(), hits);
+    }
+
+    #[tokio::test]
+    async fn a_peek_is_answered_from_cached_denials_but_never_cached() {
+        let cache = cache();
+        block(&cache, "k").await;
+        let hits = cache.hits();
+        assert!(!one(&cache, item("k", 1), PEEK).await.allowed);
+        assert_eq!(cache.hits(), hits + 1);
+        // A peek's own denial is not cached: the same peek again is answered by the store.
+        assert!(
+            one(&cache, item("other", 4), CommitPolicy::Independent)
+                .await
+                .allowed
+        );
+        for _ in 0..2 {
+            let denied = one(&cache, item("other", 3), PEEK).await;
+            assert!(!denied.allowed && denied.retry_after_us > 0);
+        }
+        assert_eq!(cache.hits(), hits + 1);
+    }
+
+    #[tokio::test]
+    async fn a_peek_sends_the_uncached_items_with_their_costs() {
+        let cache = cache();
+        block(&cache, "k").await;
+        let batch = Batch::new(vec![item("k", 1), item("other", 2)], PEEK);
+        let decisions = cache.apply(&batch).await.expect("memory store");
+        assert!(!decisions[0].allowed);
+        assert_eq!(
+            (decisions[1].allowed, decisions[1].remaining),
+            (true, 3),
+            "decided as if consumed"
+        );
+        let check = one(&cache, item("other", 0), CommitPolicy::Independent).await;
+        assert_eq!(check.remaining, 5, "and nothing written");
     }
 }

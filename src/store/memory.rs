@@ -6,6 +6,9 @@
 //! that makes a batch as atomic as a Redis script. The locks are plain `std` mutexes held only for
 //! the few hundred nanoseconds of arithmetic, never across an `.await`.
 //!
+//! A peek runs the same first pass as a consuming batch, then restores every state it touched before
+//! releasing the locks; a refund updates only entries that hold a live state.
+//!
 //! Memory stays bounded under key churn: each entry records the instant after which its state can no
 //! longer change a decision ([`algorithm::expires_at_us`]); expired entries are ignored on lookup and
 //! removed by [`MemoryStore::sweep`], which the server runs periodically.
@@ -109,19 +112,48 @@ impl MemoryStore {
         }
     }
 
-    /// The synchronous heart of [`Store::apply`]: apply every item; if the policy says some of them
-    /// must not consume after all, restore the previous states and apply again with those costs at 0.
+    /// The synchronous heart of [`Store::apply`]: locks the batch's shards, then consumes, peeks or
+    /// refunds as the policy says. Holding every lock for the whole batch is what makes it atomic.
     fn apply_batch(&self, items: &[BatchItem], policy: CommitPolicy) -> Vec<Decision> {
         let now = self.clock.now_us();
         let hashes: Vec<u64> = items.iter().map(|i| self.hash(i)).collect();
         let mut locked = self.lock_shards(&hashes);
+        match policy {
+            CommitPolicy::Peek { .. } => {
+                // The first pass of a consuming batch, then every state back as it was: the tables
+                // themselves are the overlay that lets a repeated key see the first item's effect.
+                let costs: Vec<u64> = items.iter().map(|i| i.cost).collect();
+                let mut undo = Vec::with_capacity(items.len());
+                let decisions = self.run(&mut locked, items, &hashes, &costs, now, Some(&mut undo));
+                rollback(&mut locked, items, &hashes, undo);
+                decisions
+            }
+            CommitPolicy::Refund { .. } => give_back(&mut locked, items, &hashes, now),
+            CommitPolicy::Independent
+            | CommitPolicy::AllOrNothing
+            | CommitPolicy::StopIncrementWhenOverLimit => {
+                self.consume(&mut locked, items, &hashes, policy, now)
+            }
+        }
+    }
+
+    /// Applies every item; if the policy says some of them must not consume after all, restores the
+    /// previous states and applies again with those costs at 0.
+    fn consume(
+        &self,
+        locked: &mut Locked<'_>,
+        items: &[BatchItem],
+        hashes: &[u64],
+        policy: CommitPolicy,
+        now: u64,
+    ) -> Vec<Decision> {
         let costs: Vec<u64> = items.iter().map(|i| i.cost).collect();
         let may_settle = policy != CommitPolicy::Independent || has_shared_group(items);
         let mut undo = Vec::with_capacity(if may_settle { items.len() } else { 0 });
         let first = self.run(
-            &mut locked,
+            locked,
             items,
-            &hashes,
+            hashes,
             &costs,
             now,
             may_settle.then_some(&mut undo),
@@ -129,8 +161,8 @@ impl MemoryStore {
         let Some(settled) = settled_costs(items, &first, policy) else {
             return first;
         };
-        rollback(&mut locked, items, &hashes, undo);
-        let second = self.run(&mut locked, items, &hashes, &settled, now, None);
+        rollback(locked, items, hashes, undo);
+        let second = self.run(locked, items, hashes, &settled, now, None);
         first
             .iter()
             .zip(second)
@@ -203,6 +235,28 @@ impl Store for MemoryStore {
     }
 }
 
+/// Gives every item's cost back to its key, in order ([`algorithm::refund`]). Only a live entry is
+/// updated: a key without state has nothing to give back, and a refund never creates an entry.
+fn give_back(locked: &mut Locked<'_>, items: &[BatchItem], hashes: &[u64], now: u64) -> Vec<Decision> {
+    let mut decisions = Vec::with_capacity(items.len());
+    for (item, hash) in items.iter().zip(hashes) {
+        let table = locked.table(shard_of(*hash));
+        let entry = table
+            .find_mut(*hash, |e| e.is(item))
+            .filter(|e| e.expires_at_us > now);
+        let Some(entry) = entry else {
+            decisions.push(algorithm::refund(&item.limit, None, now, item.cost).0);
+            continue;
+        };
+        let (decision, next) = algorithm::refund(&item.limit, Some(&entry.state), now, item.cost);
+        // A state refunded down to nothing expires at once and is swept like any other.
+        entry.expires_at_us = algorithm::expires_at_us(&item.limit, &next);
+        entry.state = next;
+        decisions.push(decision);
+    }
+    decisions
+}
+
 /// Whether some group has more than one item (only then can `Independent` need a second pass).
 fn has_shared_group(items: &[BatchItem]) -> bool {
     items.windows(2).any(|pair| pair[0].group == pair[1].group)
@@ -243,6 +297,8 @@ fn settled_costs(items: &[BatchItem], decisions: &[Decision], policy: CommitPoli
             }
             (0..items.len()).map(|i| zero_if_allowed(i, refund[i])).collect()
         }
+        // A total function of the policy: a peek writes nothing and a refund is never denied.
+        CommitPolicy::Peek { .. } | CommitPolicy::Refund { .. } => return None,
     };
     let unchanged = settled.iter().zip(items).all(|(s, i)| *s == i.cost);
     (!unchanged).then_some(settled)
@@ -286,4 +342,140 @@ fn shard_of(hash: u64) -> usize {
 /// usable, and refusing service for the rest of the process's life would be worse.
 fn lock(shard: &Mutex<HashTable<Entry>>) -> MutexGuard<'_, HashTable<Entry>> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    const PEEK: CommitPolicy = CommitPolicy::Peek {
+        all_or_nothing: false,
+    };
+    const REFUND: CommitPolicy = CommitPolicy::Refund {
+        all_or_nothing: false,
+    };
+
+    fn store() -> (MemoryStore, ManualClock) {
+        let clock = ManualClock::new(1_000_250_000);
+        (MemoryStore::new(Arc::new(clock.clone())), clock)
+    }
+
+    fn item(key: &str, algorithm: Algorithm, cost: u64, group: u32) -> BatchItem {
+        BatchItem {
+            key: key.to_owned(),
+            limit: Limit {
+                algorithm,
+                requests: 5,
+                window_us: 1_000_000,
+                burst: 5,
+            },
+            cost,
+            group,
+        }
+    }
+
+    /// What a zero-cost check of each item's key sees now.
+    fn checks(store: &MemoryStore, items: &[BatchItem]) -> Vec<Decision> {
+        let zero: Vec<BatchItem> = items.iter().map(|i| BatchItem { cost: 0, ..i.clone() }).collect();
+        store.apply_batch(&zero, CommitPolicy::Independent)
+    }
+
+    #[test]
+    fn peek_decides_like_a_consuming_first_pass_and_writes_nothing() {
+        for algorithm in Algorithm::ALL {
+            let (peeked, _) = store();
+            let (consumed, _) = store();
+            for store in [&peeked, &consumed] {
+                store.apply_batch(&[item("k", algorithm, 2, 0)], CommitPolicy::Independent);
+            }
+            // A repeated key sees the first item's effect (the 3 does not fit in what the 1 leaves), a new
+            // key is evaluated too, and the costs are the real ones. One group per item, so the consuming
+            // batch does not settle and its decisions are its first pass.
+            let batch = [
+                item("k", algorithm, 1, 0),
+                item("k", algorithm, 3, 1),
+                item("new", algorithm, 4, 2),
+                item("k", algorithm, 9, 3),
+            ];
+            let before = checks(&peeked, &batch);
+            let peek = peeked.apply_batch(&batch, PEEK);
+            assert_eq!(
+                peek,
+                consumed.apply_batch(&batch, CommitPolicy::Independent),
+                "{algorithm:?}"
+            );
+            assert!(!peek[3].allowed, "{algorithm:?}");
+            assert_eq!(
+                checks(&peeked, &batch),
+                before,
+                "{algorithm:?}: a peek changed a state"
+            );
+            assert_eq!(peeked.len(), 1, "{algorithm:?}: a peek created an entry");
+        }
+    }
+
+    #[test]
+    fn peek_ignores_the_settling_rules() {
+        let (store, _) = store();
+        let batch = [item("a", Algorithm::Gcra, 2, 0), item("b", Algorithm::Gcra, 6, 0)];
+        let peek = store.apply_batch(&batch, PEEK);
+        assert_eq!(
+            (peek[0].allowed, peek[0].remaining, peek[1].allowed),
+            (true, 3, false),
+            "the first pass, not AllOrNothing's settled answer"
+        );
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn refund_gives_back_what_was_consumed() {
+        for algorithm in Algorithm::ALL {
+            let (store, _) = store();
+            let fresh = checks(&store, &[item("k", algorithm, 0, 0)]);
+            store.apply_batch(&[item("k", algorithm, 3, 0)], CommitPolicy::Independent);
+            let refunded = store.apply_batch(&[item("k", algorithm, 3, 0)], REFUND);
+            assert_eq!(refunded, fresh, "{algorithm:?}");
+            let full = store.apply_batch(&[item("k", algorithm, 5, 0)], CommitPolicy::Independent);
+            assert!(
+                full[0].allowed,
+                "{algorithm:?}: the whole limit is available again"
+            );
+        }
+    }
+
+    #[test]
+    fn refunds_of_one_key_apply_in_order() {
+        for algorithm in Algorithm::ALL {
+            let (store, _) = store();
+            store.apply_batch(&[item("k", algorithm, 4, 0)], CommitPolicy::Independent);
+            let refunded =
+                store.apply_batch(&[item("k", algorithm, 1, 0), item("k", algorithm, 1, 0)], REFUND);
+            let remaining: Vec<u64> = refunded.iter().map(|d| d.remaining).collect();
+            assert_eq!(remaining, [2, 3], "{algorithm:?}");
+            assert!(refunded.iter().all(|d| d.allowed && d.retry_after_us == 0));
+        }
+    }
+
+    #[test]
+    fn refund_never_creates_or_revives_an_entry() {
+        for algorithm in Algorithm::ALL {
+            let (store, clock) = store();
+            let absent = [item("absent", algorithm, 2, 0)];
+            let fresh = checks(&store, &absent);
+            assert_eq!(store.apply_batch(&absent, REFUND), fresh, "{algorithm:?}");
+            assert!(store.is_empty(), "{algorithm:?}: a refund created an entry");
+            // An expired entry is no state either: the refund leaves it to the sweep.
+            store.apply_batch(&[item("old", algorithm, 5, 0)], CommitPolicy::Independent);
+            clock.advance_us(10_000_000);
+            let old = [item("old", algorithm, 5, 0)];
+            assert_eq!(
+                store.apply_batch(&old, REFUND),
+                checks(&store, &old),
+                "{algorithm:?}"
+            );
+            assert_eq!(store.sweep(), 1, "{algorithm:?}");
+            assert!(store.is_empty(), "{algorithm:?}");
+        }
+    }
 }

@@ -24,7 +24,7 @@ pub struct BatchItem {
     pub key: String,
     /// The limit to enforce.
     pub limit: Limit,
-    /// Units to consume; 0 checks without consuming.
+    /// Units to consume; 0 checks without consuming. Under [`CommitPolicy::Refund`], units to give back.
     pub cost: u64,
     /// Items of one group (the limits of one descriptor) are contiguous in the batch and pass or fail
     /// together: when one is denied, the others consume nothing, so a request refused by a per-second
@@ -32,9 +32,23 @@ pub struct BatchItem {
     pub group: u32,
 }
 
-/// What a batch may change when some of its items are denied. Except under `AllOrNothing`, a denied item
-/// itself is still applied, so a fixed-window counter keeps counting past its limit as
+/// What a batch may change.
+///
+/// The three consuming policies differ only when some items are denied. Except under `AllOrNothing`, a
+/// denied item itself is still applied, so a fixed-window counter keeps counting past its limit as
 /// envoyproxy/ratelimit's does (for the other algorithms applying a denied item changes nothing).
+///
+/// `Peek` changes nothing at all, and `Refund` only gives units back. Both carry the domain's
+/// `all_or_nothing` setting, because a store that shards keys places them by it: Redis keeps the keys of
+/// an `all_or_nothing` domain together in the slot of the batch's scope (so that the whole batch is
+/// decided in one script call), and everyone else's per descriptor. A peek or refund must read the keys
+/// the domain's consuming batches wrote, so it must say which placement they used; with the wrong
+/// setting it reads other, normally absent, keys (a peek sees fresh state, a refund gives nothing back).
+/// The memory store keeps every key in one place and ignores the setting.
+///
+/// A peek or refund must also hold the same items per descriptor as the consuming batch (every limit of
+/// the descriptor, in one group): whether a descriptor has one limit or several decides its Redis key
+/// (envoyproxy/ratelimit's key for a lone fixed window).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CommitPolicy {
     /// Every group is applied on its own (envoyproxy/ratelimit's default): a denied descriptor does not
@@ -46,6 +60,21 @@ pub enum CommitPolicy {
     /// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: if any item is denied, only the
     /// denied items are applied and the others consume nothing.
     StopIncrementWhenOverLimit,
+    /// "Would a request of this cost pass, and what would remain": every item is decided with its cost
+    /// exactly as the first pass of a consuming batch decides it (in order, a key appearing twice seeing
+    /// the first item's effect; no settling), and nothing is written, for any algorithm.
+    Peek {
+        /// The domain's `all_or_nothing` setting (where its keys are; see the enum docs).
+        all_or_nothing: bool,
+    },
+    /// Every item gives its cost back to its key ([`crate::algorithm::refund`]), in order (a key
+    /// appearing twice sees the first refund). Each decision is allowed with no retry, its `remaining`
+    /// and `reset_after_us` what the key admits right after the refund. A key without state (absent or
+    /// expired) is never written: there is nothing to give back, and the decision is a fresh key's.
+    Refund {
+        /// The domain's `all_or_nothing` setting (where its keys are; see the enum docs).
+        all_or_nothing: bool,
+    },
 }
 
 /// A store failure. Every variant is transient: the request may succeed later, so the caller applies

@@ -9,6 +9,13 @@
 //!   descriptor's key (all limits of one descriptor, one slot), or for `all_or_nothing` domains the
 //!   domain (the whole request, one slot). `rest` is the remainder of the descriptor's key.
 //!
+//! So a key's name depends on the domain's `all_or_nothing` setting and on how many limits its
+//! descriptor has in the batch, not on the key alone. Peeks and refunds must name the keys the
+//! consuming batches wrote: they carry the domain's setting (see
+//! [`crate::store::CommitPolicy`]) and hold the same limits per descriptor. Changing a domain's
+//! `all_or_nothing` also moves its keys: the counters start afresh under the new names (the old
+//! ones expire), as when a limit's algorithm or window changes.
+//!
 //! In Redis Cluster a request's items are grouped by [`slot`] and each group is one script call.
 
 use crate::algorithm::{Algorithm, Limit};

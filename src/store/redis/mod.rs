@@ -276,11 +276,12 @@ impl RedisStore {
             .iter()
             .enumerate()
             .map(|(at, item)| {
-                let placement = match batch.policy {
-                    CommitPolicy::AllOrNothing => Placement::Scope(batch.scope()),
-                    _ => Placement::PerDescriptor {
+                let placement = if places_by_scope(batch.policy) {
+                    Placement::Scope(batch.scope())
+                } else {
+                    Placement::PerDescriptor {
                         shared: shares_group(items, at),
-                    },
+                    }
                 };
                 let fixed = item.limit.algorithm == Algorithm::FixedWindow;
                 let window = item.limit.window_us.max(1);
@@ -352,6 +353,17 @@ impl RedisStore {
         let offset = i128::from(redis_now_us) - midpoint;
         self.offset_us
             .store(i64::try_from(offset).unwrap_or(0), Ordering::Relaxed);
+    }
+}
+
+/// Whether a batch's keys live in the slot of its scope: those of `all_or_nothing` domains, whose
+/// consuming batches must be decided in one script call. Their peeks and refunds say so themselves
+/// (see [`CommitPolicy`]), so that they name the keys the consuming batches wrote.
+fn places_by_scope(policy: CommitPolicy) -> bool {
+    match policy {
+        CommitPolicy::AllOrNothing => true,
+        CommitPolicy::Peek { all_or_nothing } | CommitPolicy::Refund { all_or_nothing } => all_or_nothing,
+        CommitPolicy::Independent | CommitPolicy::StopIncrementWhenOverLimit => false,
     }
 }
 

@@ -4,7 +4,8 @@
 //! `lua/batch.lua` (the driver, which defines `tollgate_batch(keys, args)`), concatenated at compile
 //! time, so one call handles a request whatever mix of algorithms it has. It reproduces
 //! [`crate::algorithm::decide`] and the batch semantics of [`crate::store::memory::MemoryStore`]
-//! exactly (sequential duplicate keys, settling per [`CommitPolicy`], peeks never write);
+//! exactly (sequential duplicate keys, settling per [`CommitPolicy`], zero-cost items and
+//! [`CommitPolicy::Peek`] batches never write, [`CommitPolicy::Refund`] writes only keys that hold state);
 //! `tests/it/redis_parity.rs` checks that against a real server. The header of `lua/batch.lua`
 //! documents KEYS, ARGV and the reply; [`BatchScript::call`] (with its helpers) and
 //! [`BatchScript::decode`] are the only code that knows that layout.
@@ -69,7 +70,8 @@ pub struct ScriptItem<'a> {
     pub key: &'a str,
     /// The limit to enforce.
     pub limit: Limit,
-    /// Units to consume; 0 checks without consuming (and never writes).
+    /// Units to consume; 0 checks without consuming (and never writes). Under [`CommitPolicy::Refund`],
+    /// units to give back.
     pub cost: u64,
     /// Items with the same group are contiguous and pass or fail together (see [`crate::store::BatchItem`]).
     pub group: u32,
@@ -77,7 +79,7 @@ pub struct ScriptItem<'a> {
     /// caller estimates it. `reset_after_us` is measured to its end.
     pub window_start_us: u64,
     /// Fixed window only (else 0): the counter's `EXPIRE` in seconds (Go: window + jitter); at least 1 is
-    /// used.
+    /// used. A refund keeps the counter's TTL instead.
     pub ttl_secs: u64,
 }
 
@@ -347,12 +349,15 @@ fn is_err_detail(error: &redis::RedisError, detail: &str) -> bool {
     error.code() == Some("ERR") && error.detail().is_some_and(|d| d.starts_with(detail))
 }
 
-/// The policy code `lua/batch.lua` expects in `ARGV[1]`.
+/// The policy code `lua/batch.lua` expects in `ARGV[1]`. The `all_or_nothing` of a peek or refund only
+/// decides key names (the caller's business), so the script does not need it.
 fn policy_code(policy: CommitPolicy) -> u8 {
     match policy {
         CommitPolicy::Independent => 0,
         CommitPolicy::AllOrNothing => 1,
         CommitPolicy::StopIncrementWhenOverLimit => 2,
+        CommitPolicy::Peek { .. } => 3,
+        CommitPolicy::Refund { .. } => 4,
     }
 }
 
