@@ -1,6 +1,7 @@
-//! The batch script decides EXACTLY like the Rust algorithms: random timelines of batches run against a
-//! real `redis-server` and, at the Redis clock reading each reply reports, through a `MemoryStore`
-//! (whose batch semantics are the reference); every field of every decision must be equal. Windows are
+//! The batch script decides EXACTLY like the Rust algorithms: random timelines of batches (consuming,
+//! peeking and refunding) run against a real `redis-server` and, at the Redis clock reading each reply
+//! reports, through a `MemoryStore` (whose batch semantics are the reference); every field of every
+//! decision must be equal. Windows are
 //! small so that real time exercises refill and roll-over; a second set of limits is huge so that the
 //! script's exact arithmetic beyond 2^53 intermediate products is exercised too.
 
@@ -15,7 +16,7 @@ use tollgate::store::memory::MemoryStore;
 use tollgate::store::redis::script::{BatchScript, ScriptItem, ScriptReply};
 use tollgate::store::{Batch, BatchItem, CommitPolicy, Store};
 
-use crate::common::redis::RedisServer;
+use crate::common::redis::{RedisServer, command_calls};
 use crate::require_redis;
 
 /// A fixed-window call is only compared when the local clock is at least this far from the window's
@@ -27,6 +28,14 @@ const POLICIES: [CommitPolicy; 3] = [
     CommitPolicy::AllOrNothing,
     CommitPolicy::StopIncrementWhenOverLimit,
 ];
+
+const PEEK: CommitPolicy = CommitPolicy::Peek {
+    all_or_nothing: false,
+};
+
+const REFUND: CommitPolicy = CommitPolicy::Refund {
+    all_or_nothing: false,
+};
 
 /// SplitMix64: a seeded, dependency-free generator, so a failure replays with the printed seed.
 struct Rng(u64);
@@ -261,6 +270,40 @@ impl Harness {
         }
     }
 
+    /// Every key with its value and absolute expiry (`PEXPIRETIME`, ms), sorted by name.
+    async fn snapshot(&mut self) -> Vec<(String, Vec<u8>, i64)> {
+        let mut keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut self.conn)
+            .await
+            .expect("KEYS");
+        keys.sort();
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            let value: Vec<u8> = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut self.conn)
+                .await
+                .expect("GET");
+            let expires: i64 = redis::cmd("PEXPIRETIME")
+                .arg(&key)
+                .query_async(&mut self.conn)
+                .await
+                .expect("PEXPIRETIME");
+            out.push((key, value, expires));
+        }
+        out
+    }
+
+    /// Write commands run so far, the script's own included (`INFO commandstats` counts those too).
+    fn writes(&self) -> u64 {
+        let calls = command_calls(self.server.port);
+        ["set", "del", "incrby", "expire", "pexpire", "unlink"]
+            .iter()
+            .map(|name| calls.get(*name).copied().unwrap_or(0))
+            .sum()
+    }
+
     /// Every key in the server has a TTL (`PTTL` is -1 for a key without one; 0 or -2 mean it is
     /// expiring or just expired).
     async fn assert_every_key_has_a_ttl(&mut self) {
@@ -330,6 +373,15 @@ fn cost(rng: &mut Rng, limit: &Limit) -> u64 {
     }
 }
 
+/// Mostly consuming batches, so that state builds up, with peeks and refunds of it among them.
+fn policy(rng: &mut Rng) -> CommitPolicy {
+    match rng.range(0, 99) {
+        0..=59 => rng.pick(&POLICIES),
+        60..=79 => PEEK,
+        _ => REFUND,
+    }
+}
+
 /// 1 to `max` items over `specs` (keys may repeat), groups contiguous and sometimes shared.
 fn random_batch(rng: &mut Rng, specs: &[Spec], max: u64) -> Vec<Req> {
     let n = rng.range(1, max);
@@ -381,7 +433,7 @@ async fn timeline_on(script: BatchScript, seed: u64, algorithms: &[Algorithm], s
         .min(200_000);
     for step in 0..steps {
         let reqs = random_batch(&mut rng, &specs, 4);
-        let policy = rng.pick(&POLICIES);
+        let policy = policy(&mut rng);
         let context = format!("seed {seed} step {step} specs {specs:?}");
         h.step(&specs, &reqs, policy, &context).await;
         if rng.chance(70) {
@@ -453,7 +505,7 @@ async fn gcra_matches_rust() {
     algorithm_parity(Algorithm::Gcra, seed(0x6C)).await;
 }
 
-/// All three policies, every algorithm mixed in one batch, duplicate keys, shared groups.
+/// Every policy, every algorithm mixed in one batch, duplicate keys, shared groups.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_batches_match_rust_under_every_policy() {
     require_redis!();
@@ -461,94 +513,79 @@ async fn mixed_batches_match_rust_under_every_policy() {
     timeline(seed(0xAC), &Algorithm::ALL, 40, true).await;
 }
 
-/// Hand-written batches hitting each settling rule with duplicate keys, compared field by field.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn settling_with_duplicate_keys_matches_rust() {
-    require_redis!();
-    let mut h = Harness::start().await;
-    let window_us = 60_000_000;
-    let specs: Vec<Spec> = Algorithm::ALL
+/// One spec per algorithm, all with the same small limit over a minute (no real-time effects).
+fn one_spec_per_algorithm() -> Vec<Spec> {
+    Algorithm::ALL
         .iter()
         .map(|&algorithm| Spec {
             name: algorithm.as_str().to_owned(),
             limit: Limit {
                 algorithm,
                 requests: 5,
-                window_us,
+                window_us: 60_000_000,
                 burst: 5,
             },
         })
-        .collect();
+        .collect()
+}
+
+fn req(spec: usize, cost: u64, group: u32) -> Req {
+    Req { spec, cost, group }
+}
+
+/// Hand-written batches over specs `a` and `b`: the same key twice (the second sees the first), a
+/// denial in a shared group, a zero-cost item, a key filled to its limit then asked for more.
+fn duplicate_key_batches(a: usize, b: usize) -> [Vec<Req>; 4] {
+    [
+        vec![req(a, 3, 0), req(a, 2, 0), req(b, 1, 1)],
+        vec![req(a, 1, 0), req(b, 9, 0), req(a, 0, 1)],
+        vec![req(b, 2, 0), req(a, 4, 1), req(b, 4, 1)],
+        vec![req(a, 5, 0), req(a, 1, 0)],
+    ]
+}
+
+/// Hand-written batches hitting each settling rule with duplicate keys, compared field by field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settling_with_duplicate_keys_matches_rust() {
+    require_redis!();
+    let mut h = Harness::start().await;
+    let specs = one_spec_per_algorithm();
     for policy in POLICIES {
         for a in 0..specs.len() {
             let b = (a + 1) % specs.len();
-            // Same key twice (the second sees the first), a denial in a shared group, a peek.
-            let batches = [
-                vec![
-                    Req {
-                        spec: a,
-                        cost: 3,
-                        group: 0,
-                    },
-                    Req {
-                        spec: a,
-                        cost: 2,
-                        group: 0,
-                    },
-                    Req {
-                        spec: b,
-                        cost: 1,
-                        group: 1,
-                    },
-                ],
-                vec![
-                    Req {
-                        spec: a,
-                        cost: 1,
-                        group: 0,
-                    },
-                    Req {
-                        spec: b,
-                        cost: 9,
-                        group: 0,
-                    },
-                    Req {
-                        spec: a,
-                        cost: 0,
-                        group: 1,
-                    },
-                ],
-                vec![
-                    Req {
-                        spec: b,
-                        cost: 2,
-                        group: 0,
-                    },
-                    Req {
-                        spec: a,
-                        cost: 4,
-                        group: 1,
-                    },
-                    Req {
-                        spec: b,
-                        cost: 4,
-                        group: 1,
-                    },
-                ],
-                vec![
-                    Req {
-                        spec: a,
-                        cost: 5,
-                        group: 0,
-                    },
-                    Req {
-                        spec: a,
-                        cost: 1,
-                        group: 0,
-                    },
-                ],
-            ];
-            for (i, reqs) in batches.iter().enumerate() {
+            for (i, reqs) in duplicate_key_batches(a, b).iter().enumerate() {
+                let context = format!("{policy:?} algorithm {a} batch {i}");
+                assert!(
+                    h.step(&specs, reqs, policy, &context).await,
+                    "{context}: raced a 60 s window"
+                );
+            }
+        }
+        h.generation += 1;
+    }
+    h.assert_every_key_has_a_ttl().await;
+}
+
+/// The same batches consumed, peeked at and refunded in turn: repeated keys see the earlier items of a
+/// peek or refund, and refunds land on the state consumptions left, compared field by field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peeks_and_refunds_with_duplicate_keys_match_rust() {
+    require_redis!();
+    let mut h = Harness::start().await;
+    let specs = one_spec_per_algorithm();
+    let rounds = [
+        CommitPolicy::Independent,
+        PEEK,
+        REFUND,
+        PEEK,
+        CommitPolicy::AllOrNothing,
+        REFUND,
+        REFUND,
+    ];
+    for a in 0..specs.len() {
+        let b = (a + 1) % specs.len();
+        for (i, reqs) in duplicate_key_batches(a, b).iter().enumerate() {
+            for policy in rounds {
                 let context = format!("{policy:?} algorithm {a} batch {i}");
                 assert!(
                     h.step(&specs, reqs, policy, &context).await,
@@ -613,6 +650,139 @@ async fn fixed_window_writes_the_go_key() {
         "int",
         "a plain integer, as Go stores it"
     );
+}
+
+/// A peek writes nothing, whatever it decides: no key is created, changed or given a new expiry, and
+/// no write command runs at all, for every algorithm, allowed or denied, repeated keys included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peek_writes_nothing() {
+    require_redis!();
+    let mut h = Harness::start().await;
+    let specs = one_spec_per_algorithm();
+    let every = |cost: u64| -> Vec<Req> {
+        (0..specs.len())
+            .flat_map(|s| [req(s, cost, 0), req(s, cost, 1)])
+            .collect()
+    };
+    assert!(
+        h.step(&specs, &every(2), CommitPolicy::Independent, "consume")
+            .await
+    );
+    let before = h.snapshot().await;
+    assert_eq!(before.len(), specs.len());
+    let writes = h.writes();
+    assert!(writes >= 5, "the consumption wrote, and commandstats saw it");
+    for cost in [0, 1, 2, 9] {
+        assert!(h.step(&specs, &every(cost), PEEK, &format!("peek {cost}")).await);
+    }
+    // Keys nobody consumed yet: decided as fresh, and still not created.
+    h.generation += 1;
+    assert!(h.step(&specs, &every(3), PEEK, "peek at absent keys").await);
+    assert_eq!(h.snapshot().await, before);
+    assert_eq!(h.writes(), writes);
+}
+
+/// A refund never writes a key without state: absent keys stay absent, a key holding another
+/// algorithm's state is left alone. A refund that leaves no state deletes the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_writes_nothing_without_state() {
+    require_redis!();
+    let mut h = Harness::start().await;
+    let specs = one_spec_per_algorithm();
+    let every = |cost: u64| -> Vec<Req> { (0..specs.len()).map(|s| req(s, cost, s as u32)).collect() };
+    assert!(h.step(&specs, &every(2), REFUND, "refund absent keys").await);
+    assert_eq!(h.server.cli(&["DBSIZE"]).trim(), "0");
+    assert_eq!(h.writes(), 0);
+
+    let item = |algorithm: Algorithm, cost: u64| ScriptItem {
+        key: "shared",
+        limit: Limit {
+            algorithm,
+            requests: 5,
+            window_us: 60_000_000,
+            burst: 5,
+        },
+        cost,
+        group: 0,
+        window_start_us: 0,
+        ttl_secs: 0,
+    };
+    h.call(&[item(Algorithm::Gcra, 2)], CommitPolicy::Independent)
+        .await;
+    let before = h.snapshot().await;
+    let refund = h.call(&[item(Algorithm::TokenBucket, 2)], REFUND).await;
+    assert_eq!(refund.decisions[0].remaining, 5, "a fresh bucket's");
+    assert_eq!(
+        h.snapshot().await,
+        before,
+        "another algorithm's state is not this one's"
+    );
+
+    // Giving back everything consumed leaves no state, and so no key.
+    assert!(
+        h.step(&specs, &every(2), CommitPolicy::Independent, "consume")
+            .await
+    );
+    assert!(h.step(&specs, &every(2), REFUND, "refund all").await);
+    let left: Vec<String> = h.snapshot().await.into_iter().map(|(key, _, _)| key).collect();
+    let fixed = h.base_key(&specs[0]);
+    assert!(
+        left.iter().all(|key| key == "shared" || key.starts_with(&fixed)),
+        "only the foreign key and the fixed-window counter are left: {left:?}"
+    );
+}
+
+/// A fixed-window refund lowers envoyproxy/ratelimit's counter in place and keeps its TTL (so a Go
+/// replica's INCRBY and EXPIRE go on working), saturates at 0, and never creates the counter of a
+/// window that has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_window_refund_keeps_the_go_counter_and_its_ttl() {
+    require_redis!();
+    let mut h = Harness::start().await;
+    let limit = Limit {
+        algorithm: Algorithm::FixedWindow,
+        requests: 3,
+        window_us: 60_000_000,
+        burst: 3,
+    };
+    let start = local_now_us() / 60_000_000 * 60_000_000;
+    let key = format!("domain_key_value_{}", start / 1_000_000);
+    let next_key = format!("domain_key_value_{}", start / 1_000_000 + 60);
+    let consume = ScriptItem {
+        key: &key,
+        limit,
+        cost: 2,
+        group: 0,
+        window_start_us: start,
+        ttl_secs: 67,
+    };
+    h.call(&[consume], CommitPolicy::Independent).await;
+    let expires = h.server.cli(&["PEXPIRETIME", &key]);
+    // Long enough for a fresh `EX 67` to land on another millisecond.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let reply = h.call(&[ScriptItem { cost: 1, ..consume }], REFUND).await;
+    assert_eq!(
+        (reply.decisions[0].allowed, reply.decisions[0].remaining),
+        (true, 2)
+    );
+    assert_eq!(h.server.cli(&["GET", &key]).trim(), "1");
+    assert_eq!(h.server.cli(&["PEXPIRETIME", &key]), expires, "KEEPTTL");
+    assert_eq!(h.server.cli(&["OBJECT", "ENCODING", &key]).trim(), "int");
+    let reply = h.call(&[ScriptItem { cost: 5, ..consume }], REFUND).await;
+    assert_eq!(reply.decisions[0].remaining, 3);
+    assert_eq!(h.server.cli(&["GET", &key]).trim(), "0", "saturated at 0");
+    assert_eq!(
+        h.server.cli(&["INCRBY", &key, "1"]).trim(),
+        "1",
+        "still Go's counter"
+    );
+    let next_window = ScriptItem {
+        key: &next_key,
+        window_start_us: start + 60_000_000,
+        ..consume
+    };
+    h.call(&[next_window], REFUND).await;
+    assert_eq!(h.server.cli(&["EXISTS", &next_key]).trim(), "0", "never created");
 }
 
 /// After `FUNCTION FLUSH` (or a restart without persistence) the next call loads the library again

@@ -6,9 +6,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tollgate::algorithm::Algorithm;
+use tokio_util::sync::CancellationToken;
+use tollgate::algorithm::{Algorithm, Decision, Limit};
+use tollgate::clock::SystemClock;
 use tollgate::proto::rls::RateLimitResponse;
 use tollgate::proto::rls::rate_limit_response::Code;
+use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
+use tollgate::store::{Batch, BatchItem, CommitPolicy, Store};
 
 use crate::common::redis::{RedisCluster, RedisSentinel, RedisServer, command_calls};
 use crate::common::{TestServer, http, wire_request};
@@ -321,6 +325,120 @@ async fn flush_under_load_fails_no_request(what: &'static str) {
         task.await.expect("load");
     }
     Arc::into_inner(server).expect("done").stop().await;
+}
+
+/// A [`RedisStore`] on `url` (`kind` as `REDIS_TYPE`), once it answers.
+async fn connected_store(url: &str, kind: &str) -> (Arc<RedisStore>, CancellationToken) {
+    let target = RedisTarget::parse(url, kind, "", "", false, false).expect("Redis target");
+    let options = RedisOptions {
+        target,
+        connections: 1,
+        deadline: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(2),
+        tls: None,
+        expiration_jitter_max_secs: 0,
+    };
+    let stop = CancellationToken::new();
+    let store = RedisStore::start(options, Arc::new(SystemClock), stop.clone());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !store.ping().await {
+        assert!(Instant::now() < deadline, "never connected to {url}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (store, stop)
+}
+
+/// Peeks and refunds find the keys consuming batches wrote, for every algorithm and placement: per
+/// descriptor (envoyproxy/ratelimit's key for a lone fixed window, a tagged key per limit otherwise)
+/// or, for an `all_or_nothing` domain, in the slot of the domain. A peek or refund that states the
+/// other placement misses them: it sees a fresh key and gives nothing back.
+async fn peeks_and_refunds_find_the_consumed_keys(url: &str, kind: &str) {
+    let (store, stop) = connected_store(url, kind).await;
+    let apply = |batch: Batch| {
+        let store = Arc::clone(&store);
+        async move {
+            let decisions: Vec<Decision> = store.apply(&batch).await.expect("store answers");
+            decisions.iter().map(|d| d.remaining).collect::<Vec<u64>>()
+        }
+    };
+    let hour = 3_600_000_000;
+    let policies = [
+        (CommitPolicy::Independent, false),
+        (CommitPolicy::StopIncrementWhenOverLimit, false),
+        (CommitPolicy::AllOrNothing, true),
+    ];
+    for algorithm in Algorithm::ALL {
+        for (consume, all_or_nothing) in policies {
+            let scope = "pre:dom";
+            let name = format!("{}_{consume:?}", algorithm.as_str());
+            let item = |descriptor: &str, window_us: u64, cost: u64, group: u32| BatchItem {
+                key: format!("{scope}_{descriptor}_{name}_"),
+                limit: Limit {
+                    algorithm,
+                    requests: 5,
+                    window_us,
+                    burst: 5,
+                },
+                cost,
+                group,
+            };
+            // A descriptor with one limit and one with two.
+            let batch = |policy: CommitPolicy, cost: u64| Batch {
+                items: vec![
+                    item("lone", hour, cost, 0),
+                    item("pair", hour, cost, 1),
+                    item("pair", 24 * hour, cost, 1),
+                ],
+                policy,
+                scope_len: scope.len(),
+            };
+            let peek = |all_or_nothing| CommitPolicy::Peek { all_or_nothing };
+            let refund = |all_or_nothing| CommitPolicy::Refund { all_or_nothing };
+            let context = format!("{algorithm:?} {consume:?}");
+            assert_eq!(apply(batch(consume, 2)).await, [3, 3, 3], "{context}");
+            assert_eq!(
+                apply(batch(peek(all_or_nothing), 1)).await,
+                [2, 2, 2],
+                "{context}"
+            );
+            assert_eq!(
+                apply(batch(peek(!all_or_nothing), 1)).await,
+                [4, 4, 4],
+                "{context}"
+            );
+            assert_eq!(
+                apply(batch(refund(!all_or_nothing), 2)).await,
+                [5, 5, 5],
+                "{context}"
+            );
+            assert_eq!(
+                apply(batch(peek(all_or_nothing), 0)).await,
+                [3, 3, 3],
+                "{context}: missed"
+            );
+            assert_eq!(
+                apply(batch(refund(all_or_nothing), 2)).await,
+                [5, 5, 5],
+                "{context}"
+            );
+            assert_eq!(apply(batch(consume, 5)).await, [0, 0, 0], "{context}: all back");
+        }
+    }
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peeks_and_refunds_find_the_keys_consumptions_wrote() {
+    require_redis!();
+    let redis = RedisServer::start();
+    peeks_and_refunds_find_the_consumed_keys(&redis.url(), "single").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peeks_and_refunds_find_the_keys_consumptions_wrote_in_a_cluster() {
+    require_redis!();
+    let cluster = RedisCluster::start();
+    peeks_and_refunds_find_the_consumed_keys(&cluster.addrs(), "cluster").await;
 }
 
 #[tokio::test]
