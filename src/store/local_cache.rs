@@ -170,10 +170,10 @@ impl<S: Store> Store for LocalCache<S> {
         if self.per_shard == 0 {
             return self.inner.apply(batch).await;
         }
-        if let CommitPolicy::Refund { .. } = batch.policy {
+        if let CommitPolicy::Refund = batch.policy {
             return self.refund(batch).await;
         }
-        let remembers = !matches!(batch.policy, CommitPolicy::Peek { .. });
+        let remembers = !matches!(batch.policy, CommitPolicy::Peek);
         let now = self.clock.now_us();
         let cached: Vec<Option<Decision>> = batch.items.iter().map(|item| self.lookup(item, now)).collect();
         let hits = cached.iter().flatten().count();
@@ -204,7 +204,7 @@ impl<S: Store> Store for LocalCache<S> {
                 CommitPolicy::Independent => blocked_groups.contains(&item.group),
                 CommitPolicy::AllOrNothing | CommitPolicy::StopIncrementWhenOverLimit => true,
                 // A peek writes nothing, so its items keep their costs (and refunds never get here).
-                CommitPolicy::Peek { .. } | CommitPolicy::Refund { .. } => false,
+                CommitPolicy::Peek | CommitPolicy::Refund => false,
             };
             sent.push(BatchItem {
                 cost: if check_only { 0 } else { item.cost },
@@ -218,6 +218,7 @@ impl<S: Store> Store for LocalCache<S> {
                 items: sent,
                 policy: batch.policy,
                 scope_len: batch.scope_len,
+                keep_together: batch.keep_together,
             };
             let answers = self.inner.apply(&sent).await?;
             for ((at, item), decision) in positions.into_iter().zip(&sent.items).zip(answers) {
@@ -238,9 +239,7 @@ mod tests {
     use crate::clock::ManualClock;
     use crate::store::memory::MemoryStore;
 
-    const PEEK: CommitPolicy = CommitPolicy::Peek {
-        all_or_nothing: false,
-    };
+    const PEEK: CommitPolicy = CommitPolicy::Peek;
 
     fn cache() -> LocalCache<MemoryStore> {
         let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(5_000_000));
@@ -280,9 +279,7 @@ mod tests {
         let cache = cache();
         block(&cache, "k").await;
         let hits = cache.hits();
-        let refund = CommitPolicy::Refund {
-            all_or_nothing: false,
-        };
+        let refund = CommitPolicy::Refund;
         let refunded = one(&cache, item("k", 2), refund).await;
         assert_eq!((refunded.allowed, refunded.remaining), (true, 2));
         assert_eq!(cache.hits(), hits, "a refund is never answered from the cache");

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
+use super::lease::MemoryLeases;
 use super::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 use crate::algorithm::{self, Algorithm, Decision, Limit, State};
 use crate::clock::Clock;
@@ -32,6 +33,7 @@ pub struct MemoryStore {
     shards: Box<[Mutex<HashTable<Entry>>]>,
     hasher: DefaultHashBuilder,
     clock: Arc<dyn Clock>,
+    leases: MemoryLeases,
 }
 
 #[derive(Debug)]
@@ -70,8 +72,14 @@ impl MemoryStore {
         Self {
             shards,
             hasher: DefaultHashBuilder::default(),
+            leases: MemoryLeases::new(Arc::clone(&clock)),
             clock,
         }
+    }
+
+    /// The concurrency leases.
+    pub fn leases(&self) -> &MemoryLeases {
+        &self.leases
     }
 
     /// Number of entries held, expired or not (for tests and metrics).
@@ -84,11 +92,11 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// Drops every entry that can no longer change a decision; returns how many were dropped. Locks one
-    /// shard at a time, so requests on other shards are never blocked by a sweep.
+    /// Drops every entry (and lease) that can no longer change a decision; returns how many were
+    /// dropped. Locks one shard at a time, so requests on other shards are never blocked by a sweep.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_us();
-        let mut dropped = 0;
+        let mut dropped = self.leases.sweep();
         for shard in self.shards.iter() {
             let mut table = lock(shard);
             let before = table.len();
@@ -119,7 +127,7 @@ impl MemoryStore {
         let hashes: Vec<u64> = items.iter().map(|i| self.hash(i)).collect();
         let mut locked = self.lock_shards(&hashes);
         match policy {
-            CommitPolicy::Peek { .. } => {
+            CommitPolicy::Peek => {
                 // The first pass of a consuming batch, then every state back as it was: the tables
                 // themselves are the overlay that lets a repeated key see the first item's effect.
                 let costs: Vec<u64> = items.iter().map(|i| i.cost).collect();
@@ -128,7 +136,7 @@ impl MemoryStore {
                 rollback(&mut locked, items, &hashes, undo);
                 decisions
             }
-            CommitPolicy::Refund { .. } => give_back(&mut locked, items, &hashes, now),
+            CommitPolicy::Refund => give_back(&mut locked, items, &hashes, now),
             CommitPolicy::Independent
             | CommitPolicy::AllOrNothing
             | CommitPolicy::StopIncrementWhenOverLimit => {
@@ -298,7 +306,7 @@ fn settled_costs(items: &[BatchItem], decisions: &[Decision], policy: CommitPoli
             (0..items.len()).map(|i| zero_if_allowed(i, refund[i])).collect()
         }
         // A total function of the policy: a peek writes nothing and a refund is never denied.
-        CommitPolicy::Peek { .. } | CommitPolicy::Refund { .. } => return None,
+        CommitPolicy::Peek | CommitPolicy::Refund => return None,
     };
     let unchanged = settled.iter().zip(items).all(|(s, i)| *s == i.cost);
     (!unchanged).then_some(settled)
@@ -349,12 +357,8 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
 
-    const PEEK: CommitPolicy = CommitPolicy::Peek {
-        all_or_nothing: false,
-    };
-    const REFUND: CommitPolicy = CommitPolicy::Refund {
-        all_or_nothing: false,
-    };
+    const PEEK: CommitPolicy = CommitPolicy::Peek;
+    const REFUND: CommitPolicy = CommitPolicy::Refund;
 
     fn store() -> (MemoryStore, ManualClock) {
         let clock = ManualClock::new(1_000_250_000);

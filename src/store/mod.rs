@@ -5,8 +5,10 @@
 //! answer in one round trip (one script call) and what makes `all_or_nothing` and
 //! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` exact instead of racy.
 //!
-//! Backends: [`memory::MemoryStore`] (embedded, the default when no Redis is configured).
+//! Backends: [`memory::MemoryStore`] (embedded, the default when no Redis is configured) and
+//! [`redis::RedisStore`], which [`local_cache::LocalCache`] fronts with the over-limit cache.
 
+pub mod lease;
 pub mod local_cache;
 pub mod memory;
 pub mod redis;
@@ -38,15 +40,9 @@ pub struct BatchItem {
 /// denied item itself is still applied, so a fixed-window counter keeps counting past its limit as
 /// envoyproxy/ratelimit's does (for the other algorithms applying a denied item changes nothing).
 ///
-/// `Peek` changes nothing at all, and `Refund` only gives units back. Both carry the domain's
-/// `all_or_nothing` setting, because a store that shards keys places them by it: Redis keeps the keys of
-/// an `all_or_nothing` domain together in the slot of the batch's scope (so that the whole batch is
-/// decided in one script call), and everyone else's per descriptor. A peek or refund must read the keys
-/// the domain's consuming batches wrote, so it must say which placement they used; with the wrong
-/// setting it reads other, normally absent, keys (a peek sees fresh state, a refund gives nothing back).
-/// The memory store keeps every key in one place and ignores the setting.
-///
-/// A peek or refund must also hold the same items per descriptor as the consuming batch (every limit of
+/// `Peek` changes nothing at all, and `Refund` only gives units back. Where keys are placed does not
+/// depend on the policy but on the domain ([`Batch::keep_together`]), so a peek or refund reads the keys
+/// the domain's consuming batches wrote. A peek or refund must also hold the same items per descriptor as the consuming batch (every limit of
 /// the descriptor, in one group): whether a descriptor has one limit or several decides its Redis key
 /// (envoyproxy/ratelimit's key for a lone fixed window).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -63,30 +59,38 @@ pub enum CommitPolicy {
     /// "Would a request of this cost pass, and what would remain": every item is decided with its cost
     /// exactly as the first pass of a consuming batch decides it (in order, a key appearing twice seeing
     /// the first item's effect; no settling), and nothing is written, for any algorithm.
-    Peek {
-        /// The domain's `all_or_nothing` setting (where its keys are; see the enum docs).
-        all_or_nothing: bool,
-    },
+    Peek,
     /// Every item gives its cost back to its key ([`crate::algorithm::refund`]), in order (a key
     /// appearing twice sees the first refund). Each decision is allowed with no retry, its `remaining`
     /// and `reset_after_us` what the key admits right after the refund. A key without state (absent or
     /// expired) is never written: there is nothing to give back, and the decision is a fresh key's.
-    Refund {
-        /// The domain's `all_or_nothing` setting (where its keys are; see the enum docs).
-        all_or_nothing: bool,
-    },
+    Refund,
 }
 
-/// A store failure. Every variant is transient: the request may succeed later, so the caller applies
-/// the rule's failure mode (or answers UNAVAILABLE and lets Envoy's `failure_mode_deny` decide).
+/// A store failure. Every variant but [`StoreError::CrossSlot`] is transient: the request may succeed
+/// later, so the caller applies the rule's failure mode (or answers UNAVAILABLE and lets Envoy's
+/// `failure_mode_deny` decide).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
+    /// A per-call all-or-nothing request whose keys live in several Redis Cluster slots: it cannot be
+    /// decided atomically. Setting `all_or_nothing: true` on the domain places its keys in one slot.
+    #[error(
+        "all-or-nothing across Redis Cluster slots is not atomic; set all_or_nothing: true on the domain"
+    )]
+    CrossSlot,
     /// The store could not be reached or refused the command.
     #[error("store unavailable: {0}")]
     Unavailable(String),
     /// The store did not answer within the per-call deadline.
     #[error("store did not answer within {0:?}")]
     Timeout(std::time::Duration),
+}
+
+impl StoreError {
+    /// Whether the same call may succeed later (a failure mode may answer for it meanwhile).
+    pub fn is_transient(&self) -> bool {
+        !matches!(self, StoreError::CrossSlot)
+    }
 }
 
 /// Every limit of one request.
@@ -97,9 +101,13 @@ pub struct Batch {
     /// What may change when some items are denied.
     pub policy: CommitPolicy,
     /// Every item key starts with the same scope, `CACHE_KEY_PREFIX + domain`, this many bytes long.
-    /// A store that must keep a whole batch together (Redis Cluster under `AllOrNothing`) places keys
-    /// by it.
+    /// A store that must keep a whole batch together places keys by it (see `keep_together`).
     pub scope_len: usize,
+    /// The domain is `all_or_nothing`: its keys are placed so that one request's keys can be handled
+    /// together (in Redis Cluster, one hash slot per scope). Placement is a property of the domain, not
+    /// of one call, so every call on a key (consume, peek, refund, a per-call all-or-nothing) finds the
+    /// same counter.
+    pub keep_together: bool,
 }
 
 impl Batch {
@@ -109,6 +117,7 @@ impl Batch {
             items,
             policy,
             scope_len: 0,
+            keep_together: false,
         }
     }
 
@@ -121,8 +130,8 @@ impl Batch {
     }
 }
 
-/// A place to keep counters.
-pub trait Store: Send + Sync + 'static {
+/// A place to keep counters (and concurrency leases, see [`lease`]).
+pub trait Store: lease::LeaseStore + Send + Sync + 'static {
     /// Applies a batch atomically and returns one decision per item, in order. The batch is borrowed:
     /// a store copies a key only when it must keep it (a new entry), not on every request.
     fn apply(&self, batch: &Batch) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
@@ -143,6 +152,22 @@ impl AnyStore {
         match self {
             AnyStore::Memory(_) => None,
             AnyStore::Redis(cache) => Some(cache.hits()),
+        }
+    }
+}
+
+impl lease::LeaseStore for AnyStore {
+    async fn acquire(&self, request: &lease::AcquireRequest) -> Result<Vec<lease::LeaseSlot>, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.acquire(request).await,
+            AnyStore::Redis(store) => store.acquire(request).await,
+        }
+    }
+
+    async fn release(&self, request: &lease::ReleaseRequest) -> Result<Vec<lease::Released>, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.release(request).await,
+            AnyStore::Redis(store) => store.release(request).await,
         }
     }
 }

@@ -9,6 +9,7 @@ use tollgate::algorithm::{Algorithm, Decision, Limit};
 use tollgate::clock::ManualClock;
 use tollgate::limiter::{Code, Limiter, LimiterError, LimiterOptions};
 use tollgate::rules::ValueHasher;
+use tollgate::store::lease::{AcquireRequest, LeaseSlot, LeaseStore, ReleaseRequest, Released};
 use tollgate::store::memory::MemoryStore;
 use tollgate::store::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 
@@ -19,6 +20,16 @@ struct DownStore;
 
 impl Store for DownStore {
     async fn apply(&self, _: &Batch) -> Result<Vec<Decision>, StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+}
+
+impl LeaseStore for DownStore {
+    async fn acquire(&self, _: &AcquireRequest) -> Result<Vec<LeaseSlot>, StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+
+    async fn release(&self, _: &ReleaseRequest) -> Result<Vec<Released>, StoreError> {
         Err(StoreError::Unavailable("connection refused".into()))
     }
 }

@@ -29,13 +29,9 @@ const POLICIES: [CommitPolicy; 3] = [
     CommitPolicy::StopIncrementWhenOverLimit,
 ];
 
-const PEEK: CommitPolicy = CommitPolicy::Peek {
-    all_or_nothing: false,
-};
+const PEEK: CommitPolicy = CommitPolicy::Peek;
 
-const REFUND: CommitPolicy = CommitPolicy::Refund {
-    all_or_nothing: false,
-};
+const REFUND: CommitPolicy = CommitPolicy::Refund;
 
 /// SplitMix64: a seeded, dependency-free generator, so a failure replays with the printed seed.
 struct Rng(u64);

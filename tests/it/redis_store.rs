@@ -11,6 +11,7 @@ use tollgate::algorithm::{Algorithm, Decision, Limit};
 use tollgate::clock::SystemClock;
 use tollgate::proto::rls::RateLimitResponse;
 use tollgate::proto::rls::rate_limit_response::Code;
+use tollgate::store::lease::{AcquireRequest, LeaseItem, LeaseSlot, LeaseStore, ReleaseRequest};
 use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use tollgate::store::{Batch, BatchItem, CommitPolicy, Store};
 
@@ -350,8 +351,8 @@ async fn connected_store(url: &str, kind: &str) -> (Arc<RedisStore>, Cancellatio
 
 /// Peeks and refunds find the keys consuming batches wrote, for every algorithm and placement: per
 /// descriptor (envoyproxy/ratelimit's key for a lone fixed window, a tagged key per limit otherwise)
-/// or, for an `all_or_nothing` domain, in the slot of the domain. A peek or refund that states the
-/// other placement misses them: it sees a fresh key and gives nothing back.
+/// or, for an `all_or_nothing` domain, in the slot of the domain. A peek or refund with the other
+/// placement misses them: it sees a fresh key and gives nothing back.
 async fn peeks_and_refunds_find_the_consumed_keys(url: &str, kind: &str) {
     let (store, stop) = connected_store(url, kind).await;
     let apply = |batch: Batch| {
@@ -383,7 +384,7 @@ async fn peeks_and_refunds_find_the_consumed_keys(url: &str, kind: &str) {
                 group,
             };
             // A descriptor with one limit and one with two.
-            let batch = |policy: CommitPolicy, cost: u64| Batch {
+            let batch = |policy: CommitPolicy, cost: u64, keep_together: bool| Batch {
                 items: vec![
                     item("lone", hour, cost, 0),
                     item("pair", hour, cost, 1),
@@ -391,37 +392,26 @@ async fn peeks_and_refunds_find_the_consumed_keys(url: &str, kind: &str) {
                 ],
                 policy,
                 scope_len: scope.len(),
+                keep_together,
             };
-            let peek = |all_or_nothing| CommitPolicy::Peek { all_or_nothing };
-            let refund = |all_or_nothing| CommitPolicy::Refund { all_or_nothing };
+            let (peek, refund) = (CommitPolicy::Peek, CommitPolicy::Refund);
+            let together = all_or_nothing;
             let context = format!("{algorithm:?} {consume:?}");
-            assert_eq!(apply(batch(consume, 2)).await, [3, 3, 3], "{context}");
+            assert_eq!(apply(batch(consume, 2, together)).await, [3, 3, 3], "{context}");
+            assert_eq!(apply(batch(peek, 1, together)).await, [2, 2, 2], "{context}");
+            assert_eq!(apply(batch(peek, 1, !together)).await, [4, 4, 4], "{context}");
+            assert_eq!(apply(batch(refund, 2, !together)).await, [5, 5, 5], "{context}");
             assert_eq!(
-                apply(batch(peek(all_or_nothing), 1)).await,
-                [2, 2, 2],
-                "{context}"
-            );
-            assert_eq!(
-                apply(batch(peek(!all_or_nothing), 1)).await,
-                [4, 4, 4],
-                "{context}"
-            );
-            assert_eq!(
-                apply(batch(refund(!all_or_nothing), 2)).await,
-                [5, 5, 5],
-                "{context}"
-            );
-            assert_eq!(
-                apply(batch(peek(all_or_nothing), 0)).await,
+                apply(batch(peek, 0, together)).await,
                 [3, 3, 3],
                 "{context}: missed"
             );
+            assert_eq!(apply(batch(refund, 2, together)).await, [5, 5, 5], "{context}");
             assert_eq!(
-                apply(batch(refund(all_or_nothing), 2)).await,
-                [5, 5, 5],
-                "{context}"
+                apply(batch(consume, 5, together)).await,
+                [0, 0, 0],
+                "{context}: all back"
             );
-            assert_eq!(apply(batch(consume, 5)).await, [0, 0, 0], "{context}: all back");
         }
     }
     stop.cancel();
@@ -439,6 +429,92 @@ async fn peeks_and_refunds_find_the_keys_consumptions_wrote_in_a_cluster() {
     require_redis!();
     let cluster = RedisCluster::start();
     peeks_and_refunds_find_the_consumed_keys(&cluster.addrs(), "cluster").await;
+}
+
+/// Concurrency leases in Redis: all or none across keys of one domain (one slot in a cluster), one
+/// lease per id, release, and expiry by the Redis clock with no release at all.
+async fn leases_are_atomic_and_expire(url: &str, kind: &str) {
+    let (store, stop) = connected_store(url, kind).await;
+    let scope = "pre:jobs";
+    let item = |name: &str, max_in_flight| LeaseItem {
+        key: format!("{scope}_job_{name}_"),
+        max_in_flight,
+    };
+    let acquire = |items: Vec<LeaseItem>, id: &str, ttl_ms: u64| AcquireRequest {
+        items,
+        lease_id: id.to_owned(),
+        ttl_us: ttl_ms * 1000,
+        scope_len: scope.len(),
+    };
+    let taken = |slots: Vec<LeaseSlot>| {
+        slots
+            .iter()
+            .map(|s| (s.available, s.in_flight))
+            .collect::<Vec<_>>()
+    };
+    let first = store
+        .acquire(&acquire(vec![item("a", 2), item("b", 1)], "one", 60_000))
+        .await;
+    assert_eq!(taken(first.expect("store")), [(true, 1), (true, 1)]);
+    // "b" is full, so nothing is taken on "a" either.
+    let second = store
+        .acquire(&acquire(vec![item("a", 2), item("b", 1)], "two", 60_000))
+        .await;
+    let second = second.expect("store");
+    assert_eq!(taken(second.clone()), [(true, 1), (false, 1)]);
+    assert!(
+        (59_000_000..=60_000_000).contains(&second[1].retry_after_us),
+        "{second:?}"
+    );
+    // Renewing "one" takes no second slot.
+    let renewed = store.acquire(&acquire(vec![item("a", 2)], "one", 60_000)).await;
+    assert_eq!(taken(renewed.expect("store")), [(true, 1)]);
+    let release = ReleaseRequest {
+        keys: vec![item("a", 0).key, item("b", 0).key],
+        lease_id: "one".to_owned(),
+        scope_len: scope.len(),
+    };
+    let released = store.release(&release).await.expect("store");
+    assert!(
+        released.iter().all(|r| r.released && r.in_flight == 0),
+        "{released:?}"
+    );
+    // A lease nobody releases expires on its own.
+    store
+        .acquire(&acquire(vec![item("c", 1)], "ghost", 150))
+        .await
+        .expect("store");
+    let blocked = store
+        .acquire(&acquire(vec![item("c", 1)], "next", 150))
+        .await
+        .expect("store");
+    assert!(!blocked[0].available);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let freed = store
+        .acquire(&acquire(vec![item("c", 1)], "next", 150))
+        .await
+        .expect("store");
+    assert_eq!(taken(freed), [(true, 1)]);
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_in_a_single_redis() {
+    require_redis!();
+    let redis = RedisServer::start();
+    leases_are_atomic_and_expire(&redis.url(), "single").await;
+    // Every lease key has a TTL, so an abandoned one disappears.
+    for key in redis.cli(&["KEYS", "*"]).lines().filter(|k| !k.is_empty()) {
+        let ttl: i64 = redis.cli(&["PTTL", key]).trim().parse().expect("PTTL");
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_in_a_cluster() {
+    require_redis!();
+    let cluster = RedisCluster::start();
+    leases_are_atomic_and_expire(&cluster.addrs(), "cluster").await;
 }
 
 #[tokio::test]

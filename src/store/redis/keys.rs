@@ -11,8 +11,8 @@
 //!
 //! So a key's name depends on the domain's `all_or_nothing` setting and on how many limits its
 //! descriptor has in the batch, not on the key alone. Peeks and refunds must name the keys the
-//! consuming batches wrote: they carry the domain's setting (see
-//! [`crate::store::CommitPolicy`]) and hold the same limits per descriptor. Changing a domain's
+//! consuming batches wrote: every batch carries the domain's setting ([`crate::store::Batch::keep_together`],
+//! whatever the call's policy) and the same limits per descriptor. Changing a domain's
 //! `all_or_nothing` also moves its keys: the counters start afresh under the new names (the old
 //! ones expire), as when a limit's algorithm or window changes.
 //!

@@ -19,11 +19,13 @@
 //! checkout pool only adds waiting (see the README's design notes for the measurements).
 
 mod keys;
+mod lease;
 pub mod script;
 mod sentinel;
 mod target;
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
@@ -75,9 +77,48 @@ enum Connections {
     Sentinel(Arc<SentinelLink>),
 }
 
+/// A connection for calls sent whole: to the single node or Sentinel's master, or to the cluster
+/// (which routes by the call's keys).
+enum WholeConnection {
+    Node(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for WholeConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            WholeConnection::Node(conn) => conn.req_packed_command(cmd),
+            WholeConnection::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            WholeConnection::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
+            WholeConnection::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            WholeConnection::Node(conn) => conn.get_db(),
+            WholeConnection::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
 /// Why one script call failed, kept typed until it reaches the store's edge so Sentinel can tell a
 /// moved master from other failures.
 enum CallError {
+    /// No connection has been made yet.
+    NotConnected,
+    /// An all-or-nothing batch whose keys live in several Redis Cluster slots.
+    CrossSlot,
     Timeout,
     Redis(redis::RedisError),
     Reply(script::ScriptError),
@@ -86,6 +127,8 @@ enum CallError {
 impl CallError {
     fn into_store_error(self, deadline: Duration) -> StoreError {
         match self {
+            CallError::NotConnected => StoreError::Unavailable("not connected to Redis yet".into()),
+            CallError::CrossSlot => StoreError::CrossSlot,
             CallError::Timeout => StoreError::Timeout(deadline),
             CallError::Redis(error) => StoreError::Unavailable(error.to_string()),
             CallError::Reply(error) => StoreError::Unavailable(format!("unexpected script reply: {error}")),
@@ -97,6 +140,7 @@ impl CallError {
     fn suggests_failover(&self) -> bool {
         match self {
             CallError::Timeout => true,
+            CallError::NotConnected | CallError::CrossSlot => false,
             CallError::Redis(error) => suggests_failover(error),
             CallError::Reply(_) => false,
         }
@@ -235,31 +279,41 @@ impl RedisStore {
 
     /// Whether Redis answers a `PING` within the deadline (readiness).
     pub async fn ping(&self) -> bool {
-        let Some(connections) = self.connections.load_full() else {
-            return false;
-        };
         let command = redis::cmd("PING");
-        let reply = match &*connections {
-            Connections::Single { pool, next } => {
-                let mut conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
-                tokio::time::timeout(self.options.deadline, command.query_async::<String>(&mut conn)).await
-            }
-            Connections::Cluster(conn) => {
-                let mut conn = conn.clone();
-                tokio::time::timeout(self.options.deadline, command.query_async::<String>(&mut conn)).await
-            }
-            Connections::Sentinel(link) => {
-                let mut conn = link.connection();
-                let reply =
-                    tokio::time::timeout(self.options.deadline, command.query_async::<String>(&mut conn))
-                        .await;
-                if !matches!(reply, Ok(Ok(_))) {
-                    link.refresh();
-                }
-                reply
-            }
+        let reply = self
+            .call_whole(|mut conn| async move { command.query_async::<String>(&mut conn).await })
+            .await;
+        reply.is_ok()
+    }
+
+    /// Runs one call that is sent whole (not split per hash slot) on a connection of the deployment,
+    /// within the deadline. On Sentinel, a failure that suggests a failover refreshes the master.
+    async fn call_whole<T, F, Fut>(&self, call: F) -> Result<T, CallError>
+    where
+        F: FnOnce(WholeConnection) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let Some(connections) = self.connections.load_full() else {
+            return Err(CallError::NotConnected);
         };
-        matches!(reply, Ok(Ok(_)))
+        let (conn, link) = match &*connections {
+            Connections::Single { pool, next } => {
+                let conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
+                (WholeConnection::Node(conn), None)
+            }
+            Connections::Cluster(conn) => (WholeConnection::Cluster(conn.clone()), None),
+            Connections::Sentinel(link) => (WholeConnection::Node(link.connection()), Some(link)),
+        };
+        let result = match tokio::time::timeout(self.options.deadline, call(conn)).await {
+            Ok(reply) => reply.map_err(CallError::Redis),
+            Err(_) => Err(CallError::Timeout),
+        };
+        if let (Err(error), Some(link)) = (&result, link)
+            && error.suggests_failover()
+        {
+            link.refresh();
+        }
+        result
     }
 
     /// The local estimate of the Redis clock, in µs since the epoch.
@@ -276,7 +330,7 @@ impl RedisStore {
             .iter()
             .enumerate()
             .map(|(at, item)| {
-                let placement = if places_by_scope(batch.policy) {
+                let placement = if batch.keep_together {
                     Placement::Scope(batch.scope())
                 } else {
                     Placement::PerDescriptor {
@@ -356,17 +410,6 @@ impl RedisStore {
     }
 }
 
-/// Whether a batch's keys live in the slot of its scope: those of `all_or_nothing` domains, whose
-/// consuming batches must be decided in one script call. Their peeks and refunds say so themselves
-/// (see [`CommitPolicy`]), so that they name the keys the consuming batches wrote.
-fn places_by_scope(policy: CommitPolicy) -> bool {
-    match policy {
-        CommitPolicy::AllOrNothing => true,
-        CommitPolicy::Peek { all_or_nothing } | CommitPolicy::Refund { all_or_nothing } => all_or_nothing,
-        CommitPolicy::Independent | CommitPolicy::StopIncrementWhenOverLimit => false,
-    }
-}
-
 /// Whether the item at `at` belongs to a group of several items (groups are contiguous).
 fn shares_group(items: &[BatchItem], at: usize) -> bool {
     let group = items[at].group;
@@ -412,6 +455,11 @@ impl RedisStore {
         let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (at, item) in items.iter().enumerate() {
             by_slot.entry(slot(item.key)).or_default().push(at);
+        }
+        if policy == CommitPolicy::AllOrNothing && by_slot.len() > 1 {
+            // One script per slot cannot refuse together; only an all_or_nothing domain's keys are
+            // placed in one slot (see keys.rs).
+            return Err(CallError::CrossSlot);
         }
         let calls = by_slot.values().map(|positions| {
             let part: Vec<ScriptItem<'_>> = positions.iter().map(|&at| ScriptItem { ..items[at] }).collect();

@@ -356,8 +356,8 @@ fn policy_code(policy: CommitPolicy) -> u8 {
         CommitPolicy::Independent => 0,
         CommitPolicy::AllOrNothing => 1,
         CommitPolicy::StopIncrementWhenOverLimit => 2,
-        CommitPolicy::Peek { .. } => 3,
-        CommitPolicy::Refund { .. } => 4,
+        CommitPolicy::Peek => 3,
+        CommitPolicy::Refund => 4,
     }
 }
 
