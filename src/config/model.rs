@@ -21,6 +21,15 @@ pub const ALGORITHMS: [&str; 5] = [
     "gcra",
 ];
 
+/// Largest `max_in_flight` of a `concurrency:` rule: a key holds one entry per lease.
+pub const MAX_IN_FLIGHT: u32 = 100_000;
+
+/// `lease_ttl` of a `concurrency:` rule that does not set one.
+pub const DEFAULT_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Longest `lease_ttl` accepted: a lease is a guard against crashed clients, not a reservation.
+pub const MAX_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// Algorithms for which `burst:` is meaningful.
 pub const BURST_ALGORITHMS: [&str; 2] = ["token_bucket", "gcra"];
 
@@ -56,6 +65,8 @@ pub struct DescriptorConfig {
     /// Limits on this node, from `rate_limit` (at most one) or `rate_limits` (one or more).
     /// Empty means the node applies no limit (whitelist or pure parent node).
     pub rate_limits: Vec<RateLimitConfig>,
+    /// Tollgate extension: at most this many concurrency leases on the node at once (native API only).
+    pub concurrency: Option<ConcurrencyConfig>,
     /// Count normally but always report OK.
     pub shadow_mode: bool,
     /// Quota mode: only changes how the overall code is computed.
@@ -158,6 +169,19 @@ pub struct RateLimitConfig {
     pub failure_mode: Option<FailureMode>,
     /// What the limit is.
     pub policy: LimitPolicy,
+}
+
+/// Tollgate extension `concurrency: {max_in_flight: 20, lease_ttl: 30s}`: caps work in flight, through
+/// the native API's Acquire and Release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcurrencyConfig {
+    /// Most leases held at once; at most [`MAX_IN_FLIGHT`]. 0 refuses every lease.
+    pub max_in_flight: u32,
+    /// How long a lease lives unless renewed or released (> 0, at most [`MAX_LEASE_TTL`]); a client
+    /// that dies holding a lease blocks its slot at most this long.
+    pub lease_ttl: std::time::Duration,
+    /// What Acquire answers when the store fails; `None` = a gRPC error.
+    pub failure_mode: Option<FailureMode>,
 }
 
 /// Either "never limited" or a concrete limit.

@@ -15,8 +15,9 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::model::{
-    ALGORITHMS, BURST_ALGORITHMS, DescriptorConfig, DomainConfig, FailureMode, IpPrefix, LimitPolicy,
-    LimitSpec, MAX_SLIDING_LOG_REQUESTS_PER_UNIT, MetaValue, Normalize, RateLimitConfig, Unit, ValueMatch,
+    ALGORITHMS, BURST_ALGORITHMS, ConcurrencyConfig, DEFAULT_LEASE_TTL, DescriptorConfig, DomainConfig,
+    FailureMode, IpPrefix, LimitPolicy, LimitSpec, MAX_IN_FLIGHT, MAX_LEASE_TTL,
+    MAX_SLIDING_LOG_REQUESTS_PER_UNIT, MetaValue, Normalize, RateLimitConfig, Unit, ValueMatch,
 };
 use super::yaml::{self, Node, Value};
 
@@ -58,6 +59,7 @@ struct RawDescriptor {
     rate_limit: Option<Option<RawLimit>>,
     /// `Some` = key present (null decodes to an empty list, rejected later).
     rate_limits: Option<Vec<RawLimit>>,
+    concurrency: Option<RawConcurrency>,
     shadow_mode: bool,
     quota_mode: bool,
     detailed_metric: bool,
@@ -70,6 +72,12 @@ struct RawDescriptor {
     ip_prefix: Option<(Option<u32>, Option<u32>)>,
     match_kind: Option<String>,
     descriptors: Vec<RawDescriptor>,
+}
+
+struct RawConcurrency {
+    max_in_flight: Option<u32>,
+    lease_ttl: Option<String>,
+    failure_mode: Option<String>,
 }
 
 struct RawLimit {
@@ -186,6 +194,14 @@ fn decode_descriptor(d: &Node) -> Decoded<RawDescriptor> {
         None => None,
         Some(items) => Some(items.iter().map(decode_limit).collect::<Decoded<_>>()?),
     };
+    let concurrency = match map_field(d, "concurrency")? {
+        None | Some(None) => None,
+        Some(Some(m)) => Some(RawConcurrency {
+            max_in_flight: u32_field(m, "max_in_flight")?,
+            lease_ttl: opt_string_field(m, "lease_ttl")?,
+            failure_mode: opt_string_field(m, "failure_mode")?,
+        }),
+    };
     let ip_prefix = match map_field(d, "ip_prefix")? {
         None | Some(None) => None,
         Some(Some(m)) => Some((u32_field(m, "v4")?, u32_field(m, "v6")?)),
@@ -203,6 +219,7 @@ fn decode_descriptor(d: &Node) -> Decoded<RawDescriptor> {
         value: string_field(d, "value")?,
         rate_limit,
         rate_limits,
+        concurrency,
         shadow_mode: bool_field(d, "shadow_mode")?,
         quota_mode: bool_field(d, "quota_mode")?,
         detailed_metric: bool_field(d, "detailed_metric")?,
@@ -357,6 +374,11 @@ fn build_descriptor(
     siblings.check_duplicate(&final_key, &path)?;
 
     let rate_limits = build_limits(r, &path)?;
+    let concurrency = r
+        .concurrency
+        .as_ref()
+        .map(|c| build_concurrency(c, &path))
+        .transpose()?;
     let value_match = build_match(r, value.as_deref(), &path)?;
     if r.share_threshold && value_match == ValueMatch::Exact {
         // Go's text; a `match: cidr` node is also accepted (Tollgate extension).
@@ -373,6 +395,7 @@ fn build_descriptor(
         value,
         value_match,
         rate_limits,
+        concurrency,
         shadow_mode: r.shadow_mode,
         quota_mode: r.quota_mode,
         detailed_metric: r.detailed_metric,
@@ -445,16 +468,7 @@ fn build_limit(l: &RawLimit, path: &str) -> Result<RateLimitConfig, String> {
             return Err("replaces should not contain name of same descriptor".to_owned());
         }
     }
-    let failure_mode = match l.failure_mode.as_deref().map(str::to_ascii_lowercase) {
-        None => None,
-        Some(m) if m == "open" => Some(FailureMode::Open),
-        Some(m) if m == "closed" => Some(FailureMode::Closed),
-        Some(m) => {
-            return Err(format!(
-                "invalid failure_mode '{m}' in descriptor '{path}' (valid: open, closed)"
-            ));
-        }
-    };
+    let failure_mode = build_failure_mode(l.failure_mode.as_deref(), path)?;
     let name = (!l.name.is_empty()).then(|| l.name.clone());
     let replaces = l.replaces.clone();
 
@@ -483,6 +497,52 @@ fn build_limit(l: &RawLimit, path: &str) -> Result<RateLimitConfig, String> {
         failure_mode,
         policy,
     })
+}
+
+fn build_failure_mode(given: Option<&str>, path: &str) -> Result<Option<FailureMode>, String> {
+    match given.map(str::to_ascii_lowercase) {
+        None => Ok(None),
+        Some(m) if m == "open" => Ok(Some(FailureMode::Open)),
+        Some(m) if m == "closed" => Ok(Some(FailureMode::Closed)),
+        Some(m) => Err(format!(
+            "invalid failure_mode '{m}' in descriptor '{path}' (valid: open, closed)"
+        )),
+    }
+}
+
+fn build_concurrency(c: &RawConcurrency, path: &str) -> Result<ConcurrencyConfig, String> {
+    let Some(max_in_flight) = c.max_in_flight else {
+        return Err(format!("concurrency of descriptor '{path}' needs max_in_flight"));
+    };
+    if max_in_flight > MAX_IN_FLIGHT {
+        return Err(format!(
+            "max_in_flight {max_in_flight} in descriptor '{path}' exceeds {MAX_IN_FLIGHT}"
+        ));
+    }
+    let lease_ttl = match c.lease_ttl.as_deref() {
+        None => DEFAULT_LEASE_TTL,
+        Some(text) => parse_lease_ttl(text).ok_or_else(|| {
+            format!(
+                "lease_ttl '{text}' in descriptor '{path}' must be a duration such as 30s or 500ms, \
+                 between 1ms and {}",
+                humantime::format_duration(MAX_LEASE_TTL)
+            )
+        })?,
+    };
+    Ok(ConcurrencyConfig {
+        max_in_flight,
+        lease_ttl,
+        failure_mode: build_failure_mode(c.failure_mode.as_deref(), path)?,
+    })
+}
+
+/// A `lease_ttl`: a duration with units (`30s`, `1m 30s`, `500ms`) or a bare number of seconds.
+fn parse_lease_ttl(text: &str) -> Option<std::time::Duration> {
+    let ttl = match text.trim().parse::<u64>() {
+        Ok(seconds) => std::time::Duration::from_secs(seconds),
+        Err(_) => humantime::parse_duration(text.trim()).ok()?,
+    };
+    (ttl >= std::time::Duration::from_millis(1) && ttl <= MAX_LEASE_TTL).then_some(ttl)
 }
 
 fn build_spec(l: &RawLimit, unit: Unit, path: &str) -> Result<LimitSpec, String> {
@@ -648,6 +708,7 @@ mod tests {
                 ValueMatch::Exact
             },
             rate_limits: vec![],
+            concurrency: None,
             shadow_mode: false,
             quota_mode: false,
             detailed_metric: false,
@@ -773,6 +834,57 @@ descriptors:
             ],
         };
         assert_eq!(c, expected);
+    }
+
+    #[test]
+    fn concurrency_rules() {
+        let c = ok(
+            "domain: d\ndescriptors:\n  - key: export\n    concurrency: {max_in_flight: 20, lease_ttl: 30s}\n  - key: job\n    concurrency: {max_in_flight: 0, failure_mode: open}\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+        );
+        assert_eq!(
+            c.descriptors[0].concurrency,
+            Some(ConcurrencyConfig {
+                max_in_flight: 20,
+                lease_ttl: std::time::Duration::from_secs(30),
+                failure_mode: None,
+            })
+        );
+        let job = c.descriptors[1].concurrency.expect("job has a concurrency rule");
+        assert_eq!((job.max_in_flight, job.lease_ttl), (0, DEFAULT_LEASE_TTL));
+        assert_eq!(job.failure_mode, Some(FailureMode::Open));
+        assert_eq!(c.descriptors[1].rate_limits.len(), 1);
+        assert_eq!(
+            parse_lease_ttl("1m 30s"),
+            Some(std::time::Duration::from_secs(90))
+        );
+        assert_eq!(parse_lease_ttl("45"), Some(std::time::Duration::from_secs(45)));
+        assert_eq!(
+            parse_lease_ttl("500ms"),
+            Some(std::time::Duration::from_millis(500))
+        );
+        for bad in ["0s", "25h", "soon", "", "-3s"] {
+            assert_eq!(parse_lease_ttl(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn concurrency_errors() {
+        assert_descriptor_err(
+            "{key: k, concurrency: {lease_ttl: 5s}}",
+            "concurrency of descriptor 'd.k' needs max_in_flight",
+        );
+        assert_descriptor_err(
+            "{key: k, concurrency: {max_in_flight: 100001}}",
+            "max_in_flight 100001 in descriptor 'd.k' exceeds 100000",
+        );
+        assert_descriptor_err(
+            "{key: k, concurrency: {max_in_flight: 2, lease_ttl: forever}}",
+            "lease_ttl 'forever' in descriptor 'd.k' must be a duration such as 30s or 500ms, between 1ms and 1day",
+        );
+        assert_descriptor_err(
+            "{key: k, concurrency: {max_in_flight: 2, failure_mode: maybe}}",
+            "invalid failure_mode 'maybe' in descriptor 'd.k' (valid: open, closed)",
+        );
     }
 
     #[test]

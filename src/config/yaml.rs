@@ -51,6 +51,9 @@ const VALID_KEYS: &[&str] = &[
     "hash",
     "match",
     "all_or_nothing",
+    "concurrency",
+    "max_in_flight",
+    "lease_ttl",
 ];
 
 /// A YAML node: resolved value plus the source facts typed decoding needs.

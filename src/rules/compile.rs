@@ -133,7 +133,7 @@ impl Context<'_> {
     }
 
     fn rule(&mut self, d: &DescriptorConfig, path: &str) -> Result<Option<Arc<Rule>>, ConfigError> {
-        if d.rate_limits.is_empty() {
+        if d.rate_limits.is_empty() && d.concurrency.is_none() {
             return Ok(None);
         }
         if d.rate_limits.len() > MAX_LIMITS_PER_RULE {
@@ -167,6 +167,7 @@ impl Context<'_> {
         let rule = Arc::new(Rule {
             path: path.to_owned(),
             limits,
+            concurrency: d.concurrency,
             shadow_mode: d.shadow_mode,
             quota_mode: d.quota_mode,
             metadata: d.metadata.clone(),

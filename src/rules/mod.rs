@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::algorithm::{Algorithm, Limit};
-use crate::config::{FailureMode, MetaValue, Unit};
+use crate::config::{ConcurrencyConfig, FailureMode, MetaValue, Unit};
 
 pub use compile::CompileOptions;
 
@@ -86,8 +86,11 @@ impl Domain {
 pub struct Rule {
     /// The node's path as envoyproxy/ratelimit names it in stats: `domain.key_value.subkey`.
     pub path: String,
-    /// One entry from `rate_limit`, or several from Tollgate's `rate_limits` (all must pass).
+    /// One entry from `rate_limit`, or several from Tollgate's `rate_limits` (all must pass). Empty for
+    /// a node with only a `concurrency` rule.
     pub limits: Vec<RuleLimit>,
+    /// Tollgate's `concurrency`: the cap on leases held at once (native API's Acquire and Release).
+    pub concurrency: Option<ConcurrencyConfig>,
     /// Evaluate and count, but always report OK for this rule.
     pub shadow_mode: bool,
     /// Quota mode: the request is only over the limit when every quota-mode descriptor is.
@@ -100,20 +103,31 @@ pub struct Rule {
 
 impl Rule {
     fn dump_lines(&self) -> impl Iterator<Item = String> + '_ {
-        self.limits.iter().map(move |limit| match &limit.rate {
-            Some(rate) => format!(
-                "{}: unit={} requests_per_unit={}, shadow_mode: {}, quota_mode: {}",
+        let concurrency = self.concurrency.map(|c| {
+            format!(
+                "{}: concurrency max_in_flight={} lease_ttl={}",
                 self.path,
-                rate.unit.name(),
-                rate.requests_per_unit,
-                self.shadow_mode,
-                self.quota_mode
-            ),
-            None => format!(
-                "{}: unlimited, shadow_mode: {}, quota_mode: {}",
-                self.path, self.shadow_mode, self.quota_mode
-            ),
-        })
+                c.max_in_flight,
+                humantime::format_duration(c.lease_ttl)
+            )
+        });
+        self.limits
+            .iter()
+            .map(move |limit| match &limit.rate {
+                Some(rate) => format!(
+                    "{}: unit={} requests_per_unit={}, shadow_mode: {}, quota_mode: {}",
+                    self.path,
+                    rate.unit.name(),
+                    rate.requests_per_unit,
+                    self.shadow_mode,
+                    self.quota_mode
+                ),
+                None => format!(
+                    "{}: unlimited, shadow_mode: {}, quota_mode: {}",
+                    self.path, self.shadow_mode, self.quota_mode
+                ),
+            })
+            .chain(concurrency)
     }
 }
 
