@@ -6,6 +6,10 @@
 //! one batch; turn the store's decisions into per-descriptor statuses, applying shadow mode and quota
 //! mode; compute the overall code.
 
+mod leases;
+
+pub use leases::{LeaseStatus, LeaseVerdict, MAX_LEASE_ID_LEN, ReleaseStatus};
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,6 +88,21 @@ pub trait RequestDescriptor {
     fn hits_addend(&self) -> Option<u64>;
 }
 
+/// What a request does to the counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Consume the cost where allowed (Envoy's only mode). Descriptors are independent unless the
+    /// domain is `all_or_nothing` or `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` is set.
+    #[default]
+    Consume,
+    /// Consume only if every descriptor is allowed.
+    AllOrNothing,
+    /// Decide as `Consume` would, consume nothing.
+    Peek,
+    /// Give the cost back (native Refund); every status is OK.
+    Refund,
+}
+
 /// The answer for one descriptor or for the whole request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Code {
@@ -104,6 +123,10 @@ pub struct CurrentLimit {
     pub name: Option<Arc<str>>,
     /// The window length (unit × `unit_multiplier`).
     pub window: Duration,
+    /// The algorithm that decided.
+    pub algorithm: Algorithm,
+    /// Bucket capacity (token bucket, GCRA); the rate for the window algorithms.
+    pub burst: u64,
 }
 
 /// The verdict for one descriptor.
@@ -121,6 +144,12 @@ pub struct DescriptorStatus {
     pub duration_until_reset: Option<Duration>,
     /// When over the limit, the exact earliest time the same request would be allowed.
     pub retry_after: Option<Duration>,
+    /// Present exactly when `current_limit` is: the exact time until the limit is fully replenished
+    /// (fixed window: until the window ends).
+    pub reset_after: Option<Duration>,
+    /// The store's verdict before shadow mode: false when the limit refused, even if a shadow rule
+    /// turned the code into OK.
+    pub within_limit: bool,
     /// Whether this descriptor counts as quota mode for the overall code.
     pub quota_mode: bool,
     /// The matched rule (for metadata, metrics and logs); `None` for overrides and no match.
@@ -137,6 +166,8 @@ impl DescriptorStatus {
             limit_remaining,
             duration_until_reset: None,
             retry_after: None,
+            reset_after: None,
+            within_limit: true,
             quota_mode: false,
             rule: None,
             from_failure_mode: false,
@@ -178,6 +209,12 @@ pub enum LimiterError {
         /// The unit number received.
         unit: i32,
     },
+    /// A lease id that is empty (Release) or longer than [`MAX_LEASE_ID_LEN`] bytes.
+    #[error("lease_id must be 1 to {MAX_LEASE_ID_LEN} bytes")]
+    InvalidLeaseId,
+    /// A lease TTL of zero.
+    #[error("lease ttl must be positive")]
+    InvalidLeaseTtl,
     /// No rules have loaded yet. (Message text as envoyproxy/ratelimit.)
     #[error("no rate limit configuration loaded")]
     NoConfig,
@@ -300,25 +337,51 @@ impl<S: Store> Limiter<S> {
         descriptors: &[D],
         request_hits_addend: u32,
     ) -> Result<Verdict, LimiterError> {
+        let cost = u64::from(request_hits_addend.max(1));
+        self.evaluate(domain, descriptors, cost, Mode::Consume).await
+    }
+
+    /// Decides one request of the native API: `cost` units per descriptor (unless a descriptor sets its
+    /// own), consumed, peeked or refunded as `mode` says.
+    pub async fn evaluate<D: RequestDescriptor>(
+        &self,
+        domain: &str,
+        descriptors: &[D],
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Verdict, LimiterError> {
         let started = Instant::now();
         self.metrics.total_requests.add(1);
-        let result = self
-            .decide_request(domain, descriptors, request_hits_addend)
-            .await;
-        self.metrics.response_time.observe(started.elapsed());
-        match &result {
-            Err(LimiterError::Store(_)) => self.metrics.store_errors.add(1),
-            Err(_) => self.metrics.service_errors.add(1),
-            Ok(_) => {}
-        }
+        let result = self.decide_request(domain, descriptors, cost, mode).await;
+        self.observe(started, result.as_ref().err());
         result
+    }
+
+    /// Records a call's latency and, if it failed, why.
+    fn observe(&self, started: Instant, error: Option<&LimiterError>) {
+        self.metrics.response_time.observe(started.elapsed());
+        match error {
+            Some(LimiterError::Store(_)) => self.metrics.store_errors.add(1),
+            Some(_) => self.metrics.service_errors.add(1),
+            None => {}
+        }
+    }
+
+    /// A new descriptor key holding the scope: `CACHE_KEY_PREFIX + domain + "_"`.
+    fn scope_key(&self, domain: &str) -> String {
+        let mut key = String::with_capacity(self.options.cache_key_prefix.len() + domain.len() + 48);
+        key.push_str(&self.options.cache_key_prefix);
+        key.push_str(domain);
+        key.push('_');
+        key
     }
 
     async fn decide_request<D: RequestDescriptor>(
         &self,
         domain: &str,
         descriptors: &[D],
-        request_hits_addend: u32,
+        default_cost: u64,
+        mode: Mode,
     ) -> Result<Verdict, LimiterError> {
         self.validate(domain, descriptors)?;
         let rules = self.rules.load_full().ok_or(LimiterError::NoConfig)?;
@@ -334,23 +397,29 @@ impl<S: Store> Limiter<S> {
                 statuses,
             });
         };
-        let default_cost = u64::from(request_hits_addend.max(1));
         let mut targets = descriptors
             .iter()
             .enumerate()
             .map(|(index, d)| self.target(domain_rules, index, d, default_cost))
             .collect::<Result<Vec<_>, _>>()?;
         apply_replaces(&mut targets);
-        let policy = if domain_rules.all_or_nothing() {
-            CommitPolicy::AllOrNothing
-        } else if self.options.stop_increment_when_over_limit {
-            CommitPolicy::StopIncrementWhenOverLimit
-        } else {
-            CommitPolicy::Independent
+        let policy = match mode {
+            Mode::Peek => CommitPolicy::Peek,
+            Mode::Refund => CommitPolicy::Refund,
+            Mode::AllOrNothing => CommitPolicy::AllOrNothing,
+            Mode::Consume if domain_rules.all_or_nothing() => CommitPolicy::AllOrNothing,
+            Mode::Consume if self.options.stop_increment_when_over_limit => {
+                CommitPolicy::StopIncrementWhenOverLimit
+            }
+            Mode::Consume => CommitPolicy::Independent,
         };
         let scope_len = self.options.cache_key_prefix.len() + domain.len();
-        let decisions = self.decide(&mut targets, policy, scope_len).await?;
-        Ok(self.verdict(domain, targets, decisions))
+        let decisions = self
+            .decide(&mut targets, policy, scope_len, domain_rules.all_or_nothing())
+            .await?;
+        // Peeks and refunds are not hits: they neither count in the rule's stats nor make offenders.
+        let counted = matches!(mode, Mode::Consume | Mode::AllOrNothing);
+        Ok(self.verdict(domain, targets, decisions, counted))
     }
 
     fn validate<D>(&self, domain: &str, descriptors: &[D]) -> Result<(), LimiterError> {
@@ -377,10 +446,7 @@ impl<S: Store> Limiter<S> {
         default_cost: u64,
     ) -> Result<Target, LimiterError> {
         let cost = descriptor.hits_addend().unwrap_or(default_cost);
-        let mut key = String::with_capacity(self.options.cache_key_prefix.len() + domain.name().len() + 48);
-        key.push_str(&self.options.cache_key_prefix);
-        key.push_str(domain.name());
-        key.push('_');
+        let mut key = self.scope_key(domain.name());
         if let Some(over) = descriptor.limit_override() {
             let unit = Unit::from_i32(over.unit).ok_or(LimiterError::InvalidOverrideUnit {
                 index,
@@ -436,6 +502,7 @@ impl<S: Store> Limiter<S> {
         targets: &mut [Target],
         policy: CommitPolicy,
         scope_len: usize,
+        keep_together: bool,
     ) -> Result<Option<Vec<Vec<Decision>>>, LimiterError> {
         let mut items = Vec::with_capacity(targets.len());
         for (group, target) in (0u32..).zip(targets.iter_mut()).filter(|(_, t)| !t.unlimited) {
@@ -466,13 +533,14 @@ impl<S: Store> Limiter<S> {
                 items,
                 policy,
                 scope_len,
+                keep_together,
             };
             let answer = self.store.apply(&batch).await;
             self.metrics.store_time.observe(started.elapsed());
             return_keys(targets, &mut batch.items);
             match answer {
                 Ok(decisions) => decisions,
-                Err(error) if every_limit_has_failure_mode(targets) => {
+                Err(error) if error.is_transient() && every_limit_has_failure_mode(targets) => {
                     tracing::warn!(%error, "store failed; answering from the rules' failure_mode");
                     return Ok(None);
                 }
@@ -494,12 +562,18 @@ impl<S: Store> Limiter<S> {
         ))
     }
 
-    fn verdict(&self, domain: &str, targets: Vec<Target>, decisions: Option<Vec<Vec<Decision>>>) -> Verdict {
+    fn verdict(
+        &self,
+        domain: &str,
+        targets: Vec<Target>,
+        decisions: Option<Vec<Vec<Decision>>>,
+        counted: bool,
+    ) -> Verdict {
         let statuses: Vec<DescriptorStatus> = match decisions {
             Some(decisions) => targets
                 .into_iter()
                 .zip(decisions)
-                .map(|(target, decisions)| self.status(domain, target, &decisions))
+                .map(|(target, decisions)| self.status(domain, target, &decisions, counted))
                 .collect(),
             None => targets
                 .into_iter()
@@ -518,7 +592,13 @@ impl<S: Store> Limiter<S> {
         self.options.global_quota_mode || target.rule.as_ref().is_some_and(|r| r.quota_mode)
     }
 
-    fn status(&self, domain: &str, target: Target, decisions: &[Decision]) -> DescriptorStatus {
+    fn status(
+        &self,
+        domain: &str,
+        target: Target,
+        decisions: &[Decision],
+        counted: bool,
+    ) -> DescriptorStatus {
         let quota_mode = self.quota_mode(&target);
         if target.unlimited {
             return DescriptorStatus {
@@ -545,7 +625,7 @@ impl<S: Store> Limiter<S> {
         let current = current_limit(rate, &limit.name);
         let fixed_window = rate.limit.algorithm == Algorithm::FixedWindow;
         let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);
-        if let Some(rule) = &target.rule
+        if let Some(rule) = target.rule.as_ref().filter(|_| counted)
             && self.count_hits(rule, rate, decision, target.cost)
         {
             self.offenders.observe(domain, &target.key, target.cost);
@@ -574,6 +654,8 @@ impl<S: Store> Limiter<S> {
             },
             duration_until_reset: Some(Duration::from_secs(until_reset_us.div_ceil(1_000_000))),
             retry_after: (!decision.allowed).then(|| Duration::from_micros(decision.retry_after_us)),
+            reset_after: Some(Duration::from_micros(decision.reset_after_us)),
+            within_limit: decision.allowed,
             quota_mode,
             rule: target.rule,
             from_failure_mode: false,
@@ -586,7 +668,7 @@ impl<S: Store> Limiter<S> {
     fn failure_status(&self, target: Target) -> DescriptorStatus {
         let quota_mode = self.quota_mode(&target);
         if target.unlimited || target.rate_count() == 0 {
-            return self.status("", target, &[]);
+            return self.status("", target, &[], false);
         }
         let closed = target
             .rates()
@@ -598,7 +680,7 @@ impl<S: Store> Limiter<S> {
         };
         counter.add(1);
         let Some((limit, rate)) = target.rates().nth(closed.unwrap_or(0)) else {
-            return self.status("", target, &[]);
+            return self.status("", target, &[], false);
         };
         let current = current_limit(rate, &limit.name);
         let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);
@@ -612,6 +694,8 @@ impl<S: Store> Limiter<S> {
             limit_remaining: 0,
             duration_until_reset: Some(FAILURE_RETRY_HINT),
             retry_after: closed.map(|_| FAILURE_RETRY_HINT),
+            reset_after: Some(FAILURE_RETRY_HINT),
+            within_limit: closed.is_none(),
             quota_mode,
             rule: target.rule.clone(),
             from_failure_mode: true,
@@ -657,6 +741,8 @@ fn current_limit(rate: &Rate, name: &Option<Arc<str>>) -> CurrentLimit {
         unit: rate.unit,
         name: name.clone(),
         window: Duration::from_micros(rate.limit.window_us),
+        algorithm: rate.limit.algorithm,
+        burst: rate.limit.burst,
     }
 }
 
