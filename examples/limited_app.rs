@@ -1,17 +1,29 @@
-//! An axum app that asks Tollgate before its expensive work: `/send-otp` (5 SMS an hour per phone number)
-//! and `/search` (per user). Refused requests get 429, `Retry-After` and Tollgate's rate-limit headers.
+//! An axum app that asks Tollgate before its expensive work, through the native API
+//! (`tollgate::client`):
+//!
+//! - `/send-otp` (5 SMS an hour per phone number) and `/search` (per user) go through the tower layer:
+//!   a refused request gets 429, `Retry-After` and Tollgate's rate-limit headers;
+//! - `/export` spends one of the user's 3 exports a day and holds one of 2 concurrent export slots
+//!   while it runs; an export that fails gets its daily budget back (refund);
+//! - `/exports-left` peeks at the budget without spending it.
 //!
 //! ```sh
 //! TOLLGATE_RESPONSE_HEADERS=ietf,retry-after tollgate serve --config-dir examples/config &
 //! cargo run --example limited_app &
 //! for i in 1 2 3 4 5 6; do curl -si -X POST 'http://127.0.0.1:3000/send-otp?phone=5550100' | head -1; done
+//! curl -s -X POST -H 'x-user-id: ada' 'http://127.0.0.1:3000/export?fail=1'   # refunded
+//! curl -s -H 'x-user-id: ada' http://127.0.0.1:3000/exports-left              # still 3
 //! ```
 //!
 //! `TOLLGATE_ADDR` (default `http://127.0.0.1:8081`) and `APP_ADDR` (default `127.0.0.1:3000`) move them.
 
+use std::time::Duration;
+
 use axum::Router;
 use axum::body::Body;
-use axum::http::Request;
+use axum::extract::State;
+use axum::http::{HeaderMap, Request, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tollgate::client::{Client, Descriptor, RateLimitLayer};
 
@@ -37,15 +49,84 @@ fn describe(request: &Request<Body>) -> Option<Vec<Descriptor>> {
     }
 }
 
+fn export_descriptor(headers: &HeaderMap) -> Option<Vec<Descriptor>> {
+    let user = headers.get("x-user-id")?.to_str().ok()?;
+    Some(vec![vec![("export_user".into(), user.into())]])
+}
+
+fn refused(retry_after: Option<Duration>, message: &str) -> Response {
+    let seconds = retry_after.map_or(1, |d| d.as_micros().div_ceil(1_000_000).max(1));
+    let headers = [(header::RETRY_AFTER, seconds.to_string())];
+    (StatusCode::TOO_MANY_REQUESTS, headers, format!("{message}\n")).into_response()
+}
+
+/// Spends one of today's exports, holds an export slot while working, and refunds the export if the
+/// work fails.
+async fn export(State(mut client): State<Client>, uri: Uri, headers: HeaderMap) -> Response {
+    // `?fail=1` simulates an export that fails after it started.
+    let fail = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|pair| pair == "fail=1"));
+    let Some(descriptors) = export_descriptor(&headers) else {
+        return (StatusCode::BAD_REQUEST, "x-user-id required\n").into_response();
+    };
+    let result: Result<Response, tonic::Status> = async {
+        let budget = client.check(descriptors.clone(), 1).await?;
+        if !budget.allowed {
+            return Ok(refused(budget.retry_after, "no exports left today"));
+        }
+        let lease = match client.acquire(descriptors.clone()).await? {
+            Ok(lease) => lease,
+            Err(wait) => {
+                // Not started after all: give the day's export back.
+                client.refund(descriptors, 1).await?;
+                return Ok(refused(wait, "two exports are already running"));
+            }
+        };
+        // The expensive work.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        client.release(&lease).await?;
+        if fail {
+            client.refund(descriptors, 1).await?;
+            return Ok((StatusCode::BAD_GATEWAY, "export failed; it did not count\n").into_response());
+        }
+        Ok("export ready\n".into_response())
+    }
+    .await;
+    result.unwrap_or_else(|status| {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("rate limiter unavailable: {}\n", status.message()),
+        )
+            .into_response()
+    })
+}
+
+/// How many exports the user has left today, without spending one.
+async fn exports_left(State(mut client): State<Client>, headers: HeaderMap) -> Response {
+    let Some(descriptors) = export_descriptor(&headers) else {
+        return (StatusCode::BAD_REQUEST, "x-user-id required\n").into_response();
+    };
+    match client.peek(descriptors, 0).await {
+        Ok(answer) => format!("{}\n", answer.remaining.unwrap_or(0)).into_response(),
+        Err(status) => (StatusCode::SERVICE_UNAVAILABLE, format!("{}\n", status.message())).into_response(),
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let tollgate = std::env::var("TOLLGATE_ADDR").unwrap_or_else(|_| "http://127.0.0.1:8081".into());
     let addr = std::env::var("APP_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
     let client = Client::connect(tollgate, "api").await?;
-    let app = Router::new()
+    let limited = Router::new()
         .route("/send-otp", post(|| async { "code sent\n" }))
         .route("/search", get(|| async { "results\n" }))
-        .layer(RateLimitLayer::new(client, describe));
+        .layer(RateLimitLayer::new(client.clone(), describe));
+    let app = Router::new()
+        .route("/export", post(export))
+        .route("/exports-left", get(exports_left))
+        .with_state(client)
+        .merge(limited);
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app).await?;

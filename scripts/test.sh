@@ -18,4 +18,4 @@ export TOLLGATE_REQUIRE_REDIS=1
 cargo build --locked --all-targets
 cargo test --locked
 # The same wire-level test bodies again, every server backed by its own real redis-server.
-TOLLGATE_TEST_STORE=redis cargo test --locked --test it -- grpc:: headers:: hostile_input:: json_endpoint:: reload::
+TOLLGATE_TEST_STORE=redis cargo test --locked --test it -- grpc:: headers:: hostile_input:: json_endpoint:: native:: reload::

@@ -1,5 +1,6 @@
-//! A client for application servers: ask Tollgate before doing expensive work, and a tower layer that
-//! does it for every request of an axum (or any tower) HTTP service.
+//! A client for application servers over Tollgate's native API (`tollgate.v1.RateLimiter`): check (with
+//! a cost, or peek), refund, and concurrency leases; and a tower layer that checks every request of an
+//! axum (or any tower) HTTP service.
 //!
 //! The layer turns a refusal into `429 Too Many Requests` with `Retry-After` (rounded up from
 //! Tollgate's retry hint, so never early) and whatever rate-limit headers the server is configured to
@@ -18,51 +19,54 @@ use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use tonic::transport::Channel;
 
-use crate::proto::descriptor::RateLimitDescriptor;
-use crate::proto::rls::rate_limit_response::Code;
-use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
-use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
+use crate::proto::native::rate_limiter_client::RateLimiterClient;
+use crate::proto::native::{
+    self, AcquireRequest, CheckRequest, CheckResponse, Entry, RefundRequest, RefundResponse, ReleaseRequest,
+};
 
 /// One descriptor: ordered `(key, value)` entries.
 pub type Descriptor = Vec<(String, String)>;
 
-/// Tollgate's answer, in application terms.
+/// Tollgate's answer to a check, in application terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {
     /// Whether the work may go ahead.
     pub allowed: bool,
-    /// When refused: how long until the same request could pass (whole seconds, rounded up).
+    /// When refused: how long until the same request could pass (exact).
     pub retry_after: Option<Duration>,
+    /// The smallest number of units left among the descriptors' limits; `None` when no limit applied.
+    pub remaining: Option<u64>,
     /// Headers the server wants the client to see (name, value).
     pub headers: Vec<(String, String)>,
 }
 
 impl Answer {
-    fn from_response(response: &RateLimitResponse) -> Self {
-        let allowed = response.overall_code != Code::OverLimit as i32;
-        let retry_after = (!allowed)
-            .then(|| {
-                response
-                    .statuses
-                    .iter()
-                    .filter(|s| s.code == Code::OverLimit as i32)
-                    .filter_map(|s| s.duration_until_reset.as_ref())
-                    .map(|d| u64::try_from(d.seconds).unwrap_or(0) + u64::from(d.nanos > 0))
-                    .max()
-                    .map(|secs| Duration::from_secs(secs.max(1)))
-            })
-            .flatten();
-        let headers = response
-            .response_headers_to_add
+    fn from_response(response: CheckResponse) -> Self {
+        let remaining = response
+            .results
             .iter()
-            .map(|h| (h.key.clone(), h.value.clone()))
-            .collect();
+            .filter(|r| r.limit.is_some())
+            .map(|r| r.remaining)
+            .min();
         Self {
-            allowed,
-            retry_after,
-            headers,
+            allowed: response.allowed,
+            retry_after: response.retry_after.and_then(|d| Duration::try_from(d).ok()),
+            remaining,
+            headers: response.headers.into_iter().map(|h| (h.name, h.value)).collect(),
         }
     }
+}
+
+/// A concurrency lease held by this client (see [`Client::acquire`]). Release it with
+/// [`Client::release`]; a lease that is never released (the process died) expires after its TTL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The server's id for the lease.
+    pub id: String,
+    /// The descriptors it holds slots of.
+    pub descriptors: Vec<Descriptor>,
+    /// How long it lives unless renewed (acquire again with the same id) or released.
+    pub ttl: Duration,
 }
 
 /// Why [`Client::connect`] failed.
@@ -76,39 +80,126 @@ pub enum ConnectError {
     Connect(#[source] tonic::transport::Error),
 }
 
-/// A connection to Tollgate for one domain. Cheap to clone: clones share the HTTP/2 connection.
+/// A connection to Tollgate's native API (`tollgate.v1.RateLimiter`) for one domain. Cheap to clone:
+/// clones share the HTTP/2 connection.
 #[derive(Debug, Clone)]
 pub struct Client {
-    inner: RateLimitServiceClient<Channel>,
+    inner: RateLimiterClient<Channel>,
     domain: String,
 }
 
 impl Client {
-    /// Connects to `addr` (`http://host:8081`); every check is made in `domain`.
+    /// Connects to `addr` (`http://host:8081`); every call is made in `domain`.
     pub async fn connect(addr: impl Into<String>, domain: impl Into<String>) -> Result<Self, ConnectError> {
         let addr = addr.into();
         let endpoint =
             Channel::from_shared(addr.clone()).map_err(|e| ConnectError::Address(addr, e.to_string()))?;
         let channel = endpoint.connect().await.map_err(ConnectError::Connect)?;
         Ok(Self {
-            inner: RateLimitServiceClient::new(channel),
+            inner: RateLimiterClient::new(channel),
             domain: domain.into(),
         })
     }
 
     /// Asks whether `descriptors` may proceed, consuming `cost` (0 means 1) from each matching limit.
-    pub async fn check(&mut self, descriptors: Vec<Descriptor>, cost: u32) -> Result<Answer, tonic::Status> {
-        let request = RateLimitRequest {
-            domain: self.domain.clone(),
-            descriptors: descriptors
-                .into_iter()
-                .map(RateLimitDescriptor::from_entries)
-                .collect(),
-            hits_addend: cost,
-        };
-        let response = self.inner.should_rate_limit(request).await?.into_inner();
-        Ok(Answer::from_response(&response))
+    pub async fn check(&mut self, descriptors: Vec<Descriptor>, cost: u64) -> Result<Answer, tonic::Status> {
+        self.check_in(descriptors, cost, native::Mode::Consume).await
     }
+
+    /// Asks whether `cost` units would pass now, and what would be left after them, without consuming
+    /// anything. With `cost` 0: how many units are left now.
+    pub async fn peek(&mut self, descriptors: Vec<Descriptor>, cost: u64) -> Result<Answer, tonic::Status> {
+        self.check_in(descriptors, cost, native::Mode::Peek).await
+    }
+
+    /// Like [`Client::check`], but a refused request consumes nothing anywhere.
+    pub async fn check_all_or_nothing(
+        &mut self,
+        descriptors: Vec<Descriptor>,
+        cost: u64,
+    ) -> Result<Answer, tonic::Status> {
+        self.check_in(descriptors, cost, native::Mode::AllOrNothing).await
+    }
+
+    async fn check_in(
+        &mut self,
+        descriptors: Vec<Descriptor>,
+        cost: u64,
+        mode: native::Mode,
+    ) -> Result<Answer, tonic::Status> {
+        let request = CheckRequest {
+            domain: self.domain.clone(),
+            descriptors: wire_descriptors(descriptors),
+            cost,
+            mode: mode as i32,
+        };
+        let response = self.inner.check(request).await?.into_inner();
+        Ok(Answer::from_response(response))
+    }
+
+    /// Gives `cost` units back to each descriptor's limits (the work a check paid for did not happen).
+    pub async fn refund(
+        &mut self,
+        descriptors: Vec<Descriptor>,
+        cost: u64,
+    ) -> Result<RefundResponse, tonic::Status> {
+        let request = RefundRequest {
+            domain: self.domain.clone(),
+            descriptors: wire_descriptors(descriptors),
+            cost,
+        };
+        Ok(self.inner.refund(request).await?.into_inner())
+    }
+
+    /// Takes one in-flight slot of every descriptor's concurrency rule, all or none. `Ok(Err(wait))` when
+    /// a rule is at its `max_in_flight`: `wait` is the time until its oldest lease expires.
+    pub async fn acquire(
+        &mut self,
+        descriptors: Vec<Descriptor>,
+    ) -> Result<Result<Lease, Option<Duration>>, tonic::Status> {
+        let request = AcquireRequest {
+            domain: self.domain.clone(),
+            descriptors: wire_descriptors(descriptors.clone()),
+            lease_id: String::new(),
+            ttl: None,
+        };
+        let response = self.inner.acquire(request).await?.into_inner();
+        if !response.acquired {
+            return Ok(Err(response.retry_after.and_then(|d| Duration::try_from(d).ok())));
+        }
+        Ok(Ok(Lease {
+            id: response.lease_id,
+            descriptors,
+            ttl: response
+                .ttl
+                .and_then(|d| Duration::try_from(d).ok())
+                .unwrap_or_default(),
+        }))
+    }
+
+    /// Frees the slots `lease` holds. Returns whether every slot was still held (false: it had expired).
+    pub async fn release(&mut self, lease: &Lease) -> Result<bool, tonic::Status> {
+        let request = ReleaseRequest {
+            domain: self.domain.clone(),
+            descriptors: wire_descriptors(lease.descriptors.clone()),
+            lease_id: lease.id.clone(),
+        };
+        let response = self.inner.release(request).await?.into_inner();
+        Ok(response.results.iter().all(|r| r.released))
+    }
+}
+
+fn wire_descriptors(descriptors: Vec<Descriptor>) -> Vec<native::Descriptor> {
+    descriptors
+        .into_iter()
+        .map(|entries| native::Descriptor {
+            entries: entries
+                .into_iter()
+                .map(|(key, value)| Entry { key, value })
+                .collect(),
+            cost: None,
+        })
+        .collect()
 }
 
 /// Picks the descriptors of an HTTP request; `None` lets the request through unchecked.
@@ -216,7 +307,10 @@ where
 }
 
 fn too_many_requests(answer: &Answer) -> Response<Body> {
-    let retry_after = answer.retry_after.map_or(1, |d| d.as_secs().max(1));
+    // Whole seconds, rounded up: a client told to come back must not come back early.
+    let retry_after = answer
+        .retry_after
+        .map_or(1, |d| d.as_micros().div_ceil(1_000_000).max(1));
     let body = format!("{{\"error\":\"rate_limited\",\"retry_after\":{retry_after}}}");
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;

@@ -1,5 +1,5 @@
-//! The HTTP listeners: the admin port (`/healthcheck` and `POST /json`, as envoyproxy/ratelimit, and
-//! `/metrics`) and the debug port (`/rlconfig`, the loaded rules one per line, as envoyproxy/ratelimit,
+//! The HTTP listeners: the admin port (`/healthcheck` and `POST /json`, as envoyproxy/ratelimit,
+//! `/metrics`, and the native API's `POST /v1/*`, see [`crate::json_api`]) and the debug port (`/rlconfig`, the loaded rules one per line, as envoyproxy/ratelimit,
 //! and `/metrics`).
 
 use std::sync::Arc;
@@ -11,8 +11,8 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::grpc::EnvoyOptions;
 use crate::grpc::envoy_rls::build_response;
+use crate::grpc::{EnvoyOptions, NativeService};
 use crate::health::Health;
 use crate::json::{request_from_json, response_to_json};
 use crate::limiter::{Code, Limiter};
@@ -34,11 +34,16 @@ pub fn admin_router(admin: Admin) -> Router {
     let metrics = Router::new()
         .route("/metrics", get(metrics))
         .with_state(Arc::clone(&admin.limiter));
+    let native = crate::json_api::router(Arc::new(NativeService::new(
+        Arc::clone(&admin.limiter),
+        admin.options.headers.clone(),
+    )));
     Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/json", post(json))
         .with_state(Arc::new(admin))
         .merge(metrics)
+        .merge(native)
 }
 
 /// The debug port's routes.

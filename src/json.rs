@@ -184,7 +184,9 @@ fn code_name(code: i32) -> Value {
     WireCode::try_from(code).map_or_else(|_| json!(code), |c| json!(c.as_str_name()))
 }
 
-fn duration_text(d: &prost_types::Duration) -> String {
+/// A duration as proto3's JSON mapping writes it: seconds with a fractional part only when needed
+/// (`"12s"`, `"1.5s"`).
+pub fn duration_text(d: &prost_types::Duration) -> String {
     if d.nanos == 0 {
         return format!("{}s", d.seconds);
     }

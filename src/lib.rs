@@ -10,10 +10,12 @@
 //! - [`algorithm`]: the five algorithms as pure functions of (state, now, cost, limit).
 //! - [`config`]: rules files (envoyproxy/ratelimit's YAML plus Tollgate's keys) → validated model.
 //! - [`rules`]: validated model → lookup tree; descriptor matching and storage keys.
-//! - [`store`]: where state lives; one atomic batch per request. [`store::memory`] is the embedded store.
+//! - [`store`]: where state lives; one atomic batch per request. [`store::memory`] is the embedded store,
+//!   [`store::redis`] the shared one, [`store::lease`] the concurrency leases.
 //! - [`clock`]: time for the embedded store.
 //! - [`limiter`]: the decision core: rules + store → verdict.
-//! - [`grpc`]: Envoy's RateLimitService, health, reflection. [`http`]: admin and debug HTTP endpoints.
+//! - [`grpc`]: Envoy's RateLimitService, the native `tollgate.v1.RateLimiter` ([`grpc::native`]), health,
+//!   reflection. [`http`]: admin and debug HTTP endpoints; [`json_api`]: the native API as JSON.
 //! - [`json`]: proto3 JSON of the Envoy messages. [`metrics`]: Prometheus metrics. [`offenders`]: the
 //!   top-offender sketches.
 //! - [`health`], [`reload`], [`settings`], [`telemetry`], [`server`], [`cli`]: running the service.
@@ -32,6 +34,7 @@ pub mod grpc;
 pub mod health;
 pub mod http;
 pub mod json;
+pub mod json_api;
 pub mod limiter;
 pub mod loadgen;
 pub mod metrics;

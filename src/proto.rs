@@ -55,8 +55,17 @@ pub mod envoy {
     }
 }
 
+/// `tollgate.*` packages.
+pub mod tollgate {
+    /// `tollgate.v1`: the native API for application servers (Check, Refund, Acquire, Release).
+    pub mod v1 {
+        include!(concat!(env!("OUT_DIR"), "/tollgate.v1.rs"));
+    }
+}
+
 pub use envoy::extensions::common::ratelimit::v3 as descriptor;
 pub use envoy::service::ratelimit::v3 as rls;
+pub use tollgate::v1 as native;
 
 impl descriptor::RateLimitDescriptor {
     /// A descriptor of these `(key, value)` entries, in order, with no limit override and no

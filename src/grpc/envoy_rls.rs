@@ -23,7 +23,7 @@ use crate::proto::rls::rate_limit_response::{self, DescriptorStatus as WireStatu
 use crate::proto::rls::rate_limit_service_server::RateLimitService;
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
 use crate::rules::DescriptorEntry;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 
 /// What the Envoy front end adds to a verdict.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -116,11 +116,14 @@ fn status_code_name(code: tonic::Code) -> String {
 /// `failure_mode_deny` decides; malformed requests are INVALID_ARGUMENT with envoyproxy/ratelimit's text.
 pub fn status_of(error: LimiterError) -> Status {
     match error {
+        LimiterError::Store(StoreError::CrossSlot) => Status::failed_precondition(error.to_string()),
         LimiterError::NoConfig | LimiterError::Store(_) => Status::unavailable(error.to_string()),
         LimiterError::EmptyDomain
         | LimiterError::NoDescriptors
         | LimiterError::TooManyDescriptors { .. }
-        | LimiterError::InvalidOverrideUnit { .. } => Status::invalid_argument(error.to_string()),
+        | LimiterError::InvalidOverrideUnit { .. }
+        | LimiterError::InvalidLeaseId
+        | LimiterError::InvalidLeaseTtl => Status::invalid_argument(error.to_string()),
     }
 }
 

@@ -1,8 +1,10 @@
-//! The gRPC listener: Envoy's RateLimitService, `grpc.health.v1.Health` and server reflection (so
-//! `grpcurl -plaintext HOST:8081 list` works with no proto file).
+//! The gRPC listener: Envoy's RateLimitService, Tollgate's native `tollgate.v1.RateLimiter`,
+//! `grpc.health.v1.Health` and server reflection (so `grpcurl -plaintext HOST:8081 list` works with no
+//! proto file).
 
 pub mod envoy_rls;
 pub mod headers;
+pub mod native;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,11 +15,13 @@ use tonic::transport::Server;
 use tonic_health::pb::health_server::{Health as HealthApi, HealthServer};
 
 use crate::limiter::Limiter;
+use crate::proto::native::rate_limiter_server::RateLimiterServer;
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::store::Store;
 
 pub use envoy_rls::{EnvoyOptions, EnvoyRateLimitService};
 pub use headers::{HeaderNames, HeaderOptions};
+pub use native::NativeService;
 
 /// Serves every gRPC service on `listener` until `shutdown` completes, then finishes in-flight calls.
 pub async fn serve<S: Store, H>(
@@ -32,6 +36,7 @@ where
 {
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
+    let native = RateLimiterServer::new(NativeService::new(Arc::clone(&limiter), options.headers.clone()));
     let rls = RateLimitServiceServer::new(EnvoyRateLimitService::new(limiter, options));
     Server::builder()
         // Envoy holds a few long-lived HTTP/2 connections; without keepalive a half-open one (a
@@ -42,6 +47,7 @@ where
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(rls)
+        .add_service(native)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await?;
     Ok(())

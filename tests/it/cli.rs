@@ -5,7 +5,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use serde_json::Value;
 use tollgate::proto::rls::rate_limit_response::Code as WireCode;
 use tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 
-use crate::common::{TestServer, http, wire_request};
+use crate::common::{Guard, TestServer, http, wire_request};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
@@ -50,18 +50,6 @@ fn tollgate(args: &[&str], env: &[(&str, &str)]) -> Command {
         .env("NO_COLOR", "1")
         .stdin(Stdio::null());
     command
-}
-
-/// A child process that is killed and reaped when dropped, whatever happened to the test.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-        }
-        let _ = self.0.wait();
-    }
 }
 
 impl Guard {

@@ -10,7 +10,7 @@ use axum::routing::post;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate::client::{Client, Descriptor, RateLimitLayer};
 
-use crate::common::TestServer;
+use crate::common::{Guard, TestServer};
 
 const API_RULES: &str = include_str!("../../examples/config/api.yaml");
 
@@ -44,9 +44,21 @@ async fn app(tollgate: SocketAddr, fail_closed: bool) -> SocketAddr {
 
 /// POSTs and returns (status, lower-cased headers, body).
 async fn post_to(addr: SocketAddr, path: &str) -> (u16, Vec<(String, String)>, String) {
+    send(addr, "POST", path, "").await
+}
+
+/// Sends a request with extra header lines (each ending in CRLF); returns (status, lower-cased headers,
+/// body).
+async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+) -> (u16, Vec<(String, String)>, String) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let request =
-        format!("POST {path} HTTP/1.1\r\nHost: app\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: app\r\nConnection: close\r\nContent-Length: 0\r\n{headers}\r\n"
+    );
     stream.write_all(request.as_bytes()).await.expect("write");
     let mut text = String::new();
     stream.read_to_string(&mut text).await.expect("read");
@@ -112,4 +124,70 @@ async fn an_unreachable_tollgate_fails_open_or_closed_as_chosen() {
     server.stop().await;
     assert_eq!(post_to(open, "/send-otp?phone=5550100").await.0, 200);
     assert_eq!(post_to(closed, "/send-otp?phone=5550100").await.0, 503);
+}
+
+/// The example app's binary, built by `cargo test` next to this test binary.
+fn example_binary() -> std::path::PathBuf {
+    let test_binary = std::env::current_exe().expect("test binary path");
+    let debug_dir = test_binary
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir");
+    debug_dir.join("examples").join("limited_app")
+}
+
+/// `examples/limited_app.rs` run as the README says (its own process, Tollgate's address in
+/// `TOLLGATE_ADDR`): the sixth OTP in an hour gets 429 with `Retry-After`; a failed export is refunded,
+/// a peek shows the budget, and a finished export spends it.
+#[tokio::test]
+async fn the_example_app_answers_429_with_retry_after_once_its_budget_is_spent() {
+    let server = TestServer::start(
+        &[("api.yaml", API_RULES)],
+        &[("TOLLGATE_RESPONSE_HEADERS", "ietf,retry-after")],
+    )
+    .await;
+    let app_addr = format!("127.0.0.1:{}", crate::common::redis::free_port());
+    let _app = Guard(
+        std::process::Command::new(example_binary())
+            .env("TOLLGATE_ADDR", format!("http://{}", server.grpc))
+            .env("APP_ADDR", &app_addr)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("the example is built by cargo test"),
+    );
+    let addr: SocketAddr = app_addr.parse().expect("addr");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the example never listened"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    let statuses: Vec<u16> =
+        futures_util::future::join_all((0..5).map(|_| post_to(addr, "/send-otp?phone=5550100")))
+            .await
+            .into_iter()
+            .map(|(status, _, _)| status)
+            .collect();
+    assert_eq!(statuses, [200; 5]);
+    let (status, headers, _) = post_to(addr, "/send-otp?phone=5550100").await;
+    assert_eq!(status, 429);
+    let retry: u64 = header(&headers, "retry-after")
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After");
+    assert!((3590..=3600).contains(&retry), "{retry}");
+
+    let user = "x-user-id: ada\r\n";
+    let (status, _, body) = send(addr, "POST", "/export?fail=1", user).await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(
+        send(addr, "GET", "/exports-left", user).await.2,
+        "3\n",
+        "the failed export was refunded"
+    );
+    assert_eq!(send(addr, "POST", "/export", user).await.0, 200);
+    assert_eq!(send(addr, "GET", "/exports-left", user).await.2, "2\n");
+    server.stop().await;
 }

@@ -687,6 +687,7 @@ async fn reflection_lists_services_and_serves_descriptors() {
     let names: Vec<&str> = list.service.iter().map(|s| s.name.as_str()).collect();
     for expected in [
         "envoy.service.ratelimit.v3.RateLimitService",
+        "tollgate.v1.RateLimiter",
         "grpc.health.v1.Health",
     ] {
         assert!(names.contains(&expected), "{expected} in {names:?}");

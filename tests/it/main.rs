@@ -15,6 +15,7 @@ mod hostile_input;
 mod json_endpoint;
 mod limiter;
 mod metrics;
+mod native;
 mod redis_fixture;
 mod redis_parity;
 mod redis_store;

@@ -144,6 +144,18 @@ pub fn assert_status(status: &DescriptorStatus, code: Code, remaining: u32, limi
     );
 }
 
+/// A child process that is killed and reaped when dropped, whatever happened to the test.
+pub struct Guard(pub std::process::Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
 /// A real server on port-0 listeners over a temporary rules directory.
 pub struct TestServer {
     /// The server's own Redis when the suite runs with `TOLLGATE_TEST_STORE=redis`.
