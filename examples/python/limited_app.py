@@ -1,4 +1,4 @@
-"""An HTTP app that asks Tollgate's native API (tollgate.v1.RateLimiter) before its expensive work
+r"""An HTTP app that asks Tollgate's native API (tollgate.v1.RateLimiter) before its expensive work
 (rules in examples/config/api.yaml):
 
 - POST /send-otp?phone=N: 5 SMS an hour per phone number; a refusal is 429 with Retry-After and the
@@ -9,7 +9,7 @@
     python3 -m venv .venv && .venv/bin/pip install -r examples/python/requirements.txt
     TOLLGATE_RESPONSE_HEADERS=ietf,retry-after tollgate serve --config-dir examples/config &
     .venv/bin/python examples/python/limited_app.py &
-    for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%{http_code}\\n' -X POST 'http://127.0.0.1:3001/send-otp?phone=5550100'; done
+    for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%{http_code}\n' -X POST 'http://127.0.0.1:3001/send-otp?phone=5550100'; done
 
 The gRPC stubs are generated from proto/ at start (grpcio-tools), so nothing generated is committed.
 TOLLGATE_ADDR (default 127.0.0.1:8081) and APP_PORT (default 3001) move things.

@@ -685,3 +685,29 @@ descriptors:
     assert_eq!(error.code(), tonic::Code::Unavailable);
     server.stop().await;
 }
+
+/// Native calls count in the same metrics as Envoy's: requests, and the rule's hits (consuming checks
+/// and acquires; peeks and refunds are not hits).
+#[tokio::test]
+async fn native_calls_count_in_the_same_metrics() {
+    let (server, mut client) = start().await;
+    check(&mut client, desc("otp", "m"), 1, Mode::Consume).await;
+    check(&mut client, desc("otp", "m"), 5, Mode::Consume).await;
+    check(&mut client, desc("otp", "m"), 1, Mode::Peek).await;
+    refund(&mut client, desc("otp", "m"), 1).await;
+    for _ in 0..7 {
+        client.acquire(acquire_request("busy", "m", "")).await.expect("acquire");
+    }
+    let (status, text) = http(server.debug, "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    for expected in [
+        "ratelimit_service_rate_limit_total_hits{domain=\"app\",key1=\"otp\"} 6",
+        "ratelimit_service_rate_limit_over_limit{domain=\"app\",key1=\"otp\"} 5",
+        "ratelimit_service_rate_limit_total_hits{domain=\"app\",key1=\"busy\"} 7",
+        "ratelimit_service_rate_limit_over_limit{domain=\"app\",key1=\"busy\"} 2",
+        "ratelimit_service_total_requests 11",
+    ] {
+        assert!(text.contains(expected), "{expected} in\n{text}");
+    }
+    server.stop().await;
+}
