@@ -696,7 +696,10 @@ async fn native_calls_count_in_the_same_metrics() {
     check(&mut client, desc("otp", "m"), 1, Mode::Peek).await;
     refund(&mut client, desc("otp", "m"), 1).await;
     for _ in 0..7 {
-        client.acquire(acquire_request("busy", "m", "")).await.expect("acquire");
+        client
+            .acquire(acquire_request("busy", "m", ""))
+            .await
+            .expect("acquire");
     }
     let (status, text) = http(server.debug, "GET", "/metrics", "").await;
     assert_eq!(status, 200);
