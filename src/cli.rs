@@ -192,10 +192,15 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         service_name: settings.tracing_service_name.clone(),
         sampling_rate: settings.tracing_sampling_rate,
     });
-    let _telemetry = crate::telemetry::init(&settings.log_level, &settings.log_format, traces.as_ref())?;
+    let telemetry = crate::telemetry::init(&settings.log_level, &settings.log_format, traces.as_ref())?;
     runtime.block_on(async {
-        let listeners = crate::server::Listeners::bind(&settings).await?;
-        crate::server::run(settings, listeners, crate::server::shutdown_signal()).await
+        let served = async {
+            let listeners = crate::server::Listeners::bind(&settings).await?;
+            crate::server::run(settings, listeners, crate::server::shutdown_signal()).await
+        };
+        let result = served.await;
+        telemetry.shutdown().await;
+        result
     })
 }
 

@@ -256,12 +256,16 @@ async fn log_offenders(limiter: Arc<Limiter<AnyStore>>, stop: CancellationToken)
     }
 }
 
-/// Completes on SIGTERM or Ctrl-C (in a container the first signal is SIGTERM).
-pub async fn shutdown_signal() {
+/// Completes on SIGTERM or Ctrl-C (in a container the first signal is SIGTERM). The SIGTERM handler is
+/// installed by this call, not when the future is first polled: the server announces it is serving
+/// before that poll may happen (always, on a current-thread runtime), and a SIGTERM in between would
+/// otherwise kill the process without draining. Call it inside the runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    async move {
+        #[cfg(unix)]
+        match term {
             Ok(mut term) => {
                 tokio::select! {
                     _ = term.recv() => {}
@@ -273,9 +277,9 @@ pub async fn shutdown_signal() {
                 let _ = tokio::signal::ctrl_c().await;
             }
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

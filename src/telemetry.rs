@@ -81,6 +81,20 @@ pub struct TelemetryGuard {
     provider: Option<SdkTracerProvider>,
 }
 
+impl TelemetryGuard {
+    /// Flushes buffered spans from a blocking thread while the runtime keeps running: the exporter's
+    /// gRPC channel needs the runtime to send them, and on a current-thread runtime a flush that blocks
+    /// the runtime's only thread (as dropping the guard outside it does) would wait for itself.
+    pub async fn shutdown(mut self) {
+        if let Some(provider) = self.provider.take() {
+            let flushed = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+            if let Ok(Err(error)) = flushed {
+                eprintln!("tollgate: flushing traces failed: {error}");
+            }
+        }
+    }
+}
+
 impl Drop for TelemetryGuard {
     fn drop(&mut self) {
         if let Some(provider) = self.provider.take()

@@ -142,6 +142,43 @@ async fn sixty_four_clients_on_two_instances_get_exactly_the_limit() {
     exact_admission(&[("REDIS_URL", &url)]).await;
 }
 
+/// Concurrent independent requests share script calls (coalescing), and each still gets its own exact
+/// answer: 64 clients, 640 requests on 640 keys, fewer calls than requests, every remaining exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_share_script_calls_and_keep_their_answers() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = Arc::new(start(&[("REDIS_URL", &url)], &rules(Algorithm::FixedWindow, 100)).await);
+    ask(&server, &[&[("k", "warm-up")]])
+        .await
+        .expect("loads the library");
+    let before = command_calls(redis.port).get("fcall").copied().unwrap_or(0);
+    let tasks: Vec<_> = (0..64)
+        .map(|client| {
+            let server = Arc::clone(&server);
+            tokio::spawn(async move {
+                let mut rls = server.client().await;
+                for n in 0..10 {
+                    let key = format!("c{client}-{n}");
+                    // Two descriptors on the same key: the second sees the first's hit.
+                    let request = wire_request("rd", &[&[("k", &key)], &[("k", &key)]]);
+                    let answer = rls.should_rate_limit(request).await.expect("answer").into_inner();
+                    let remaining: Vec<u32> = answer.statuses.iter().map(|s| s.limit_remaining).collect();
+                    assert_eq!(remaining, [99, 98], "{key}");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("client");
+    }
+    let calls = command_calls(redis.port).get("fcall").copied().unwrap_or(0) - before;
+    // About 150 here; one per request would be 640.
+    assert!(calls < 480, "{calls} script calls for 640 concurrent requests");
+    Arc::into_inner(server).expect("clients done").stop().await;
+}
+
 #[tokio::test]
 async fn three_descriptors_cost_one_redis_command() {
     require_redis!();

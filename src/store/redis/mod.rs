@@ -18,6 +18,7 @@
 //! Connections are redis-rs multiplexed connections: one socket carries many requests in flight, so a
 //! checkout pool only adds waiting (see the README's design notes for the measurements).
 
+mod coalesce;
 mod keys;
 mod lease;
 pub mod script;
@@ -150,6 +151,7 @@ impl CallError {
 /// The Redis store.
 pub struct RedisStore {
     options: RedisOptions,
+    coalescer: coalesce::Coalescer,
     connections: ArcSwapOption<Connections>,
     script: BatchScript,
     clock: Arc<dyn Clock>,
@@ -177,7 +179,8 @@ impl RedisStore {
         // redis-rs builds its TLS configs on rustls' process-wide provider; another install (a second
         // store in tests) is a no-op.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let store = Arc::new(Self {
+        let store = Arc::new_cyclic(|store| Self {
+            coalescer: coalesce::Coalescer::start(store.clone()),
             options,
             connections: ArcSwapOption::empty(),
             script: BatchScript::new(),
@@ -244,6 +247,7 @@ impl RedisStore {
             }
             RedisMode::Cluster(nodes) => {
                 let mut builder = ClusterClient::builder(nodes.clone())
+                    .tcp_settings(target::tcp_settings())
                     .connection_timeout(timeout)
                     .response_timeout(self.options.deadline.max(timeout))
                     .retries(2);
@@ -379,9 +383,10 @@ impl RedisStore {
     ) -> Result<Vec<Decision>, CallError> {
         let sent_at = self.clock.now_us();
         let call = tokio::time::timeout(self.options.deadline, self.script.call(conn, items, policy));
-        let reply = if crate::telemetry::traces_enabled() {
+        let reply = if crate::telemetry::traces_enabled() && !tracing::Span::current().is_disabled() {
             // A child of the RPC span (the current span), named as the database semantic conventions
-            // name client calls: the operation.
+            // name client calls: the operation. Coalesced calls serve several requests and have no
+            // span of their own (traced requests are never coalesced).
             let span = tracing::info_span!(
                 "FCALL",
                 otel.kind = "client",
@@ -418,22 +423,61 @@ fn shares_group(items: &[BatchItem], at: usize) -> bool {
 
 impl Store for Arc<RedisStore> {
     async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
-        let Some(connections) = self.connections.load_full() else {
-            return Err(StoreError::Unavailable("not connected to Redis yet".into()));
-        };
         let named = self.script_items(batch);
+        if self.coalesces(batch) {
+            let (keys, items) = named
+                .into_iter()
+                .map(|(key, item)| (key, ScriptItem { key: "", ..item }))
+                .unzip();
+            let answer = self.coalescer.submit(keys, items);
+            return match tokio::time::timeout(self.options.deadline, answer).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err(StoreError::Unavailable("the coalesced call was dropped".into())),
+                Err(_) => Err(StoreError::Timeout(self.options.deadline)),
+            };
+        }
         let items: Vec<ScriptItem<'_>> = named
             .iter()
             .map(|(key, item)| ScriptItem { key, ..*item })
             .collect();
+        self.invoke_whole(&items, batch.policy).await
+    }
+}
+
+impl RedisStore {
+    /// Whether a batch goes through the [`coalesce`] queue: independent batches on a single node or
+    /// Sentinel's master (a cluster call is split per slot anyway), except when the request is traced,
+    /// so its `FCALL` span stays the child of its own RPC span.
+    fn coalesces(&self, batch: &Batch) -> bool {
+        if batch.policy != CommitPolicy::Independent {
+            return false;
+        }
+        let traced = crate::telemetry::traces_enabled() && !tracing::Span::current().is_disabled();
+        let clustered = self
+            .connections
+            .load()
+            .as_ref()
+            .is_some_and(|c| matches!(**c, Connections::Cluster(_)));
+        !traced && !clustered
+    }
+
+    /// One batch on the deployment's connection: one script call (per slot in a cluster).
+    async fn invoke_whole(
+        &self,
+        items: &[ScriptItem<'_>],
+        policy: CommitPolicy,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let Some(connections) = self.connections.load_full() else {
+            return Err(StoreError::Unavailable("not connected to Redis yet".into()));
+        };
         let result = match &*connections {
             Connections::Single { pool, next } => {
                 let mut conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
-                self.invoke(&mut conn, &items, batch.policy).await
+                self.invoke(&mut conn, items, policy).await
             }
-            Connections::Cluster(conn) => self.apply_per_slot(conn, &items, batch.policy).await,
+            Connections::Cluster(conn) => self.apply_per_slot(conn, items, policy).await,
             Connections::Sentinel(link) => {
-                let result = self.invoke(&mut link.connection(), &items, batch.policy).await;
+                let result = self.invoke(&mut link.connection(), items, policy).await;
                 if result.as_ref().err().is_some_and(CallError::suggests_failover) {
                     link.refresh();
                 }
@@ -442,9 +486,6 @@ impl Store for Arc<RedisStore> {
         };
         result.map_err(|e| e.into_store_error(self.options.deadline))
     }
-}
-
-impl RedisStore {
     /// Redis Cluster: one script call per hash slot, all in parallel, answers put back in request order.
     async fn apply_per_slot(
         &self,

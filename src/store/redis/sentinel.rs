@@ -35,7 +35,9 @@ impl SentinelLink {
         node: &RedisConnectionInfo,
         config: ConnectionManagerConfig,
     ) -> redis::RedisResult<Self> {
-        let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(node.clone());
+        let node = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(node.clone())
+            .set_tcp_settings(super::target::tcp_settings());
         let mut client =
             SentinelClient::build(sentinels.to_vec(), master, Some(node), SentinelServerType::Master)?;
         let manager =
