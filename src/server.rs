@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use arc_swap::ArcSwapOption;
+use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -116,7 +117,13 @@ pub async fn run(
         limiter: Arc::clone(&limiter),
         options: envoy.clone(),
     };
-    let http = axum::serve(listeners.http, crate::http::admin_router(admin))
+    // TCP_NODELAY, as on the gRPC port: `/json` and `/v1/*` answers must not wait for a delayed ACK.
+    let http_listener = listeners.http.tap_io(|tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY on an HTTP connection");
+        }
+    });
+    let http = axum::serve(http_listener, crate::http::admin_router(admin))
         .with_graceful_shutdown(async move { stopped.cancelled().await });
     let stopped = stop.clone();
     let debug = axum::serve(listeners.debug, crate::http::debug_router(Arc::clone(&limiter)))

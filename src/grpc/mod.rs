@@ -48,9 +48,23 @@ where
         .add_service(reflection_v1alpha)
         .add_service(rls)
         .add_service(native)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await?;
     Ok(())
+}
+
+/// Accepted connections with `TCP_NODELAY`. tonic sets it only on listeners it binds itself; without
+/// it a response written while an earlier one is unacknowledged waits for the client's delayed ACK
+/// (40 ms on Linux), which showed as a 41 ms p99.9 whenever responses left in bursts.
+fn incoming(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt as _;
+    TcpListenerStream::new(listener).map(|accepted| {
+        let stream = accepted?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    })
 }
 
 /// HTTP/2 keepalive ping interval on gRPC connections.
