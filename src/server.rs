@@ -161,6 +161,12 @@ pub async fn run(
 /// The embedded store, or Redis (connecting in the background) behind the local over-limit cache.
 fn build_store(settings: &Settings, stop: CancellationToken) -> anyhow::Result<AnyStore> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    if settings.redis_persecond {
+        // Refusing to start would break a migration for a layout choice; counting is still right.
+        tracing::warn!(
+            "REDIS_PERSECOND is not supported: per-second limits are counted in the main Redis (REDIS_URL)"
+        );
+    }
     let Some(target) = settings.redis_target()? else {
         tracing::info!("no REDIS_URL: counting in the embedded store (one instance only)");
         return Ok(AnyStore::Memory(MemoryStore::new(clock)));

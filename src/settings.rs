@@ -76,8 +76,13 @@ pub struct Settings {
     pub redis_socket_type: String,
     /// `REDIS_AUTH`: `password` or `user:password` (secret).
     pub redis_auth: String,
+    /// `REDIS_SENTINEL_AUTH`: the sentinels' own `password` or `user:password` (secret).
+    pub redis_sentinel_auth: String,
     /// `REDIS_TLS`: connect to Redis over TLS (also implied by a `rediss://` URL).
     pub redis_tls: bool,
+    /// `REDIS_PERSECOND`: envoyproxy/ratelimit's second Redis for per-second limits. Not supported:
+    /// when set, a warning says that per-second limits stay in the main Redis.
+    pub redis_persecond: bool,
     /// `REDIS_TLS_CACERT`: PEM file of the CA that signed Redis' certificate (else the system's roots).
     pub redis_tls_cacert: String,
     /// `REDIS_TLS_CLIENT_CERT`: PEM client certificate, for Redis servers that verify clients.
@@ -129,6 +134,7 @@ impl std::fmt::Debug for Settings {
             .field("redis_url", &self.redis_url)
             .field("redis_type", &self.redis_type)
             .field("redis_auth", &redacted(&self.redis_auth))
+            .field("redis_sentinel_auth", &redacted(&self.redis_sentinel_auth))
             .finish_non_exhaustive()
     }
 }
@@ -171,7 +177,9 @@ impl Default for Settings {
             redis_type: "single".into(),
             redis_socket_type: "tcp".into(),
             redis_auth: String::new(),
+            redis_sentinel_auth: String::new(),
             redis_tls: false,
+            redis_persecond: false,
             redis_tls_cacert: String::new(),
             redis_tls_client_cert: String::new(),
             redis_tls_client_key: String::new(),
@@ -385,6 +393,7 @@ impl Settings {
             &self.redis_type,
             &self.redis_socket_type,
             &self.redis_auth,
+            &self.redis_sentinel_auth,
             self.redis_tls,
             self.redis_tls_skip_hostname_verification,
         )
@@ -436,7 +445,9 @@ const GO_DIRECT: &[(&str, &str)] = &[
     ("REDIS_TYPE", "redis_type"),
     ("REDIS_SOCKET_TYPE", "redis_socket_type"),
     ("REDIS_AUTH", "redis_auth"),
+    ("REDIS_SENTINEL_AUTH", "redis_sentinel_auth"),
     ("REDIS_TLS", "redis_tls"),
+    ("REDIS_PERSECOND", "redis_persecond"),
     ("REDIS_TLS_CACERT", "redis_tls_cacert"),
     ("REDIS_TLS_CLIENT_CERT", "redis_tls_client_cert"),
     ("REDIS_TLS_CLIENT_KEY", "redis_tls_client_key"),
@@ -465,6 +476,7 @@ const GO_BOOLS: &[&str] = &[
     "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
     "REDIS_TLS",
     "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+    "REDIS_PERSECOND",
     "TRACING_ENABLED",
 ];
 
@@ -630,10 +642,18 @@ mod tests {
                 ("SHADOW_MODE", "T"),
                 ("CACHE_KEY_PREFIX", "pre:"),
                 ("LIMIT_RESPONSE_HEADERS_ENABLED", "1"),
+                ("REDIS_SENTINEL_AUTH", "sentinel-secret"),
+                ("REDIS_PERSECOND", "true"),
             ]),
             &[],
         )
         .expect("loads");
+        assert_eq!(s.redis_sentinel_auth, "sentinel-secret");
+        assert!(s.redis_persecond);
+        assert!(
+            !format!("{s:?}").contains("sentinel-secret"),
+            "secrets are redacted"
+        );
         assert_eq!(s.grpc_addr, "0.0.0.0:9000");
         assert_eq!(s.http_addr, "127.0.0.1:8080");
         assert_eq!(s.config_dir, PathBuf::from("/data/ratelimit/config"));

@@ -367,7 +367,7 @@ async fn flush_under_load_fails_no_request(what: &'static str) {
 
 /// A [`RedisStore`] on `url` (`kind` as `REDIS_TYPE`), once it answers.
 async fn connected_store(url: &str, kind: &str) -> (Arc<RedisStore>, CancellationToken) {
-    let target = RedisTarget::parse(url, kind, "", "", false, false).expect("Redis target");
+    let target = RedisTarget::parse(url, kind, "", "", "", false, false).expect("Redis target");
     let options = RedisOptions {
         target,
         connections: 1,
@@ -595,6 +595,36 @@ async fn redis_cluster_counts_exactly_across_slots() {
     }
     server.stop().await;
     exact_admission(&env).await;
+}
+
+/// envoyproxy/ratelimit's `REDIS_SENTINEL_AUTH`: the sentinels' own password, apart from the master's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_that_require_a_password_get_redis_sentinel_auth() {
+    require_redis!();
+    let sentinel = RedisSentinel::start_with_password(Some("s3ntinel"));
+    let url = sentinel.url();
+    let env = [
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_URL", url.as_str()),
+        ("REDIS_SENTINEL_AUTH", "s3ntinel"),
+    ];
+    let server = start(&env, &rules(Algorithm::FixedWindow, 2)).await;
+    for expected in [Code::Ok, Code::Ok, Code::OverLimit] {
+        let answer = ask(&server, &[&[("k", "guarded")]]).await.expect("answer");
+        assert_eq!(answer.overall_code, expected as i32);
+    }
+    server.stop().await;
+
+    // Without the password the sentinel refuses, so Tollgate never finds the master: not ready, and
+    // decisions fail as with Redis down.
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("rd.yaml"), rules(Algorithm::FixedWindow, 2)).expect("rules");
+    let env = [("REDIS_TYPE", "sentinel"), ("REDIS_URL", url.as_str())];
+    let refused = TestServer::start_unready(dir, &env).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, _) = http(refused.http, "GET", "/healthcheck", "").await;
+    assert_eq!(status, 500);
+    refused.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

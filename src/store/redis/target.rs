@@ -67,12 +67,14 @@ impl fmt::Display for RedisTarget {
 }
 
 impl RedisTarget {
-    /// Parses envoyproxy/ratelimit's settings. `auth` is `password` or `user:password` (may be empty).
+    /// Parses envoyproxy/ratelimit's settings. `auth` (the Redis nodes') and `sentinel_auth` (the
+    /// sentinels' own, `REDIS_SENTINEL_AUTH`) are `password` or `user:password` (may be empty).
     pub fn parse(
         url: &str,
         kind: &str,
         socket_type: &str,
         auth: &str,
+        sentinel_auth: &str,
         tls: bool,
         skip_hostname_verification: bool,
     ) -> Result<Self, TargetError> {
@@ -92,7 +94,7 @@ impl RedisTarget {
                     master: (*master).to_owned(),
                     sentinels: sentinels
                         .iter()
-                        .map(|a| node(a, socket_type, "", false, false))
+                        .map(|a| node(a, socket_type, sentinel_auth, false, false))
                         .collect::<Result<_, _>>()?,
                     node: credentials(redis::RedisConnectionInfo::default(), auth),
                 },
@@ -199,45 +201,46 @@ mod tests {
 
     #[test]
     fn go_forms_parse() {
-        let t = RedisTarget::parse("127.0.0.1:6379", "SINGLE", "tcp", "", false, false).expect("host:port");
+        let t =
+            RedisTarget::parse("127.0.0.1:6379", "SINGLE", "tcp", "", "", false, false).expect("host:port");
         assert!(
             matches!(&t.mode, RedisMode::Single(i) if matches!(i.addr(), ConnectionAddr::Tcp(h, 6379) if h == "127.0.0.1"))
         );
-        let t = RedisTarget::parse("/var/run/redis.sock", "", "unix", "", false, false).expect("unix");
+        let t = RedisTarget::parse("/var/run/redis.sock", "", "unix", "", "", false, false).expect("unix");
         assert!(matches!(&t.mode, RedisMode::Single(i) if matches!(i.addr(), ConnectionAddr::Unix(_))));
-        let t = RedisTarget::parse("a:1,b:2,c:3", "cluster", "tcp", "", false, false).expect("cluster");
+        let t = RedisTarget::parse("a:1,b:2,c:3", "cluster", "tcp", "", "", false, false).expect("cluster");
         assert!(matches!(&t.mode, RedisMode::Cluster(nodes) if nodes.len() == 3));
-        let t = RedisTarget::parse("redis://localhost:7000/2", "", "", "", false, false).expect("url");
+        let t = RedisTarget::parse("redis://localhost:7000/2", "", "", "", "", false, false).expect("url");
         assert!(matches!(&t.mode, RedisMode::Single(i) if i.redis_settings().db() == 2));
     }
 
     #[test]
     fn tls_forms_parse() {
-        let t = RedisTarget::parse("h:6380", "", "tcp", "", true, false).expect("tls host:port");
+        let t = RedisTarget::parse("h:6380", "", "tcp", "", "", true, false).expect("tls host:port");
         assert!(
             matches!(&t.mode, RedisMode::Single(i) if matches!(i.addr(), ConnectionAddr::TcpTls { insecure: false, .. }))
         );
-        let t = RedisTarget::parse("h:6380", "", "tcp", "", true, true).expect("insecure");
+        let t = RedisTarget::parse("h:6380", "", "tcp", "", "", true, true).expect("insecure");
         assert!(
             matches!(&t.mode, RedisMode::Single(i) if matches!(i.addr(), ConnectionAddr::TcpTls { insecure: true, .. }))
         );
-        let t = RedisTarget::parse("rediss://h:6380", "", "", "", false, false).expect("rediss");
+        let t = RedisTarget::parse("rediss://h:6380", "", "", "", "", false, false).expect("rediss");
         assert!(matches!(&t.mode, RedisMode::Single(i) if matches!(i.addr(), ConnectionAddr::TcpTls { .. })));
         assert!(matches!(
-            RedisTarget::parse("m,s:1", "sentinel", "", "", true, false),
+            RedisTarget::parse("m,s:1", "sentinel", "", "", "", true, false),
             Err(TargetError::Unsupported(_))
         ));
     }
 
     #[test]
     fn auth_sets_user_and_password() {
-        let t = RedisTarget::parse("h:1", "", "", "alice:s3cret", false, false).expect("parses");
+        let t = RedisTarget::parse("h:1", "", "", "alice:s3cret", "", false, false).expect("parses");
         let RedisMode::Single(info) = &t.mode else {
             panic!("single")
         };
         assert_eq!(info.redis_settings().username(), Some("alice"));
         assert_eq!(info.redis_settings().password(), Some("s3cret"));
-        let t = RedisTarget::parse("h:1", "", "", "s3cret", false, false).expect("parses");
+        let t = RedisTarget::parse("h:1", "", "", "s3cret", "", false, false).expect("parses");
         let RedisMode::Single(info) = &t.mode else {
             panic!("single")
         };
@@ -248,31 +251,39 @@ mod tests {
     #[test]
     fn bad_input_is_refused_clearly() {
         assert!(matches!(
-            RedisTarget::parse("h:1", "ring", "", "", false, false),
+            RedisTarget::parse("h:1", "ring", "", "", "", false, false),
             Err(TargetError::UnknownType(_))
         ));
         assert!(matches!(
-            RedisTarget::parse("nohostport", "", "", "", false, false),
+            RedisTarget::parse("nohostport", "", "", "", "", false, false),
             Err(TargetError::BadAddress { .. })
         ));
         assert!(matches!(
-            RedisTarget::parse("h:x", "", "", "", false, false),
+            RedisTarget::parse("h:x", "", "", "", "", false, false),
             Err(TargetError::BadAddress { .. })
         ));
         assert!(matches!(
-            RedisTarget::parse("a:1,b:2", "single", "", "", false, false),
+            RedisTarget::parse("a:1,b:2", "single", "", "", "", false, false),
             Err(TargetError::BadAddress { .. })
         ));
         assert!(matches!(
-            RedisTarget::parse("mymaster", "sentinel", "", "", false, false),
+            RedisTarget::parse("mymaster", "sentinel", "", "", "", false, false),
             Err(TargetError::BadAddress { .. })
         ));
-        let t = RedisTarget::parse("mymaster,s1:26379,s2:26379", "sentinel", "", "pw", false, false)
-            .expect("sentinel");
+        let t = RedisTarget::parse(
+            "mymaster,s1:26379,s2:26379",
+            "sentinel",
+            "",
+            "pw",
+            "",
+            false,
+            false,
+        )
+        .expect("sentinel");
         assert!(
             matches!(&t.mode, RedisMode::Sentinel { master, sentinels, node } if master == "mymaster" && sentinels.len() == 2 && node.password() == Some("pw"))
         );
-        let err = RedisTarget::parse("redis://u:pw@", "", "", "", false, false).expect_err("no host");
+        let err = RedisTarget::parse("redis://u:pw@", "", "", "", "", false, false).expect_err("no host");
         assert!(!err.to_string().contains("pw"), "{err}");
         assert_eq!(redact("redis://u:pw@h:1"), "redis://***@h:1");
     }

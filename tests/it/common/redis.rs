@@ -236,6 +236,8 @@ impl RedisCluster {
 pub struct RedisSentinel {
     pub master: RedisServer,
     pub replica: RedisServer,
+    /// The sentinel's own `requirepass`, if any.
+    pub password: Option<String>,
     pub port: u16,
     _dir: TempDir,
     child: Child,
@@ -243,6 +245,11 @@ pub struct RedisSentinel {
 
 impl RedisSentinel {
     pub fn start() -> Self {
+        Self::start_with_password(None)
+    }
+
+    /// A sentinel that requires `password` from its clients (`requirepass` in sentinel.conf).
+    pub fn start_with_password(password: Option<&str>) -> Self {
         let master = RedisServer::start();
         let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -260,9 +267,10 @@ impl RedisSentinel {
             &conf,
             format!(
                 "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\n\
-                 sentinel down-after-milliseconds mymaster 500\nsentinel failover-timeout mymaster 2000\n",
+                 sentinel down-after-milliseconds mymaster 500\nsentinel failover-timeout mymaster 2000\n{}",
                 dir.path().display(),
-                master.port
+                master.port,
+                password.map(|p| format!("requirepass {p}\n")).unwrap_or_default()
             ),
         )
         .expect("sentinel.conf");
@@ -276,6 +284,7 @@ impl RedisSentinel {
         let sentinel = Self {
             master,
             replica,
+            password: password.map(str::to_owned),
             port,
             _dir: dir,
             child,
@@ -294,7 +303,12 @@ impl RedisSentinel {
 
     /// The master's port as the sentinel reports it now.
     pub fn master_port(&self) -> Option<u16> {
-        let reply = cli(self.port, &["SENTINEL", "get-master-addr-by-name", "mymaster"]);
+        let mut args = Vec::new();
+        if let Some(password) = &self.password {
+            args.extend(["--no-auth-warning", "-a", password.as_str()]);
+        }
+        args.extend(["SENTINEL", "get-master-addr-by-name", "mymaster"]);
+        let reply = cli(self.port, &args);
         reply.lines().nth(1)?.trim().parse().ok()
     }
 }
