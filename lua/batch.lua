@@ -137,6 +137,15 @@ local function stored_state(i, now)
   return st
 end
 
+-- The state item i starts from (not a fixed window): the overlay's when an earlier item of this
+-- call left one on its key (`entry`), else the stored one; nil for none.
+local function current_state(i, g, entry, now)
+  if entry then
+    return ov_state[g] or nil
+  end
+  return stored_state(i, now)
+end
+
 -- A fixed-window counter as stored, and whether the key holds something else.
 local function stored_count(value)
   if not value then
@@ -170,12 +179,7 @@ local function run(n, costs, now)
       end
       ok, left, rst, rty, next_state = fixed_window_decide(lim, count, now, cost, start_of[i])
     else
-      local st
-      if entry then
-        st = ov_state[g] or nil
-      else
-        st = stored_state(i, now)
-      end
+      local st = current_state(i, g, entry, now)
       local algorithm = ALGORITHMS[a]
       ok, left, rst, rty, next_state = algorithm.decide(lim, st, now, cost)
       -- Stored as MemoryStore stores it: a state already expired under this limit is no state.
@@ -261,12 +265,7 @@ local function refund_all(n, now)
       ok, left, rst, rty, next_state = fixed_window_refund(lim, count, now, amount, start_of[i])
       changed = exists and next_state ~= count
     else
-      local st
-      if entry then
-        st = ov_state[g] or nil
-      else
-        st = stored_state(i, now)
-      end
+      local st = current_state(i, g, entry, now)
       local algorithm = ALGORITHMS[a]
       -- Each refund returns `st` itself when it changed nothing (always when `st` is nil).
       ok, left, rst, rty, next_state = algorithm.refund(lim, st, now, amount)
