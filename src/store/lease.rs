@@ -154,7 +154,13 @@ impl MemoryLeases {
                 slot.in_flight = holders.len() as u64;
             }
         }
-        keys.retain(|_, holders| !holders.is_empty());
+        // Only the keys this call touched can have become empty (a refused acquire leaves its new,
+        // empty entries behind); scanning every key here would make an acquire cost O(all keys).
+        for item in &request.items {
+            if keys.get(&item.key).is_some_and(Vec::is_empty) {
+                keys.remove(&item.key);
+            }
+        }
         slots
     }
 
