@@ -122,7 +122,7 @@ async fn top(State(limiter): State<Arc<Limiter<AnyStore>>>) -> Response {
 
 /// Prometheus text exposition format 0.0.4.
 async fn metrics(State(limiter): State<Arc<Limiter<AnyStore>>>) -> Response {
-    let body = limiter.metrics().render(limiter.store().local_cache_hits());
+    let body = limiter.metrics().render(limiter.store().counters());
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         body,

@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::store::StoreCounters;
+
 /// A monotonically increasing count.
 #[derive(Debug, Default)]
 pub struct Counter(AtomicU64);
@@ -169,11 +171,11 @@ impl Metrics {
         self.loaded.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// The Prometheus text exposition of every series; `local_cache_hits` comes from the store.
-    pub fn render(&self, local_cache_hits: Option<u64>) -> String {
+    /// The Prometheus text exposition of every series, with the store's own counters.
+    pub fn render(&self, store: StoreCounters) -> String {
         let mut out = String::with_capacity(4096);
         self.render_rules(&mut out);
-        let counters: [(&str, &str, u64); 9] = [
+        let counters: [(&str, &str, u64); 11] = [
             (
                 "ratelimit_service_config_load_success",
                 "Rule sets loaded.",
@@ -207,7 +209,17 @@ impl Metrics {
             (
                 "tollgate_local_cache_hits_total",
                 "Limits answered by the local over-limit cache.",
-                local_cache_hits.unwrap_or(0),
+                store.local_cache_hits,
+            ),
+            (
+                "tollgate_redis_batches_total",
+                "Requests' batches sent to Redis.",
+                store.redis_batches,
+            ),
+            (
+                "tollgate_redis_script_calls_total",
+                "Script calls made to Redis (fewer than batches when concurrent requests share calls).",
+                store.redis_script_calls,
             ),
             (
                 "tollgate_store_errors_total",
@@ -325,13 +337,19 @@ mod tests {
             .add(1);
         // A reload asks again for the same rule: same counters.
         metrics.rule("api", "api.user").total_hits.add(2);
-        let text = metrics.render(Some(7));
+        let text = metrics.render(StoreCounters {
+            local_cache_hits: 7,
+            redis_batches: 40,
+            redis_script_calls: 3,
+        });
         assert!(
             text.contains("ratelimit_service_rate_limit_total_hits{domain=\"api\",key1=\"user\"} 5"),
             "{text}"
         );
         assert!(text.contains("ratelimit_service_rate_limit_over_limit{domain=\"api\",key1=\"path_/login\",key2=\"remote_address\"} 1"), "{text}");
         assert!(text.contains("tollgate_local_cache_hits_total 7"));
+        assert!(text.contains("tollgate_redis_batches_total 40"));
+        assert!(text.contains("tollgate_redis_script_calls_total 3"));
     }
 
     #[test]

@@ -146,12 +146,27 @@ pub enum AnyStore {
     Redis(local_cache::LocalCache<std::sync::Arc<redis::RedisStore>>),
 }
 
+/// What the store has done so far, for `/metrics` (all zero on the embedded store).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreCounters {
+    /// Limits answered by the local over-limit cache.
+    pub local_cache_hits: u64,
+    /// Batches (one per request that reached the store) sent to Redis.
+    pub redis_batches: u64,
+    /// Script calls made to Redis. Fewer than batches when concurrent requests share calls.
+    pub redis_script_calls: u64,
+}
+
 impl AnyStore {
-    /// Limits answered by the local over-limit cache (Redis only).
-    pub fn local_cache_hits(&self) -> Option<u64> {
+    /// The store's counters.
+    pub fn counters(&self) -> StoreCounters {
         match self {
-            AnyStore::Memory(_) => None,
-            AnyStore::Redis(cache) => Some(cache.hits()),
+            AnyStore::Memory(_) => StoreCounters::default(),
+            AnyStore::Redis(cache) => StoreCounters {
+                local_cache_hits: cache.hits(),
+                redis_batches: cache.inner().batches(),
+                redis_script_calls: cache.inner().script_calls(),
+            },
         }
     }
 }

@@ -120,7 +120,7 @@ async fn a_million_distinct_values_add_no_series() {
     )
     .with_metrics(Arc::clone(&metrics));
     let series = |text: &str| text.lines().filter(|l| !l.starts_with('#')).count();
-    let before = series(&metrics.render(None));
+    let before = series(&metrics.render(Default::default()));
     for i in 0..1_000_000u32 {
         let user = d(&[("user", &i.to_string())]);
         limiter
@@ -128,7 +128,7 @@ async fn a_million_distinct_values_add_no_series() {
             .await
             .expect("decided");
     }
-    let text = metrics.render(None);
+    let text = metrics.render(Default::default());
     assert_eq!(series(&text), before, "distinct values must not create series");
     assert_eq!(
         series_value(

@@ -176,6 +176,15 @@ async fn concurrent_requests_share_script_calls_and_keep_their_answers() {
     let calls = command_calls(redis.port).get("fcall").copied().unwrap_or(0) - before;
     // About 150 here; one per request would be 640.
     assert!(calls < 480, "{calls} script calls for 640 concurrent requests");
+    // /metrics tells operators the same.
+    let (_, text) = http(server.debug, "GET", "/metrics", "").await;
+    let value = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in /metrics"))
+    };
+    assert_eq!(value("tollgate_redis_batches_total "), 641);
+    assert_eq!(value("tollgate_redis_script_calls_total "), calls + 1);
     Arc::into_inner(server).expect("clients done").stop().await;
 }
 

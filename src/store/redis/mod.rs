@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -158,6 +158,10 @@ pub struct RedisStore {
     /// Redis clock minus local clock, in µs, from the latest reply.
     offset_us: AtomicI64,
     jitter_hasher: hashbrown::DefaultHashBuilder,
+    /// Batches applied (one per request that reached Redis).
+    batches: AtomicU64,
+    /// Script calls made (per hash slot in a cluster; shared by coalesced batches).
+    script_calls: AtomicU64,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -187,6 +191,8 @@ impl RedisStore {
             clock,
             offset_us: AtomicI64::new(0),
             jitter_hasher: hashbrown::DefaultHashBuilder::default(),
+            batches: AtomicU64::new(0),
+            script_calls: AtomicU64::new(0),
         });
         tokio::spawn(Arc::clone(&store).connect_until_connected(stop));
         store
@@ -279,6 +285,16 @@ impl RedisStore {
             Connections::Cluster(conn) => self.script.preload(&mut conn.clone()).await,
             Connections::Sentinel(link) => self.script.preload(&mut link.connection()).await,
         }
+    }
+
+    /// Batches applied so far (one per request that reached Redis).
+    pub fn batches(&self) -> u64 {
+        self.batches.load(Ordering::Relaxed)
+    }
+
+    /// Script calls made so far; with coalescing, fewer than [`RedisStore::batches`].
+    pub fn script_calls(&self) -> u64 {
+        self.script_calls.load(Ordering::Relaxed)
     }
 
     /// Whether Redis answers a `PING` within the deadline (readiness).
@@ -382,6 +398,7 @@ impl RedisStore {
         policy: CommitPolicy,
     ) -> Result<Vec<Decision>, CallError> {
         let sent_at = self.clock.now_us();
+        self.script_calls.fetch_add(1, Ordering::Relaxed);
         let call = tokio::time::timeout(self.options.deadline, self.script.call(conn, items, policy));
         let reply = if crate::telemetry::traces_enabled() && !tracing::Span::current().is_disabled() {
             // A child of the RPC span (the current span), named as the database semantic conventions
@@ -423,6 +440,7 @@ fn shares_group(items: &[BatchItem], at: usize) -> bool {
 
 impl Store for Arc<RedisStore> {
     async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
+        self.batches.fetch_add(1, Ordering::Relaxed);
         let named = self.script_items(batch);
         if self.coalesces(batch) {
             let (keys, items) = named
