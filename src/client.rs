@@ -41,6 +41,26 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// A lease was taken: go ahead.
+    fn lease_taken() -> Self {
+        Self {
+            allowed: true,
+            retry_after: None,
+            remaining: None,
+            headers: Vec::new(),
+        }
+    }
+
+    /// Every slot is taken; `wait` is the time until the oldest lease expires.
+    fn lease_refused(wait: Option<Duration>) -> Self {
+        Self {
+            allowed: false,
+            retry_after: wait,
+            remaining: Some(0),
+            headers: Vec::new(),
+        }
+    }
+
     fn from_response(response: CheckResponse) -> Self {
         let remaining = response
             .results
@@ -205,12 +225,23 @@ fn wire_descriptors(descriptors: Vec<Descriptor>) -> Vec<native::Descriptor> {
 /// Picks the descriptors of an HTTP request; `None` lets the request through unchecked.
 pub type Describe = dyn Fn(&Request<Body>) -> Option<Vec<Descriptor>> + Send + Sync;
 
-/// A tower layer that checks every request with Tollgate first.
+/// What the layer asks Tollgate before the handler runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guard {
+    /// A Check that consumes one unit.
+    Check,
+    /// A concurrency lease held while the handler runs and released when it returns.
+    Lease,
+}
+
+/// A tower layer that asks Tollgate before every request: a rate-limit check ([`RateLimitLayer::new`])
+/// or a concurrency lease held while the handler runs ([`RateLimitLayer::concurrency`]).
 #[derive(Clone)]
 pub struct RateLimitLayer {
     client: Client,
     describe: Arc<Describe>,
     fail_open: bool,
+    guard: Guard,
 }
 
 impl std::fmt::Debug for RateLimitLayer {
@@ -218,6 +249,7 @@ impl std::fmt::Debug for RateLimitLayer {
         f.debug_struct("RateLimitLayer")
             .field("client", &self.client)
             .field("fail_open", &self.fail_open)
+            .field("guard", &self.guard)
             .finish()
     }
 }
@@ -232,6 +264,21 @@ impl RateLimitLayer {
             client,
             describe: Arc::new(describe),
             fail_open: true,
+            guard: Guard::Check,
+        }
+    }
+
+    /// Caps requests in flight instead: each request whose descriptors `describe` returns takes a lease
+    /// of their `concurrency` rules before the handler runs (429 with `Retry-After` when they are all
+    /// taken) and releases it when the handler returns. A lease whose release is lost (the process
+    /// died) expires after the rule's `lease_ttl`.
+    pub fn concurrency(
+        client: Client,
+        describe: impl Fn(&Request<Body>) -> Option<Vec<Descriptor>> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            guard: Guard::Lease,
+            ..Self::new(client, describe)
         }
     }
 
@@ -280,17 +327,35 @@ where
         let descriptors = (self.layer.describe)(&request);
         let mut client = self.layer.client.clone();
         let fail_open = self.layer.fail_open;
+        let guard = self.layer.guard;
         Box::pin(async move {
             let Some(descriptors) = descriptors else {
                 return inner.call(request).await;
             };
-            match client.check(descriptors, 0).await {
-                Ok(answer) if answer.allowed => {
-                    let mut response = inner.call(request).await?;
+            let asked = match guard {
+                Guard::Check => client.check(descriptors, 0).await.map(|answer| (answer, None)),
+                Guard::Lease => client.acquire(descriptors).await.map(|acquired| match acquired {
+                    Ok(lease) => (Answer::lease_taken(), Some(lease)),
+                    Err(wait) => (Answer::lease_refused(wait), None),
+                }),
+            };
+            match asked {
+                Ok((answer, lease)) if answer.allowed => {
+                    let result = inner.call(request).await;
+                    if let Some(lease) = lease {
+                        // Released in the background: the response need not wait for it, and a lost
+                        // release only holds the slot until the lease expires.
+                        tokio::spawn(async move {
+                            if let Err(status) = client.release(&lease).await {
+                                tracing::warn!(%status, "cannot release a Tollgate lease; it will expire");
+                            }
+                        });
+                    }
+                    let mut response = result?;
                     add_headers(&mut response, &answer.headers);
                     Ok(response)
                 }
-                Ok(answer) => Ok(too_many_requests(&answer)),
+                Ok((answer, _)) => Ok(too_many_requests(&answer)),
                 Err(status) if fail_open => {
                     tracing::warn!(%status, "Tollgate unreachable: letting the request through");
                     inner.call(request).await

@@ -191,3 +191,44 @@ async fn the_example_app_answers_429_with_retry_after_once_its_budget_is_spent()
     assert_eq!(send(addr, "GET", "/exports-left", user).await.2, "2\n");
     server.stop().await;
 }
+
+/// `RateLimitLayer::concurrency`: each request holds a lease of `export_user`'s concurrency rule (2 at
+/// once in `examples/config/api.yaml`) while its handler runs, and releases it when the handler returns.
+#[tokio::test]
+async fn the_concurrency_layer_caps_requests_in_flight() {
+    let server = TestServer::start(&[("api.yaml", API_RULES)], &[]).await;
+    let client = Client::connect(format!("http://{}", server.grpc), "api")
+        .await
+        .expect("connect");
+    let describe = |request: &Request<Body>| {
+        let user = request.headers().get("x-user-id")?.to_str().ok()?;
+        Some(vec![vec![("export_user".to_owned(), user.to_owned())]])
+    };
+    let slow = || async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        "exported\n"
+    };
+    let router = Router::new()
+        .route("/export", post(slow))
+        .layer(RateLimitLayer::concurrency(client, describe));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, router).await });
+
+    let user = "x-user-id: grace\r\n";
+    let three = (0..3).map(|_| send(addr, "POST", "/export", user));
+    let mut statuses: Vec<(u16, Option<String>)> = futures_util::future::join_all(three)
+        .await
+        .into_iter()
+        .map(|(status, headers, _)| (status, header(&headers, "retry-after").map(str::to_owned)))
+        .collect();
+    statuses.sort();
+    assert_eq!(statuses[..2], [(200, None), (200, None)], "{statuses:?}");
+    assert_eq!(statuses[2].0, 429, "{statuses:?}");
+    assert!(statuses[2].1.is_some(), "Retry-After on the refusal");
+    // The two leases were released when their handlers returned: both slots are free again.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let again = futures_util::future::join_all((0..2).map(|_| send(addr, "POST", "/export", user))).await;
+    assert!(again.iter().all(|(status, _, _)| *status == 200), "{again:?}");
+    server.stop().await;
+}
