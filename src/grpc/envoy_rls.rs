@@ -8,8 +8,6 @@ use std::sync::Arc;
 
 use prost_types::{ListValue, Struct, Value, value::Kind};
 use tonic::{Request, Response, Status};
-use tracing::Instrument as _;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::headers::{HeaderOptions, headers, raw_body};
 use crate::config::MetaValue;
@@ -54,39 +52,19 @@ impl<S: Store> RateLimitService for EnvoyRateLimitService<S> {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        if !crate::telemetry::should_trace(request.metadata()) {
-            return self.decide(request.into_inner()).await;
-        }
-        let span = tracing::info_span!(
-            "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-            otel.kind = "server",
-            rpc.system.name = "grpc",
-            rpc.method = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-            rpc.response.status_code = tracing::field::Empty,
-            error.type = tracing::field::Empty,
-            ratelimit.domain = tracing::field::Empty,
-            ratelimit.outcome = tracing::field::Empty,
-        );
-        // A parent we cannot attach (no trace context) just leaves this span a root.
-        let _ = span.set_parent(crate::telemetry::remote_context(request.metadata()));
-        let request = request.into_inner();
-        span.record("ratelimit.domain", request.domain.as_str());
-        let result = self.decide(request).instrument(span.clone()).await;
-        match &result {
-            Ok(response) => {
-                let over = response.get_ref().overall_code == rate_limit_response::Code::OverLimit as i32;
-                span.record("rpc.response.status_code", "OK");
-                span.record("ratelimit.outcome", if over { "over_limit" } else { "ok" });
+        let over = |response: &Response<RateLimitResponse>| {
+            if response.get_ref().overall_code == rate_limit_response::Code::OverLimit as i32 {
+                "over_limit"
+            } else {
+                "ok"
             }
-            Err(status) => {
-                let code = status_code_name(status.code());
-                span.record("rpc.response.status_code", code.as_str());
-                span.record("error.type", code.as_str());
-            }
-        }
-        result
+        };
+        super::traced(request, SHOULD_RATE_LIMIT, over, |request| self.decide(request)).await
     }
 }
+
+/// The RPC's full method name, as spans name it.
+const SHOULD_RATE_LIMIT: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 impl<S: Store> EnvoyRateLimitService<S> {
     async fn decide(&self, request: RateLimitRequest) -> Result<Response<RateLimitResponse>, Status> {
@@ -97,18 +75,6 @@ impl<S: Store> EnvoyRateLimitService<S> {
             .map_err(status_of)?;
         Ok(Response::new(build_response(&request, verdict, &self.options)))
     }
-}
-
-/// The status code's name as the gRPC semantic conventions spell it (`INVALID_ARGUMENT`).
-fn status_code_name(code: tonic::Code) -> String {
-    let mut name = String::new();
-    for (at, c) in format!("{code:?}").chars().enumerate() {
-        if c.is_uppercase() && at > 0 {
-            name.push('_');
-        }
-        name.push(c.to_ascii_uppercase());
-    }
-    name
 }
 
 /// Maps a limiter error to the gRPC status Envoy sees. Store trouble and "no rules yet" are

@@ -9,6 +9,7 @@ use tonic::{Request, Response, Status};
 
 use super::envoy_rls::status_of;
 use super::headers::{HeaderOptions, headers};
+use super::traced;
 use crate::limiter::{Code, DescriptorStatus, LeaseStatus, LimitOverride, Limiter, Mode, RequestDescriptor};
 use crate::proto::native::rate_limiter_server::RateLimiter;
 use crate::proto::native::{
@@ -148,30 +149,33 @@ impl<S: Store> NativeService<S> {
     }
 }
 
+/// Every native call is traced as Envoy's are (see [`super::traced`]).
 #[tonic::async_trait]
 impl<S: Store> RateLimiter for NativeService<S> {
     async fn check(&self, request: Request<CheckRequest>) -> Result<Response<CheckResponse>, Status> {
-        NativeService::check(self, request.into_inner())
-            .await
-            .map(Response::new)
+        let outcome = |r: &CheckResponse| if r.allowed { "ok" } else { "over_limit" };
+        let method = "tollgate.v1.RateLimiter/Check";
+        let answer = traced(request, method, outcome, |r| NativeService::check(self, r)).await;
+        answer.map(Response::new)
     }
 
     async fn refund(&self, request: Request<RefundRequest>) -> Result<Response<RefundResponse>, Status> {
-        NativeService::refund(self, request.into_inner())
-            .await
-            .map(Response::new)
+        let method = "tollgate.v1.RateLimiter/Refund";
+        let answer = traced(request, method, |_| "ok", |r| NativeService::refund(self, r)).await;
+        answer.map(Response::new)
     }
 
     async fn acquire(&self, request: Request<AcquireRequest>) -> Result<Response<AcquireResponse>, Status> {
-        NativeService::acquire(self, request.into_inner())
-            .await
-            .map(Response::new)
+        let outcome = |r: &AcquireResponse| if r.acquired { "ok" } else { "over_limit" };
+        let method = "tollgate.v1.RateLimiter/Acquire";
+        let answer = traced(request, method, outcome, |r| NativeService::acquire(self, r)).await;
+        answer.map(Response::new)
     }
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
-        NativeService::release(self, request.into_inner())
-            .await
-            .map(Response::new)
+        let method = "tollgate.v1.RateLimiter/Release";
+        let answer = traced(request, method, |_| "ok", |r| NativeService::release(self, r)).await;
+        answer.map(Response::new)
     }
 }
 

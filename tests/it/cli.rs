@@ -701,6 +701,34 @@ async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
         string_attribute(&span, "ratelimit.domain").as_deref(),
         Some("cli")
     );
+    // Native calls are traced the same way.
+    let mut native = tollgate::proto::native::rate_limiter_client::RateLimiterClient::new(
+        tonic::transport::Channel::from_shared(format!("http://{}", served.grpc))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let mut check = tonic::Request::new(tollgate::proto::native::CheckRequest {
+        domain: "cli".into(),
+        descriptors: vec![tollgate::proto::native::Descriptor {
+            entries: vec![tollgate::proto::native::Entry {
+                key: "user".into(),
+                value: "traced".into(),
+            }],
+            cost: None,
+        }],
+        ..Default::default()
+    });
+    let traceparent = format!("00-{trace_id}-{parent_id}-01").parse().expect("ascii");
+    check.metadata_mut().insert("traceparent", traceparent);
+    native.check(check).await.expect("native answer");
+    let span = span_named(&mut received, "tollgate.v1.RateLimiter/Check").await;
+    assert_eq!(hex(&span.trace_id), trace_id);
+    assert_eq!(
+        string_attribute(&span, "ratelimit.outcome").as_deref(),
+        Some("ok")
+    );
     assert_eq!(served.terminate().await, Some(0));
     receiver.abort();
 }
