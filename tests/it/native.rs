@@ -714,3 +714,34 @@ async fn native_calls_count_in_the_same_metrics() {
     }
     server.stop().await;
 }
+
+/// Absurd costs and sizes get answers, not panics: a cost of u64::MAX is refused with the limit
+/// unchanged, a refund of u64::MAX is capped, and a request with too many descriptors is refused.
+#[tokio::test]
+async fn absurd_costs_and_sizes_are_answered() {
+    let (server, mut client) = start().await;
+    for key in ["tokens", "gcra", "sliding", "log", "fixed"] {
+        let huge = check(&mut client, desc(key, "huge"), u64::MAX, Mode::Consume).await;
+        assert!(!huge.allowed, "{key}");
+        let peek = check(&mut client, desc(key, "huge"), 1, Mode::Peek).await;
+        // A fixed window counts refused requests too (envoyproxy/ratelimit's counter), so there the
+        // absurd cost used up the window; the other algorithms change nothing on a refusal.
+        assert_eq!(peek.allowed, key != "fixed", "{key}");
+        let limit = if key == "tokens" { 1000 } else { 100 };
+        let refunded = refund(&mut client, desc(key, "huge"), u64::MAX).await;
+        assert!(refunded <= limit, "{key}: {refunded}");
+    }
+    let many: Vec<Descriptor> = (0..16_385).map(|i| desc("tokens", &i.to_string())).collect();
+    let error = client
+        .check(check_request(many.clone(), 1, Mode::Consume))
+        .await
+        .expect_err("too many descriptors");
+    assert_eq!(error.code(), tonic::Code::InvalidArgument);
+    let acquire = AcquireRequest {
+        descriptors: many,
+        ..acquire_request("busy", "x", "")
+    };
+    let error = client.acquire(acquire).await.expect_err("too many descriptors");
+    assert_eq!(error.code(), tonic::Code::InvalidArgument);
+    server.stop().await;
+}
