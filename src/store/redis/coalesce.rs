@@ -31,12 +31,10 @@ const CALLS_IN_FLIGHT: usize = 4;
 /// Most items one coalesced call carries, bounding the time one call holds Redis.
 const MAX_ITEMS_PER_CALL: usize = 512;
 
-/// One queued request: its items, already named, and where its decisions go.
+/// One queued request: its items with their Redis keys, and where its decisions go.
 pub(super) struct Pending {
-    /// The Redis keys, one per item.
-    pub(super) keys: Vec<String>,
-    /// The items (their `key` fields are filled in from `keys` when the call is made).
-    pub(super) items: Vec<ScriptItem<'static>>,
+    /// Each item's key and the item (whose `key` field points at it when the call is made).
+    pub(super) named: Vec<(String, ScriptItem<'static>)>,
     /// The request's answer.
     pub(super) reply: oneshot::Sender<Result<Vec<Decision>, StoreError>>,
 }
@@ -58,13 +56,12 @@ impl Coalescer {
     /// Queues a request; the answer arrives on the returned receiver.
     pub(super) fn submit(
         &self,
-        keys: Vec<String>,
-        items: Vec<ScriptItem<'static>>,
+        named: Vec<(String, ScriptItem<'static>)>,
     ) -> oneshot::Receiver<Result<Vec<Decision>, StoreError>> {
         let (reply, answer) = oneshot::channel();
         // The drain task lives as long as the store, so the queue is open; if it ever were not, the
         // dropped `reply` tells the caller.
-        let _ = self.queue.send(Pending { keys, items, reply });
+        let _ = self.queue.send(Pending { named, reply });
         answer
     }
 }
@@ -80,12 +77,12 @@ async fn drain(store: Weak<RedisStore>, mut pending: mpsc::UnboundedReceiver<Pen
         let Some(first) = pending.recv().await else {
             return;
         };
-        let mut items = first.items.len();
+        let mut items = first.named.len();
         let mut group = vec![first];
         while items < MAX_ITEMS_PER_CALL {
             match pending.try_recv() {
                 Ok(next) => {
-                    items += next.items.len();
+                    items += next.named.len();
                     group.push(next);
                 }
                 Err(_) => break,
@@ -104,12 +101,12 @@ async fn drain(store: Weak<RedisStore>, mut pending: mpsc::UnboundedReceiver<Pen
 impl RedisStore {
     /// One script call for several queued requests; each gets its own decisions back.
     async fn send_coalesced(&self, group: Vec<Pending>) {
-        let mut items = Vec::with_capacity(group.iter().map(|p| p.items.len()).sum());
+        let mut items = Vec::with_capacity(group.iter().map(|p| p.named.len()).sum());
         // Group ids must stay distinct across requests so no two requests' groups merge.
         let mut offset = 0u32;
         for request in &group {
             let mut next_offset = offset;
-            for (key, item) in request.keys.iter().zip(&request.items) {
+            for (key, item) in &request.named {
                 let group = item.group.saturating_add(offset);
                 next_offset = next_offset.max(group.saturating_add(1));
                 items.push(ScriptItem { key, group, ..*item });
@@ -123,7 +120,7 @@ impl RedisStore {
             Ok(decisions) => {
                 let mut decisions = decisions.into_iter();
                 for request in group {
-                    let own = decisions.by_ref().take(request.items.len()).collect();
+                    let own = decisions.by_ref().take(request.named.len()).collect();
                     let _ = request.reply.send(Ok(own));
                 }
             }

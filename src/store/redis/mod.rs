@@ -343,7 +343,9 @@ impl RedisStore {
         u64::try_from((local + offset).max(0)).unwrap_or(u64::MAX)
     }
 
-    fn script_items<'a>(&self, batch: &'a Batch) -> Vec<(String, ScriptItem<'a>)> {
+    /// Each item's Redis key, and the item as the script sees it (its `key` left empty: the caller
+    /// points it at the name when the call is made).
+    fn script_items(&self, batch: &Batch) -> Vec<(String, ScriptItem<'static>)> {
         let now = self.redis_now_us();
         let items = &batch.items;
         items
@@ -443,11 +445,7 @@ impl Store for Arc<RedisStore> {
         self.batches.fetch_add(1, Ordering::Relaxed);
         let named = self.script_items(batch);
         if self.coalesces(batch) {
-            let (keys, items) = named
-                .into_iter()
-                .map(|(key, item)| (key, ScriptItem { key: "", ..item }))
-                .unzip();
-            let answer = self.coalescer.submit(keys, items);
+            let answer = self.coalescer.submit(named);
             return match tokio::time::timeout(self.options.deadline, answer).await {
                 Ok(Ok(result)) => result,
                 Ok(Err(_)) => Err(StoreError::Unavailable("the coalesced call was dropped".into())),
