@@ -78,6 +78,30 @@ enum Connections {
     Sentinel(Arc<SentinelLink>),
 }
 
+impl Connections {
+    /// A connection for a call sent whole (single node: the next of the pool), and, on Sentinel, the
+    /// link to refresh if the call suggests the master moved.
+    fn whole(&self) -> (WholeConnection, Option<&Arc<SentinelLink>>) {
+        match self {
+            Connections::Single { pool, next } => {
+                let conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
+                (WholeConnection::Node(conn), None)
+            }
+            Connections::Cluster(conn) => (WholeConnection::Cluster(conn.clone()), None),
+            Connections::Sentinel(link) => (WholeConnection::Node(link.connection()), Some(link)),
+        }
+    }
+}
+
+/// On Sentinel, looks the master up again when a call's failure suggests it moved.
+fn refresh_if_moved<T>(link: Option<&Arc<SentinelLink>>, result: &Result<T, CallError>) {
+    if let (Some(link), Err(error)) = (link, result)
+        && error.suggests_failover()
+    {
+        link.refresh();
+    }
+}
+
 /// A connection for calls sent whole: to the single node or Sentinel's master, or to the cluster
 /// (which routes by the call's keys).
 enum WholeConnection {
@@ -316,23 +340,12 @@ impl RedisStore {
         let Some(connections) = self.connections.load_full() else {
             return Err(CallError::NotConnected);
         };
-        let (conn, link) = match &*connections {
-            Connections::Single { pool, next } => {
-                let conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
-                (WholeConnection::Node(conn), None)
-            }
-            Connections::Cluster(conn) => (WholeConnection::Cluster(conn.clone()), None),
-            Connections::Sentinel(link) => (WholeConnection::Node(link.connection()), Some(link)),
-        };
+        let (conn, link) = connections.whole();
         let result = match tokio::time::timeout(self.options.deadline, call(conn)).await {
             Ok(reply) => reply.map_err(CallError::Redis),
             Err(_) => Err(CallError::Timeout),
         };
-        if let (Err(error), Some(link)) = (&result, link)
-            && error.suggests_failover()
-        {
-            link.refresh();
-        }
+        refresh_if_moved(link, &result);
         result
     }
 
@@ -487,16 +500,11 @@ impl RedisStore {
             return Err(StoreError::Unavailable("not connected to Redis yet".into()));
         };
         let result = match &*connections {
-            Connections::Single { pool, next } => {
-                let mut conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
-                self.invoke(&mut conn, items, policy).await
-            }
             Connections::Cluster(conn) => self.apply_per_slot(conn, items, policy).await,
-            Connections::Sentinel(link) => {
-                let result = self.invoke(&mut link.connection(), items, policy).await;
-                if result.as_ref().err().is_some_and(CallError::suggests_failover) {
-                    link.refresh();
-                }
+            whole => {
+                let (mut conn, link) = whole.whole();
+                let result = self.invoke(&mut conn, items, policy).await;
+                refresh_if_moved(link, &result);
                 result
             }
         };
