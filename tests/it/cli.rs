@@ -654,31 +654,45 @@ fn string_attribute(span: &ExportedSpan, key: &str) -> Option<String> {
 
 const RPC_SPAN: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-#[tokio::test]
-async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
-    let (endpoint, mut received, receiver) = otlp_receiver().await;
+/// A server on the cli rules that exports every span to a local OTLP receiver; `extra` adds settings.
+/// Returns the server, the spans received, the receiver task and the rules directory (kept alive).
+async fn traced_server(
+    extra: &[(&str, &str)],
+) -> (
+    Served,
+    tokio::sync::mpsc::UnboundedReceiver<ExportedSpan>,
+    tokio::task::JoinHandle<()>,
+    tempfile::TempDir,
+) {
+    let (endpoint, received, receiver) = otlp_receiver().await;
     let dir = rules_dir(&[("cli.yaml", RULES)]);
     let config_dir = dir.path().to_str().expect("utf-8 path");
-    let served = Served::start(
-        &serve_args(config_dir),
-        &[
-            ("TRACING_ENABLED", "true"),
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ],
-    )
-    .await;
+    let mut env = vec![
+        ("TRACING_ENABLED", "true"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    env.extend_from_slice(extra);
+    let served = Served::start(&serve_args(config_dir), &env).await;
+    (served, received, receiver, dir)
+}
+
+#[tokio::test]
+async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
+    let (served, mut received, receiver, _dir) = traced_server(&[]).await;
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent_id = "00f067aa0ba902b7";
+    let traceparent: tonic::metadata::MetadataValue<_> =
+        format!("00-{trace_id}-{parent_id}-01").parse().expect("ascii");
     let mut request = tonic::Request::new(crate::common::wire_request("cli", &[&[("user", "traced")]]));
-    let traceparent = format!("00-{trace_id}-{parent_id}-01").parse().expect("ascii");
-    request.metadata_mut().insert("traceparent", traceparent);
+    request.metadata_mut().insert("traceparent", traceparent.clone());
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", served.grpc))
         .expect("uri")
         .connect()
         .await
         .expect("connect");
-    let mut rls = tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient::new(channel);
+    let mut rls =
+        tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient::new(channel.clone());
     rls.should_rate_limit(request).await.expect("answer");
     let span = span_named(&mut received, RPC_SPAN).await;
     let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
@@ -702,13 +716,7 @@ async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
         Some("cli")
     );
     // Native calls are traced the same way.
-    let mut native = tollgate::proto::native::rate_limiter_client::RateLimiterClient::new(
-        tonic::transport::Channel::from_shared(format!("http://{}", served.grpc))
-            .expect("uri")
-            .connect()
-            .await
-            .expect("connect"),
-    );
+    let mut native = tollgate::proto::native::rate_limiter_client::RateLimiterClient::new(channel);
     let mut check = tonic::Request::new(tollgate::proto::native::CheckRequest {
         domain: "cli".into(),
         descriptors: vec![tollgate::proto::native::Descriptor {
@@ -720,7 +728,6 @@ async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
         }],
         ..Default::default()
     });
-    let traceparent = format!("00-{trace_id}-{parent_id}-01").parse().expect("ascii");
     check.metadata_mut().insert("traceparent", traceparent);
     native.check(check).await.expect("native answer");
     let span = span_named(&mut received, "tollgate.v1.RateLimiter/Check").await;
@@ -738,20 +745,8 @@ async fn the_redis_call_is_a_child_span_of_the_rpc() {
     crate::require_redis!();
     let redis = crate::common::redis::RedisServer::start();
     let url = redis.url();
-    let (endpoint, mut received, receiver) = otlp_receiver().await;
-    let dir = rules_dir(&[("cli.yaml", RULES)]);
-    let config_dir = dir.path().to_str().expect("utf-8 path");
-    let served = Served::start(
-        &serve_args(config_dir),
-        &[
-            ("TRACING_ENABLED", "true"),
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-            ("REDIS_URL", &url),
-            ("TOLLGATE_REDIS_DEADLINE", "2s"),
-        ],
-    )
-    .await;
+    let (served, mut received, receiver, _dir) =
+        traced_server(&[("REDIS_URL", &url), ("TOLLGATE_REDIS_DEADLINE", "2s")]).await;
     let addr = served.grpc;
     let deadline = Instant::now() + Duration::from_secs(10);
     // Retry until Redis is connected (the server starts before it is).
