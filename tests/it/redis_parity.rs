@@ -540,6 +540,21 @@ fn duplicate_key_batches(a: usize, b: usize) -> [Vec<Req>; 4] {
     ]
 }
 
+/// Runs every [`duplicate_key_batches`] of algorithm `a` (and the next one) through `policies` in turn,
+/// each batch through all of them before the next batch, comparing every step field by field.
+async fn step_duplicate_key_batches(h: &mut Harness, specs: &[Spec], a: usize, policies: &[CommitPolicy]) {
+    let b = (a + 1) % specs.len();
+    for (i, reqs) in duplicate_key_batches(a, b).iter().enumerate() {
+        for &policy in policies {
+            let context = format!("{policy:?} algorithm {a} batch {i}");
+            assert!(
+                h.step(specs, reqs, policy, &context).await,
+                "{context}: raced a 60 s window"
+            );
+        }
+    }
+}
+
 /// Hand-written batches hitting each settling rule with duplicate keys, compared field by field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settling_with_duplicate_keys_matches_rust() {
@@ -548,14 +563,7 @@ async fn settling_with_duplicate_keys_matches_rust() {
     let specs = one_spec_per_algorithm();
     for policy in POLICIES {
         for a in 0..specs.len() {
-            let b = (a + 1) % specs.len();
-            for (i, reqs) in duplicate_key_batches(a, b).iter().enumerate() {
-                let context = format!("{policy:?} algorithm {a} batch {i}");
-                assert!(
-                    h.step(&specs, reqs, policy, &context).await,
-                    "{context}: raced a 60 s window"
-                );
-            }
+            step_duplicate_key_batches(&mut h, &specs, a, &[policy]).await;
         }
         h.generation += 1;
     }
@@ -579,16 +587,7 @@ async fn peeks_and_refunds_with_duplicate_keys_match_rust() {
         REFUND,
     ];
     for a in 0..specs.len() {
-        let b = (a + 1) % specs.len();
-        for (i, reqs) in duplicate_key_batches(a, b).iter().enumerate() {
-            for policy in rounds {
-                let context = format!("{policy:?} algorithm {a} batch {i}");
-                assert!(
-                    h.step(&specs, reqs, policy, &context).await,
-                    "{context}: raced a 60 s window"
-                );
-            }
-        }
+        step_duplicate_key_batches(&mut h, &specs, a, &rounds).await;
         h.generation += 1;
     }
     h.assert_every_key_has_a_ttl().await;
