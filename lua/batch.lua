@@ -158,6 +158,16 @@ local function stored_count(value)
   return count, false
 end
 
+-- The counter fixed-window item i starts from: the overlay's when an earlier item of this call left
+-- one on its key (`entry`), else the stored one; and whether the key holds a counter at all.
+local function current_count(g, entry)
+  if entry then
+    return ov_state[g], true
+  end
+  local stored, garbage = stored_count(raw[g])
+  return stored, raw[g] and not garbage
+end
+
 -- One pass over the batch with the given costs (costs[i]), from the original states. Fills
 -- allowed/remaining/reset/retry and the overlay.
 local function run(n, costs, now)
@@ -171,12 +181,7 @@ local function run(n, costs, now)
     local entry = ov_live[g] and ov_alg[g] == a and ov_win[g] == lim.window_us
     local ok, left, rst, rty, next_state
     if a == 0 then
-      local count
-      if entry then
-        count = ov_state[g]
-      else
-        count = stored_count(raw[g])
-      end
+      local count = current_count(g, entry)
       ok, left, rst, rty, next_state = fixed_window_decide(lim, count, now, cost, start_of[i])
     else
       local st = current_state(i, g, entry, now)
@@ -255,13 +260,7 @@ local function refund_all(n, now)
     local entry = ov_live[g] and ov_alg[g] == a and ov_win[g] == lim.window_us
     local ok, left, rst, rty, next_state, changed
     if a == 0 then
-      local count, exists = 0, entry
-      if entry then
-        count = ov_state[g]
-      else
-        local stored, garbage = stored_count(raw[g])
-        count, exists = stored, raw[g] and not garbage
-      end
+      local count, exists = current_count(g, entry)
       ok, left, rst, rty, next_state = fixed_window_refund(lim, count, now, amount, start_of[i])
       changed = exists and next_state ~= count
     else
