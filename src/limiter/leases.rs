@@ -6,6 +6,7 @@
 //! rule's slots can be held longer than it allows. Shadow mode does not apply to concurrency rules: a
 //! refused lease holds nothing, so there is nothing to "count but allow".
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -319,7 +320,12 @@ fn new_lease_id() -> String {
             .map_or(0, |d| d.as_nanos());
         bytes = (now ^ u128::from(n) << 64).to_le_bytes();
     }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    let mut id = String::with_capacity(2 * bytes.len());
+    for byte in bytes {
+        // Writing to a String cannot fail.
+        let _ = write!(id, "{byte:02x}");
+    }
+    id
 }
 
 #[cfg(test)]

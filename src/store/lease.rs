@@ -137,10 +137,12 @@ impl MemoryLeases {
         let mut slots: Vec<LeaseSlot> = request
             .items
             .iter()
-            .map(|item| {
-                let holders = keys.entry(item.key.clone()).or_default();
-                purge(holders, now);
-                slot_of(holders, item.max_in_flight, &request.lease_id, now)
+            .map(|item| match keys.get_mut(&item.key) {
+                Some(holders) => {
+                    purge(holders, now);
+                    slot_of(holders, item.max_in_flight, &request.lease_id, now)
+                }
+                None => slot_of(&Holders::new(), item.max_in_flight, &request.lease_id, now),
             })
             .collect();
         if slots.iter().all(|s| s.available) {
@@ -154,8 +156,8 @@ impl MemoryLeases {
                 slot.in_flight = holders.len() as u64;
             }
         }
-        // Only the keys this call touched can have become empty (a refused acquire leaves its new,
-        // empty entries behind); scanning every key here would make an acquire cost O(all keys).
+        // Only the keys this call touched can have become empty (their expired leases purged);
+        // scanning every key here would make an acquire cost O(all keys).
         for item in &request.items {
             if keys.get(&item.key).is_some_and(Vec::is_empty) {
                 keys.remove(&item.key);
