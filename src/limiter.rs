@@ -147,9 +147,6 @@ pub struct DescriptorStatus {
     /// Present exactly when `current_limit` is: the exact time until the limit is fully replenished
     /// (fixed window: until the window ends).
     pub reset_after: Option<Duration>,
-    /// The store's verdict before shadow mode: false when the limit refused, even if a shadow rule
-    /// turned the code into OK.
-    pub within_limit: bool,
     /// Whether this descriptor counts as quota mode for the overall code.
     pub quota_mode: bool,
     /// The matched rule (for metadata, metrics and logs); `None` for overrides and no match.
@@ -167,7 +164,6 @@ impl DescriptorStatus {
             duration_until_reset: None,
             retry_after: None,
             reset_after: None,
-            within_limit: true,
             quota_mode: false,
             rule: None,
             from_failure_mode: false,
@@ -655,7 +651,6 @@ impl<S: Store> Limiter<S> {
             duration_until_reset: Some(Duration::from_secs(until_reset_us.div_ceil(1_000_000))),
             retry_after: (!decision.allowed).then(|| Duration::from_micros(decision.retry_after_us)),
             reset_after: Some(Duration::from_micros(decision.reset_after_us)),
-            within_limit: decision.allowed,
             quota_mode,
             rule: target.rule,
             from_failure_mode: false,
@@ -695,7 +690,6 @@ impl<S: Store> Limiter<S> {
             duration_until_reset: Some(FAILURE_RETRY_HINT),
             retry_after: closed.map(|_| FAILURE_RETRY_HINT),
             reset_after: Some(FAILURE_RETRY_HINT),
-            within_limit: closed.is_none(),
             quota_mode,
             rule: target.rule.clone(),
             from_failure_mode: true,
