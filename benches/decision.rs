@@ -16,8 +16,8 @@ use arc_swap::ArcSwapOption;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tollgate::algorithm::Algorithm;
 use tollgate::clock::SystemClock;
-use tollgate::config::parse_file;
 use tollgate::limiter::{LimitOverride, Limiter, LimiterOptions, RequestDescriptor};
+use tollgate::rules::file::parse_file;
 use tollgate::rules::{CompileOptions, RuleSet, ValueHasher};
 use tollgate::store::memory::MemoryStore;
 

@@ -5,11 +5,12 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::observe::metrics::Metrics;
 use crate::proto::descriptor::RateLimitDescriptor;
 use crate::proto::rls::RateLimitRequest;
 use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
-use crate::reload::load_rules;
 use crate::rules::CompileOptions;
+use crate::rules::reload::load_rules;
 use crate::settings::{SETTINGS_FILE_ENV, Settings};
 
 /// Tollgate: a rate-limit decision service speaking Envoy's rate limit protocol.
@@ -188,11 +189,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .build()?,
     };
     let _context = runtime.enter();
-    let traces = settings.tracing_enabled.then(|| crate::telemetry::TraceSettings {
-        service_name: settings.tracing_service_name.clone(),
-        sampling_rate: settings.tracing_sampling_rate,
-    });
-    let telemetry = crate::telemetry::init(&settings.log_level, &settings.log_format, traces.as_ref())?;
+    let traces = settings
+        .tracing_enabled
+        .then(|| crate::observe::telemetry::TraceSettings {
+            service_name: settings.tracing_service_name.clone(),
+            sampling_rate: settings.tracing_sampling_rate,
+        });
+    let telemetry =
+        crate::observe::telemetry::init(&settings.log_level, &settings.log_format, traces.as_ref())?;
     runtime.block_on(async {
         let served = async {
             let listeners = crate::server::Listeners::bind(&settings).await?;
@@ -275,6 +279,7 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
         CompileOptions {
             default_algorithm: algorithm,
         },
+        &Metrics::default(),
     ) {
         Ok(rules) => {
             println!("{}: OK ({} domains)", args.dir.display(), rules.len());
@@ -312,7 +317,7 @@ fn query(args: QueryArgs) -> ExitCode {
     });
     match result {
         Ok(response) => {
-            println!("{}", crate::json::response_to_json(&response));
+            println!("{}", crate::api::json::response_to_json(&response));
             let over =
                 response.overall_code == crate::proto::rls::rate_limit_response::Code::OverLimit as i32;
             if over {

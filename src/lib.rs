@@ -5,44 +5,41 @@
 //!
 //! # Layout
 //!
-//! Dependencies point downwards; nothing below `grpc` knows about tonic.
+//! Dependencies point downwards. Only [`grpc`] knows tonic's server side and only [`http`] knows axum;
+//! the exceptions are named below.
 //!
 //! - [`algorithm`]: the five algorithms as pure functions of (state, now, cost, limit).
-//! - [`config`]: rules files (envoyproxy/ratelimit's YAML plus Tollgate's keys) → validated model.
-//! - [`rules`]: validated model → lookup tree; descriptor matching and storage keys.
+//! - [`rules`]: validated rules → lookup tree; descriptor matching and storage keys. [`rules::file`] is
+//!   the rules-file format (envoyproxy/ratelimit's YAML plus Tollgate's keys); [`rules::reload`] loads
+//!   and hot-reloads a rules directory.
 //! - [`store`]: where state lives; one atomic batch per request. [`store::memory`] is the embedded store,
-//!   [`store::redis`] the shared one, [`store::lease`] the concurrency leases.
+//!   [`store::redis`] the shared one, [`store::lease`] the concurrency leases' trait and types.
 //! - [`clock`]: time for the embedded store.
-//! - [`limiter`]: the decision core: rules + store → verdict.
-//! - [`grpc`]: Envoy's RateLimitService, the native `tollgate.v1.RateLimiter` ([`grpc::native`]), health,
-//!   reflection. [`http`]: admin and debug HTTP endpoints; [`json_api`]: the native API as JSON.
-//! - [`json`]: proto3 JSON of the Envoy messages. [`metrics`]: Prometheus metrics. [`offenders`]: the
-//!   top-offender sketches.
-//! - [`health`], [`reload`], [`settings`], [`telemetry`], [`server`], [`cli`]: running the service.
-//!   [`denial_log`]: sampled logs of refusals.
+//! - [`limiter`]: the decision core: rules + store → a neutral verdict (exact counts and durations).
+//! - [`api`]: the protocols' messages ↔ the limiter, no transport: Envoy's ([`api::envoy`], with its
+//!   `u32` and whole-second encoding), the native `tollgate.v1` ([`api::native`]), response headers,
+//!   proto3 JSON.
+//! - [`grpc`]: the gRPC listener (tonic): Envoy's RateLimitService, `tollgate.v1.RateLimiter`, health,
+//!   reflection, server spans. [`http`]: the admin and debug listeners' routes (axum).
+//! - [`observe`]: metrics, top offenders, the denial log, logs and trace export, health (which drives
+//!   tonic-health's reporter for `grpc.health.v1`).
+//! - [`settings`], [`server`], [`cli`]: configuring, wiring and running the service.
 //! - [`loadgen`]: `tollgate bench`, the load generator. [`client`]: a client and tower layer for
-//!   application servers.
+//!   application servers (axum, tonic's client side).
 //! - [`proto`]: generated protocol types.
 
 pub mod algorithm;
+pub mod api;
 pub mod cli;
 pub mod client;
 pub mod clock;
-pub mod config;
-pub mod denial_log;
 pub mod grpc;
-pub mod health;
 pub mod http;
-pub mod json;
-pub mod json_api;
 pub mod limiter;
 pub mod loadgen;
-pub mod metrics;
-pub mod offenders;
+pub mod observe;
 pub mod proto;
-pub mod reload;
 pub mod rules;
 pub mod server;
 pub mod settings;
 pub mod store;
-pub mod telemetry;

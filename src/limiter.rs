@@ -19,10 +19,10 @@ use std::time::Instant;
 use arc_swap::ArcSwapOption;
 
 use crate::algorithm::{Algorithm, Decision};
-use crate::config::{FailureMode, Unit};
-use crate::denial_log::DenialLog;
-use crate::metrics::Metrics;
-use crate::offenders::TopOffenders;
+use crate::observe::denial_log::DenialLog;
+use crate::observe::metrics::Metrics;
+use crate::observe::offenders::TopOffenders;
+use crate::rules::file::{FailureMode, Unit};
 use crate::rules::{DescriptorEntry, Rate, Rule, RuleLimit, RuleSet, ValueHasher};
 use crate::store::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 
@@ -129,22 +129,31 @@ pub struct CurrentLimit {
     pub burst: u64,
 }
 
-/// The verdict for one descriptor.
+/// Which limit a descriptor was measured against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppliedLimit {
+    /// Nothing limits the descriptor: no rule matched, or every limit of its rule was replaced.
+    None,
+    /// The matched rule is `unlimited: true`.
+    Unlimited,
+    /// This limit decided (the one refused with the longest wait, else the one closest to its limit).
+    Limited(CurrentLimit),
+}
+
+/// The verdict for one descriptor, in exact units: how a protocol encodes it (Envoy's `u32` counts
+/// and whole seconds, the native API's `u64` and exact durations) is decided at the protocol's edge,
+/// in [`crate::api`].
 #[derive(Debug, Clone)]
 pub struct DescriptorStatus {
     /// OK or OVER_LIMIT, after per-rule shadow mode.
     pub code: Code,
-    /// The limit that decided; `None` when no rule matched, the rule is unlimited or was replaced.
-    pub current_limit: Option<CurrentLimit>,
-    /// Requests left; 0 when over the limit or no limit applies; `u32::MAX` when unlimited.
-    pub limit_remaining: u32,
-    /// Present exactly when `current_limit` is: envoyproxy/ratelimit's `duration_until_reset`. Whole
-    /// seconds, rounded up. Fixed window: time to the window's end. Other algorithms: when over the limit,
-    /// the earliest time the same request would be allowed; otherwise the time until fully replenished.
-    pub duration_until_reset: Option<Duration>,
-    /// When over the limit, the exact earliest time the same request would be allowed.
+    /// The limit that decided, if any.
+    pub limit: AppliedLimit,
+    /// Units left after this call: 0 when refused or when no limit applies, `u64::MAX` when unlimited.
+    pub remaining: u64,
+    /// When the limit refused the cost: the exact earliest time the same cost would pass.
     pub retry_after: Option<Duration>,
-    /// Present exactly when `current_limit` is: the exact time until the limit is fully replenished
+    /// Present exactly when a limit applied: the exact time until the limit is fully replenished
     /// (fixed window: until the window ends).
     pub reset_after: Option<Duration>,
     /// Whether this descriptor counts as quota mode for the overall code.
@@ -156,17 +165,46 @@ pub struct DescriptorStatus {
 }
 
 impl DescriptorStatus {
-    fn no_limit(limit_remaining: u32) -> Self {
+    fn no_limit(limit: AppliedLimit) -> Self {
+        let remaining = if limit == AppliedLimit::Unlimited {
+            u64::MAX
+        } else {
+            0
+        };
         Self {
             code: Code::Ok,
-            current_limit: None,
-            limit_remaining,
-            duration_until_reset: None,
+            limit,
+            remaining,
             retry_after: None,
             reset_after: None,
             quota_mode: false,
             rule: None,
             from_failure_mode: false,
+        }
+    }
+
+    /// The limit that decided, when one applied.
+    pub fn current_limit(&self) -> Option<&CurrentLimit> {
+        match &self.limit {
+            AppliedLimit::Limited(limit) => Some(limit),
+            AppliedLimit::None | AppliedLimit::Unlimited => None,
+        }
+    }
+
+    /// Whether the matched rule is `unlimited: true`.
+    pub fn is_unlimited(&self) -> bool {
+        self.limit == AppliedLimit::Unlimited
+    }
+
+    /// envoyproxy/ratelimit's `duration_until_reset`, exact (Envoy's encoding rounds it up to whole
+    /// seconds): present exactly when a limit applied. A fixed window, and any limit that allowed,
+    /// reports the time until it is fully replenished; another algorithm that refused reports the
+    /// earliest time the same request would be allowed.
+    pub fn until_reset(&self) -> Option<Duration> {
+        let limit = self.current_limit()?;
+        match self.retry_after {
+            Some(retry) if limit.algorithm != Algorithm::FixedWindow => Some(retry),
+            _ => self.reset_after,
         }
     }
 }
@@ -208,9 +246,12 @@ pub enum LimiterError {
     /// A lease id that is empty (Release) or longer than [`MAX_LEASE_ID_LEN`] bytes.
     #[error("lease_id must be 1 to {MAX_LEASE_ID_LEN} bytes")]
     InvalidLeaseId,
-    /// A lease TTL of zero.
+    /// A lease TTL of zero or below.
     #[error("lease ttl must be positive")]
     InvalidLeaseTtl,
+    /// A Check mode the native API does not define (the number as sent).
+    #[error("unknown mode {0} (expected MODE_CONSUME, MODE_PEEK or MODE_ALL_OR_NOTHING)")]
+    UnknownMode(i32),
     /// No rules have loaded yet. (Message text as envoyproxy/ratelimit.)
     #[error("no rate limit configuration loaded")]
     NoConfig,
@@ -339,7 +380,7 @@ impl<S: Store> Limiter<S> {
 
     /// Decides one request of the native API: `cost` units per descriptor (unless a descriptor sets its
     /// own), consumed, peeked or refunded as `mode` says.
-    pub async fn evaluate<D: RequestDescriptor>(
+    async fn evaluate<D: RequestDescriptor>(
         &self,
         domain: &str,
         descriptors: &[D],
@@ -351,6 +392,31 @@ impl<S: Store> Limiter<S> {
         let result = self.decide_request(domain, descriptors, cost, mode).await;
         self.observe(started, result.as_ref().err());
         result
+    }
+
+    /// The native API's Check: `cost` units per descriptor (unless a descriptor sets its own), consumed,
+    /// peeked or consumed all-or-nothing as `mode` says. A peek may cost 0, which asks "what is left?";
+    /// anything else costs at least 1.
+    pub async fn check<D: RequestDescriptor>(
+        &self,
+        domain: &str,
+        descriptors: &[D],
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Verdict, LimiterError> {
+        let cost = if mode == Mode::Peek { cost } else { cost.max(1) };
+        self.evaluate(domain, descriptors, cost, mode).await
+    }
+
+    /// The native API's Refund: gives `cost` units (at least 1) back to every descriptor's limits.
+    pub async fn refund<D: RequestDescriptor>(
+        &self,
+        domain: &str,
+        descriptors: &[D],
+        cost: u64,
+    ) -> Result<Verdict, LimiterError> {
+        self.evaluate(domain, descriptors, cost.max(1), Mode::Refund)
+            .await
     }
 
     /// Records a call's latency and, if it failed, why.
@@ -386,7 +452,7 @@ impl<S: Store> Limiter<S> {
             self.metrics.domain_not_found.add(1);
             let statuses = descriptors
                 .iter()
-                .map(|_| DescriptorStatus::no_limit(0))
+                .map(|_| DescriptorStatus::no_limit(AppliedLimit::None))
                 .collect();
             return Ok(Verdict {
                 overall: Code::Ok,
@@ -600,14 +666,14 @@ impl<S: Store> Limiter<S> {
             return DescriptorStatus {
                 quota_mode,
                 rule: target.rule,
-                ..DescriptorStatus::no_limit(u32::MAX)
+                ..DescriptorStatus::no_limit(AppliedLimit::Unlimited)
             };
         }
         let Some(at) = reported(decisions) else {
             return DescriptorStatus {
                 quota_mode,
                 rule: target.rule,
-                ..DescriptorStatus::no_limit(0)
+                ..DescriptorStatus::no_limit(AppliedLimit::None)
             };
         };
         let decision = &decisions[at];
@@ -615,11 +681,10 @@ impl<S: Store> Limiter<S> {
             return DescriptorStatus {
                 quota_mode,
                 rule: target.rule,
-                ..DescriptorStatus::no_limit(0)
+                ..DescriptorStatus::no_limit(AppliedLimit::None)
             };
         };
         let current = current_limit(rate, &limit.name);
-        let fixed_window = rate.limit.algorithm == Algorithm::FixedWindow;
         let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);
         if let Some(rule) = target.rule.as_ref().filter(|_| counted)
             && self.count_hits(rule, rate, decision, target.cost)
@@ -635,20 +700,10 @@ impl<S: Store> Limiter<S> {
         } else {
             Code::OverLimit
         };
-        let until_reset_us = if decision.allowed || fixed_window {
-            decision.reset_after_us
-        } else {
-            decision.retry_after_us
-        };
         DescriptorStatus {
             code,
-            current_limit: Some(current),
-            limit_remaining: if decision.allowed {
-                clamp_u32(decision.remaining)
-            } else {
-                0
-            },
-            duration_until_reset: Some(Duration::from_secs(until_reset_us.div_ceil(1_000_000))),
+            limit: AppliedLimit::Limited(current),
+            remaining: if decision.allowed { decision.remaining } else { 0 },
             retry_after: (!decision.allowed).then(|| Duration::from_micros(decision.retry_after_us)),
             reset_after: Some(Duration::from_micros(decision.reset_after_us)),
             quota_mode,
@@ -685,9 +740,8 @@ impl<S: Store> Limiter<S> {
             } else {
                 Code::Ok
             },
-            current_limit: Some(current),
-            limit_remaining: 0,
-            duration_until_reset: Some(FAILURE_RETRY_HINT),
+            limit: AppliedLimit::Limited(current),
+            remaining: 0,
             retry_after: closed.map(|_| FAILURE_RETRY_HINT),
             reset_after: Some(FAILURE_RETRY_HINT),
             quota_mode,
@@ -826,8 +880,4 @@ fn overall_code(statuses: &[DescriptorStatus]) -> Code {
     } else {
         Code::Ok
     }
-}
-
-fn clamp_u32(value: u64) -> u32 {
-    u32::try_from(value).unwrap_or(u32::MAX)
 }

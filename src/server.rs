@@ -13,12 +13,12 @@ use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::envoy::EnvoyOptions;
 use crate::clock::{Clock, SystemClock};
-use crate::grpc::EnvoyOptions;
-use crate::health::Health;
 use crate::limiter::{Limiter, LimiterOptions, RulesHandle};
-use crate::metrics::Metrics;
-use crate::reload::Reloader;
+use crate::observe::health::Health;
+use crate::observe::metrics::Metrics;
+use crate::rules::reload::Reloader;
 use crate::rules::{CompileOptions, ValueHasher};
 use crate::settings::Settings;
 use crate::store::AnyStore;

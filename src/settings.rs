@@ -349,9 +349,9 @@ impl Settings {
     }
 
     /// The header styles and body to add to answers.
-    pub fn header_options(&self) -> Result<crate::grpc::HeaderOptions, SettingsError> {
-        let mut options = crate::grpc::HeaderOptions::default();
-        let trio = || crate::grpc::HeaderNames {
+    pub fn header_options(&self) -> Result<crate::api::headers::HeaderOptions, SettingsError> {
+        let mut options = crate::api::headers::HeaderOptions::default();
+        let trio = || crate::api::headers::HeaderNames {
             limit: self.limit_limit_header.clone(),
             remaining: self.limit_remaining_header.clone(),
             reset: self.limit_reset_header.clone(),

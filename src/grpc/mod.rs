@@ -2,9 +2,9 @@
 //! `grpc.health.v1.Health` and server reflection (so `grpcurl -plaintext HOST:8081 list` works with no
 //! proto file).
 
-pub mod envoy_rls;
-pub mod headers;
-pub mod native;
+mod envoy_rls;
+mod native;
+mod trace;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -14,14 +14,17 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 use tonic_health::pb::health_server::{Health as HealthApi, HealthServer};
 
-use crate::limiter::Limiter;
+use tonic::Status;
+
+use crate::api::envoy::EnvoyOptions;
+use crate::limiter::{Limiter, LimiterError};
 use crate::proto::native::rate_limiter_server::RateLimiterServer;
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 
-pub use envoy_rls::{EnvoyOptions, EnvoyRateLimitService};
-pub use headers::{HeaderNames, HeaderOptions};
+pub use envoy_rls::EnvoyRateLimitService;
 pub use native::NativeService;
+use trace::traced;
 
 /// Serves every gRPC service on `listener` until `shutdown` completes, then finishes in-flight calls.
 pub async fn serve<S: Store, H>(
@@ -67,84 +70,22 @@ fn incoming(
     })
 }
 
-/// A request message naming the rate-limit domain it is about (recorded on its span).
-pub(crate) trait InDomain {
-    /// The request's `domain`.
-    fn domain(&self) -> &str;
-}
-
-/// Implements [`InDomain`] for messages with a `domain` field.
-macro_rules! in_domain {
-    ($($message:ty),*) => {
-        $(impl InDomain for $message {
-            fn domain(&self) -> &str {
-                &self.domain
-            }
-        })*
-    };
-}
-
-in_domain!(
-    crate::proto::rls::RateLimitRequest,
-    crate::proto::native::CheckRequest,
-    crate::proto::native::RefundRequest,
-    crate::proto::native::AcquireRequest,
-    crate::proto::native::ReleaseRequest
-);
-
-/// Runs one RPC inside a server span when the call is sampled (see [`crate::telemetry::should_trace`]):
-/// named after the method, a child of the caller's `traceparent`, with the gRPC semantic conventions'
-/// attributes, the domain, and `ratelimit.outcome` as `outcome` reads it from the answer.
-pub(crate) async fn traced<R: InDomain, T, F: Future<Output = Result<T, tonic::Status>>>(
-    request: tonic::Request<R>,
-    method: &'static str,
-    outcome: impl FnOnce(&T) -> &'static str,
-    call: impl FnOnce(R) -> F,
-) -> Result<T, tonic::Status> {
-    use tracing::Instrument as _;
-    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-    let (metadata, _, message) = request.into_parts();
-    if !crate::telemetry::should_trace(&metadata) {
-        return call(message).await;
+/// Maps a limiter error to the gRPC status the caller sees. Store trouble and "no rules yet" are
+/// UNAVAILABLE (never an `UNKNOWN` overall code, which Envoy would treat as OK), so Envoy's
+/// `failure_mode_deny` decides; malformed requests are INVALID_ARGUMENT with envoyproxy/ratelimit's
+/// text; an all-or-nothing call Redis Cluster cannot make atomic is FAILED_PRECONDITION.
+pub fn status_of(error: LimiterError) -> Status {
+    match error {
+        LimiterError::Store(StoreError::CrossSlot) => Status::failed_precondition(error.to_string()),
+        LimiterError::NoConfig | LimiterError::Store(_) => Status::unavailable(error.to_string()),
+        LimiterError::EmptyDomain
+        | LimiterError::NoDescriptors
+        | LimiterError::TooManyDescriptors { .. }
+        | LimiterError::InvalidOverrideUnit { .. }
+        | LimiterError::InvalidLeaseId
+        | LimiterError::InvalidLeaseTtl
+        | LimiterError::UnknownMode(_) => Status::invalid_argument(error.to_string()),
     }
-    let span = tracing::info_span!(
-        "rpc",
-        otel.name = method,
-        otel.kind = "server",
-        rpc.system.name = "grpc",
-        rpc.method = method,
-        rpc.response.status_code = tracing::field::Empty,
-        error.type = tracing::field::Empty,
-        ratelimit.domain = message.domain(),
-        ratelimit.outcome = tracing::field::Empty,
-    );
-    // A parent we cannot attach (no trace context) just leaves this span a root.
-    let _ = span.set_parent(crate::telemetry::remote_context(&metadata));
-    let result = call(message).instrument(span.clone()).await;
-    match &result {
-        Ok(answer) => {
-            span.record("rpc.response.status_code", "OK");
-            span.record("ratelimit.outcome", outcome(answer));
-        }
-        Err(status) => {
-            let code = status_code_name(status.code());
-            span.record("rpc.response.status_code", code.as_str());
-            span.record("error.type", code.as_str());
-        }
-    }
-    result
-}
-
-/// The status code's name as the gRPC semantic conventions spell it (`INVALID_ARGUMENT`).
-fn status_code_name(code: tonic::Code) -> String {
-    let mut name = String::new();
-    for (at, c) in format!("{code:?}").chars().enumerate() {
-        if c.is_uppercase() && at > 0 {
-            name.push('_');
-        }
-        name.push(c.to_ascii_uppercase());
-    }
-    name
 }
 
 /// HTTP/2 keepalive ping interval on gRPC connections.

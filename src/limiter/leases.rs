@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Limiter, LimiterError, RequestDescriptor};
-use crate::config::{ConcurrencyConfig, FailureMode};
 use crate::rules::Rule;
+use crate::rules::file::{ConcurrencyConfig, FailureMode};
 use crate::store::Store;
 use crate::store::lease::{AcquireRequest, LeaseItem, LeaseSlot, ReleaseRequest};
 
@@ -114,7 +114,7 @@ impl<S: Store> Limiter<S> {
             .min();
         let ttl = match (ttl, capped) {
             (Some(asked), Some(cap)) => asked.min(cap),
-            (asked, cap) => asked.or(cap).unwrap_or(crate::config::DEFAULT_LEASE_TTL),
+            (asked, cap) => asked.or(cap).unwrap_or(crate::rules::file::DEFAULT_LEASE_TTL),
         };
         let limited: Vec<&LeaseTarget> = targets.iter().filter(|t| t.concurrency().is_some()).collect();
         let request = AcquireRequest {

@@ -1,4 +1,4 @@
-//! Validated config → lookup tree. Validation proper lives in [`crate::config`]; the only errors left
+//! Validated config → lookup tree. Validation proper lives in [`crate::rules::file`]; the only errors left
 //! here are the ones normalisation creates (two values that become equal once lowercased or grouped).
 
 use std::sync::Arc;
@@ -8,8 +8,10 @@ use super::normalize::Normalizer;
 use super::pattern::{Pattern, Wildcard};
 use super::{Domain, MAX_LIMITS_PER_RULE, Rate, Rule, RuleLimit, RuleSet};
 use crate::algorithm::Algorithm;
-use crate::config::{ConfigError, DescriptorConfig, DomainConfig, LimitPolicy, RateLimitConfig, ValueMatch};
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
+use crate::rules::file::{
+    ConfigError, DescriptorConfig, DomainConfig, LimitPolicy, RateLimitConfig, ValueMatch,
+};
 
 /// Settings that shape compilation but live outside the rules files.
 #[derive(Debug, Clone, Copy, Default)]

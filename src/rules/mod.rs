@@ -1,8 +1,11 @@
-//! The compiled rule set: validated rules files (see [`crate::config`]) turned into a lookup tree that
+//! The compiled rule set: validated rules files (see [`crate::rules::file`]) turned into a lookup tree that
 //! answers "which rule applies to this descriptor?" with one hash lookup per entry.
 //!
 //! Layout: [`compile`] builds the tree, [`matcher`] walks it, [`normalize`] and [`pattern`] handle
 //! values that are not compared byte for byte.
+
+pub mod file;
+pub mod reload;
 
 mod compile;
 mod matcher;
@@ -13,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::algorithm::{Algorithm, Limit};
-use crate::config::{ConcurrencyConfig, FailureMode, MetaValue, Unit};
+use file::{ConcurrencyConfig, FailureMode, MetaValue, Unit};
 
 pub use compile::CompileOptions;
 
@@ -98,7 +101,7 @@ pub struct Rule {
     /// Free-form `metadata` echoed in dynamic metadata when this descriptor passes.
     pub metadata: Option<BTreeMap<String, MetaValue>>,
     /// The rule's counters (shared with the metrics registry, kept across reloads).
-    pub stats: Arc<crate::metrics::RuleStats>,
+    pub stats: Arc<crate::observe::metrics::RuleStats>,
 }
 
 impl Rule {

@@ -16,7 +16,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::config::{IpPrefix, Normalize};
+use crate::rules::file::{IpPrefix, Normalize};
 
 /// Values longer than this are hashed in storage keys even without `hash: true`, so a hostile client
 /// cannot make Tollgate write megabyte-long Redis keys. Real descriptor values (IPs, user ids, paths)

@@ -35,6 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
+use super::lease::{AcquireRequest, LeaseSlot, LeaseStore, ReleaseRequest, Released};
 use super::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 use crate::algorithm::{Decision, Limit};
 use crate::clock::Clock;
@@ -229,6 +230,17 @@ impl<S: Store> Store for LocalCache<S> {
             }
         }
         Ok(decisions)
+    }
+}
+
+/// The over-limit cache only concerns rate limits: leases go straight to the store behind it.
+impl<S: Store> LeaseStore for LocalCache<S> {
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Vec<LeaseSlot>, StoreError> {
+        self.inner().acquire(request).await
+    }
+
+    async fn release(&self, request: &ReleaseRequest) -> Result<Vec<Released>, StoreError> {
+        self.inner().release(request).await
     }
 }
 

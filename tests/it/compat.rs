@@ -1,9 +1,9 @@
 //! envoyproxy/ratelimit behaviours (reference §2–§5), checked on the embedded store with a manual clock.
 
-use tollgate::config::Unit;
 use tollgate::limiter::{Code, LimitOverride, LimiterError, LimiterOptions};
+use tollgate::rules::file::Unit;
 
-use crate::common::{Desc, Harness, T0_US, assert_status, d};
+use crate::common::{Desc, Harness, T0_US, assert_status, d, duration_until_reset, envoy};
 
 const BASIC: &str = r#"
 domain: test-domain
@@ -135,16 +135,16 @@ async fn fixed_window_counts_to_the_limit_and_reports_time_to_window_end() {
     assert_eq!(v.overall, Code::OverLimit);
     // Go: unit - (now mod unit) in whole seconds = 60 - 12.
     assert_eq!(
-        v.statuses[0].duration_until_reset,
+        duration_until_reset(&v.statuses[0]),
         Some(std::time::Duration::from_secs(48))
     );
-    let limit = v.statuses[0].current_limit.as_ref().expect("limit");
+    let limit = v.statuses[0].current_limit().expect("limit");
     assert_eq!(limit.unit, Unit::Minute);
     h.advance_secs(48); // the next minute
     let v = h.check("test-domain", std::slice::from_ref(&key)).await;
     assert_status(&v.statuses[0], Code::Ok, 29, Some(30));
     assert_eq!(
-        v.statuses[0].duration_until_reset,
+        duration_until_reset(&v.statuses[0]),
         Some(std::time::Duration::from_secs(60))
     );
 }
@@ -328,9 +328,9 @@ descriptors:
 async fn unlimited_reports_max_remaining_and_no_limit() {
     let h = Harness::new(&[UNLIMITED_AND_REPLACES]);
     let v = h.check("rl", &[d(&[("internal", "svc")])]).await;
-    assert_eq!(v.statuses[0].limit_remaining, u32::MAX);
-    assert!(v.statuses[0].current_limit.is_none());
-    assert!(v.statuses[0].duration_until_reset.is_none());
+    assert_eq!(envoy(&v.statuses[0]).limit_remaining, u32::MAX);
+    assert!(v.statuses[0].current_limit().is_none());
+    assert!(duration_until_reset(&v.statuses[0]).is_none());
 }
 
 #[tokio::test]
@@ -339,10 +339,7 @@ async fn replaces_drops_the_named_limit_in_the_same_request() {
     let v = h.check("rl", &[d(&[("user", "alice")])]).await;
     assert_status(&v.statuses[0], Code::Ok, 4, Some(5));
     assert_eq!(
-        v.statuses[0]
-            .current_limit
-            .as_ref()
-            .and_then(|l| l.name.as_deref()),
+        v.statuses[0].current_limit().and_then(|l| l.name.as_deref()),
         Some("per-user")
     );
     let v = h
@@ -365,14 +362,7 @@ async fn override_applies_even_without_a_matching_rule_and_shares_the_counter() 
     });
     let v = h.check("test-domain", std::slice::from_ref(&over)).await;
     assert_status(&v.statuses[0], Code::Ok, 2, Some(3));
-    assert!(
-        v.statuses[0]
-            .current_limit
-            .as_ref()
-            .expect("limit")
-            .name
-            .is_none()
-    );
+    assert!(v.statuses[0].current_limit().expect("limit").name.is_none());
     // Same unit as the rule: the same counter (Go keys by domain, entries and window only).
     let v = h.check("test-domain", &[d(&[("key2", "value2")])]).await;
     assert_status(&v.statuses[0], Code::Ok, 28, Some(30));

@@ -7,7 +7,7 @@ use tollgate::algorithm::Algorithm;
 use tollgate::limiter::{Code, LimiterOptions};
 use tollgate::rules::ValueHasher;
 
-use crate::common::{Harness, assert_status, d, rules};
+use crate::common::{Harness, assert_status, d, duration_until_reset, rules};
 
 const ALGORITHMS: &str = r#"
 domain: algo
@@ -34,7 +34,7 @@ async fn token_bucket_allows_the_burst_then_refills_continuously() {
     // 2 per second: the next token is 0.5 s away; the hint is rounded up to whole seconds on the wire
     // and exact in `retry_after`.
     assert_eq!(v.statuses[0].retry_after, Some(Duration::from_millis(500)));
-    assert_eq!(v.statuses[0].duration_until_reset, Some(Duration::from_secs(1)));
+    assert_eq!(duration_until_reset(&v.statuses[0]), Some(Duration::from_secs(1)));
     h.clock.advance_us(500_000);
     assert_eq!(h.admitted("algo", &key, 3).await, 1);
     h.advance_secs(10);
@@ -88,7 +88,10 @@ async fn unit_multiplier_makes_a_fifteen_minute_window() {
     assert_eq!(h.admitted("algo", &key, 3).await, 2);
     let v = h.check("algo", std::slice::from_ref(&key)).await;
     // T0 is on an hour boundary, so the 15-minute window ends 900 s later.
-    assert_eq!(v.statuses[0].duration_until_reset, Some(Duration::from_secs(900)));
+    assert_eq!(
+        duration_until_reset(&v.statuses[0]),
+        Some(Duration::from_secs(900))
+    );
     h.advance_secs(899);
     assert_eq!(h.admitted("algo", &key, 1).await, 0);
     h.advance_secs(1);
@@ -123,10 +126,7 @@ async fn several_limits_on_one_key_must_all_pass() {
     let v = h.check("multi", std::slice::from_ref(&key)).await;
     assert_status(&v.statuses[0], Code::OverLimit, 0, Some(5));
     assert_eq!(
-        v.statuses[0]
-            .current_limit
-            .as_ref()
-            .and_then(|l| l.name.as_deref()),
+        v.statuses[0].current_limit().and_then(|l| l.name.as_deref()),
         Some("per-day")
     );
 }
@@ -296,7 +296,7 @@ fn more_than_sixty_four_limits_on_one_key_are_refused_by_name() {
             "      - {{unit: second, unit_multiplier: {seconds}, requests_per_unit: 1}}\n"
         ));
     }
-    let domain = tollgate::config::parse_file("many.yaml", &yaml).expect("valid YAML and rules");
+    let domain = tollgate::rules::file::parse_file("many.yaml", &yaml).expect("valid YAML and rules");
     let options = tollgate::rules::CompileOptions {
         default_algorithm: Algorithm::FixedWindow,
     };

@@ -6,9 +6,9 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use tollgate::algorithm::Algorithm;
 use tollgate::clock::ManualClock;
-use tollgate::config::parse_file;
 use tollgate::limiter::{Limiter, LimiterOptions};
-use tollgate::metrics::Metrics;
+use tollgate::observe::metrics::Metrics;
+use tollgate::rules::file::parse_file;
 use tollgate::rules::{CompileOptions, RuleSet, ValueHasher};
 use tollgate::store::memory::MemoryStore;
 

@@ -415,7 +415,8 @@ impl RedisStore {
         let sent_at = self.clock.now_us();
         self.script_calls.fetch_add(1, Ordering::Relaxed);
         let call = tokio::time::timeout(self.options.deadline, self.script.call(conn, items, policy));
-        let reply = if crate::telemetry::traces_enabled() && !tracing::Span::current().is_disabled() {
+        let reply = if crate::observe::telemetry::traces_enabled() && !tracing::Span::current().is_disabled()
+        {
             // A child of the RPC span (the current span), named as the database semantic conventions
             // name client calls: the operation. Coalesced calls serve several requests and have no
             // span of their own (traced requests are never coalesced).
@@ -481,7 +482,7 @@ impl RedisStore {
         if batch.policy != CommitPolicy::Independent {
             return false;
         }
-        let traced = crate::telemetry::traces_enabled() && !tracing::Span::current().is_disabled();
+        let traced = crate::observe::telemetry::traces_enabled() && !tracing::Span::current().is_disabled();
         let clustered = self
             .connections
             .load()

@@ -16,14 +16,15 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate::algorithm::Algorithm;
 use tollgate::clock::ManualClock;
-use tollgate::config::parse_file;
 use tollgate::limiter::{
     Code, DescriptorStatus, LimitOverride, Limiter, LimiterError, LimiterOptions, RequestDescriptor, Verdict,
 };
 use tollgate::proto::descriptor::RateLimitDescriptor;
 use tollgate::proto::descriptor::rate_limit_descriptor::RateLimitOverride;
 use tollgate::proto::rls::RateLimitRequest;
+use tollgate::proto::rls::rate_limit_response::DescriptorStatus as WireStatus;
 use tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+use tollgate::rules::file::parse_file;
 use tollgate::rules::{CompileOptions, RuleSet, ValueHasher};
 use tollgate::server::{Listeners, run};
 use tollgate::settings::Settings;
@@ -129,19 +130,35 @@ pub fn rules(files: &[&str], default_algorithm: Algorithm) -> RuleSet {
 }
 
 /// Shorthand assertions on a status.
+/// Checks a status as Envoy sees it (see [`envoy`]).
 pub fn assert_status(status: &DescriptorStatus, code: Code, remaining: u32, limit: Option<u32>) {
+    let wire = envoy(status);
     assert_eq!(status.code, code, "code of {status:?}");
-    assert_eq!(status.limit_remaining, remaining, "remaining of {status:?}");
+    assert_eq!(wire.limit_remaining, remaining, "remaining of {status:?}");
     assert_eq!(
-        status.current_limit.as_ref().map(|l| l.requests_per_unit),
+        wire.current_limit.as_ref().map(|l| l.requests_per_unit),
         limit,
         "limit of {status:?}"
     );
     assert_eq!(
-        status.duration_until_reset.is_some(),
+        wire.duration_until_reset.is_some(),
         limit.is_some(),
         "reset presence of {status:?}"
     );
+}
+
+/// A limiter status in Envoy's encoding (`u32` counts, whole seconds), as envoyproxy/ratelimit's
+/// behaviours are stated in it.
+pub fn envoy(status: &DescriptorStatus) -> WireStatus {
+    tollgate::api::envoy::wire_status(status)
+}
+
+/// Envoy's `duration_until_reset` of a status, in whole seconds.
+pub fn duration_until_reset(status: &DescriptorStatus) -> Option<std::time::Duration> {
+    let seconds = envoy(status).duration_until_reset?.seconds;
+    Some(std::time::Duration::from_secs(
+        u64::try_from(seconds).expect("not negative"),
+    ))
 }
 
 /// A child process that is killed and reaped when dropped, whatever happened to the test.

@@ -21,9 +21,7 @@ use std::io::IsTerminal;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -40,17 +38,13 @@ pub fn traces_enabled() -> bool {
     matches!(TRACES.get(), Some(Some(_)))
 }
 
-/// Whether this request gets spans: the caller's sampled flag when it sent a W3C `traceparent`,
-/// otherwise one request in `1 / TRACING_SAMPLING_RATE`.
-pub fn should_trace(metadata: &tonic::metadata::MetadataMap) -> bool {
+/// Whether a request gets spans: the caller's sampled flag when it sent a well-formed W3C
+/// `traceparent`, otherwise one request in `1 / TRACING_SAMPLING_RATE`. Never when traces are off.
+pub fn should_trace(traceparent: Option<&str>) -> bool {
     let Some(Some(every)) = TRACES.get() else {
         return false;
     };
-    if let Some(sampled) = metadata
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .and_then(parent_sampled)
-    {
+    if let Some(sampled) = traceparent.and_then(parent_sampled) {
         return sampled;
     }
     *every != 0 && UNPARENTED.fetch_add(1, Ordering::Relaxed).is_multiple_of(*every)
@@ -151,29 +145,6 @@ fn tracer_provider(settings: &TraceSettings) -> anyhow::Result<SdkTracerProvider
         .with_sampler(Sampler::AlwaysOn)
         .with_resource(resource)
         .build())
-}
-
-/// The W3C trace context carried by incoming gRPC metadata (`traceparent`, `tracestate`).
-pub fn remote_context(metadata: &tonic::metadata::MetadataMap) -> opentelemetry::Context {
-    TraceContextPropagator::new().extract(&MetadataExtractor(metadata))
-}
-
-struct MetadataExtractor<'a>(&'a tonic::metadata::MetadataMap);
-
-impl Extractor for MetadataExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|value| value.to_str().ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0
-            .keys()
-            .filter_map(|key| match key {
-                tonic::metadata::KeyRef::Ascii(key) => Some(key.as_str()),
-                tonic::metadata::KeyRef::Binary(_) => None,
-            })
-            .collect()
-    }
 }
 
 #[cfg(test)]

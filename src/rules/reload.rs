@@ -13,27 +13,33 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{self, ConfigError};
-use crate::health::Health;
+use super::file::{self, ConfigError};
+use super::{CompileOptions, RuleSet};
 use crate::limiter::RulesHandle;
-use crate::metrics::Metrics;
-use crate::rules::{CompileOptions, RuleSet};
+use crate::observe::health::Health;
+use crate::observe::metrics::Metrics;
 
-/// Loads and compiles every rules file below `dir`.
-pub fn load_rules(dir: &Path, merge_domains: bool, options: CompileOptions) -> Result<RuleSet, ConfigError> {
-    let domains = config::load_dir(dir, merge_domains)?;
-    RuleSet::compile(&domains, options)
+/// Loads and compiles every rules file below `dir`, each rule's counters taken from (and kept in)
+/// `metrics`. The one load path: `tollgate check-config`, startup and every reload go through it.
+pub fn load_rules(
+    dir: &Path,
+    merge_domains: bool,
+    options: CompileOptions,
+    metrics: &Metrics,
+) -> Result<RuleSet, ConfigError> {
+    let domains = file::load_dir(dir, merge_domains)?;
+    RuleSet::compile_with_metrics(&domains, options, metrics)
 }
 
 /// A content hash of the rules files below `dir` (the loaded rules' version).
 pub fn fingerprint(dir: &Path) -> Result<String, ConfigError> {
     let mut hasher = blake3::Hasher::new();
-    for file in config::rule_files(dir)? {
-        let bytes = std::fs::read(&file).map_err(|source| ConfigError::Io {
-            dir: file.display().to_string(),
+    for path in file::rule_files(dir)? {
+        let bytes = std::fs::read(&path).map_err(|source| ConfigError::Io {
+            dir: path.display().to_string(),
             source,
         })?;
-        hasher.update(file.to_string_lossy().as_bytes());
+        hasher.update(path.to_string_lossy().as_bytes());
         hasher.update(&(bytes.len() as u64).to_le_bytes());
         hasher.update(&bytes);
     }
@@ -59,8 +65,7 @@ impl Reloader {
     /// Loads the rules once, publishing them on success. Returns the version loaded.
     pub fn load_into(&self, rules: &RulesHandle) -> Result<String, ConfigError> {
         let version = fingerprint(&self.dir)?;
-        let domains = config::load_dir(&self.dir, self.merge_domains)?;
-        let set = RuleSet::compile_with_metrics(&domains, self.options, &self.metrics)?;
+        let set = load_rules(&self.dir, self.merge_domains, self.options, &self.metrics)?;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());

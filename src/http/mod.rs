@@ -1,21 +1,25 @@
-//! The HTTP listeners: the admin port (`/healthcheck` and `POST /json`, as envoyproxy/ratelimit,
-//! `/metrics`, and the native API's `POST /v1/*`, see [`crate::json_api`]) and the debug port (`/rlconfig`, the loaded rules one per line, as envoyproxy/ratelimit,
-//! and `/metrics`).
+//! The HTTP listeners' routes, over the limiter through [`crate::api`] (never through gRPC):
+//!
+//! - the admin port: `/healthcheck` and `POST /json` (`envoy_json.rs`) as envoyproxy/ratelimit,
+//!   `/metrics`, and the native API's `POST /v1/*` (`native_json.rs`);
+//! - the debug port: `/rlconfig` (the loaded rules one per line, as envoyproxy/ratelimit), `/metrics`,
+//!   `/top` and `/config`.
+
+mod envoy_json;
+mod native_json;
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::grpc::envoy_rls::build_response;
-use crate::grpc::{EnvoyOptions, NativeService};
-use crate::health::Health;
-use crate::json::{request_from_json, response_to_json};
-use crate::limiter::{Code, Limiter};
+use crate::api::envoy::EnvoyOptions;
+use crate::api::native::NativeApi;
+use crate::limiter::Limiter;
+use crate::observe::health::Health;
 use crate::store::AnyStore;
 
 /// What the admin endpoints need.
@@ -34,13 +38,13 @@ pub fn admin_router(admin: Admin) -> Router {
     let metrics = Router::new()
         .route("/metrics", get(metrics))
         .with_state(Arc::clone(&admin.limiter));
-    let native = crate::json_api::router(Arc::new(NativeService::new(
+    let native = native_json::router(Arc::new(NativeApi::new(
         Arc::clone(&admin.limiter),
         admin.options.headers.clone(),
     )));
     Router::new()
         .route("/healthcheck", get(healthcheck))
-        .route("/json", post(json))
+        .route("/json", post(envoy_json::json))
         .with_state(Arc::new(admin))
         .merge(metrics)
         .merge(native)
@@ -63,31 +67,6 @@ async fn healthcheck(State(admin): State<Arc<Admin>>) -> (StatusCode, &'static s
     } else {
         (StatusCode::INTERNAL_SERVER_ERROR, "NOT OK")
     }
-}
-
-/// envoyproxy/ratelimit's `/json`: 200 when OK, 429 when over the limit, 400 for a body that is not a
-/// request and for any service error (Redis included), as the Go service answers.
-async fn json(State(admin): State<Arc<Admin>>, body: Bytes) -> Response {
-    let request = match request_from_json(&body) {
-        Ok(request) => request,
-        Err(error) => return (StatusCode::BAD_REQUEST, error.to_string()).into_response(),
-    };
-    let verdict = admin
-        .limiter
-        .should_rate_limit(&request.domain, &request.descriptors, request.hits_addend)
-        .await;
-    let verdict = match verdict {
-        Ok(verdict) => verdict,
-        Err(error) => return (StatusCode::BAD_REQUEST, error.to_string()).into_response(),
-    };
-    let status = if verdict.overall == Code::OverLimit {
-        StatusCode::TOO_MANY_REQUESTS
-    } else {
-        StatusCode::OK
-    };
-    let response = build_response(&request, verdict, &admin.options);
-    let body = response_to_json(&response).to_string();
-    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 async fn index() -> &'static str {

@@ -3,7 +3,7 @@
 //! (field names as in `proto/tollgate/v1/ratelimiter.proto`; `mode` as `"consume"`, `"peek"` or
 //! `"all_or_nothing"`; `ttl` as a duration string such as `"30s"`), and each answer the response
 //! message, durations as strings such as `"1.5s"`. The calls run through the same
-//! [`NativeService`] as gRPC.
+//! [`NativeApi`] as gRPC.
 //!
 //! Status codes: 200; 429 when a consuming Check or an Acquire is refused (a peek is always 200), with `Retry-After` (and on a Check, the
 //! rate-limit headers the server hands out, `TOLLGATE_RESPONSE_HEADERS`, as on every Check); 400 for a
@@ -24,13 +24,15 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::grpc::native::{NativeService, wire_duration};
-use crate::json::duration_text;
+use crate::api::json::duration_text;
+use crate::api::native::{NativeApi, wire_duration};
+use crate::limiter::LimiterError;
 use crate::proto::native::{self, Descriptor, Entry};
 use crate::store::AnyStore;
+use crate::store::StoreError;
 
 /// The `/v1/*` routes.
-pub fn router(service: Arc<NativeService<AnyStore>>) -> Router {
+pub(super) fn router(service: Arc<NativeApi<AnyStore>>) -> Router {
     Router::new()
         .route("/v1/check", post(check))
         .route("/v1/refund", post(refund))
@@ -91,30 +93,39 @@ impl JsonCall {
 enum ApiError {
     /// The body is not a request: 400.
     BadRequest(String),
-    /// The shared service refused or failed.
-    Service(tonic::Status),
+    /// The limiter refused or failed.
+    Limiter(LimiterError),
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, message) = match self {
             ApiError::BadRequest(message) => (StatusCode::BAD_REQUEST, message),
-            ApiError::Service(status) => {
-                let code = match status.code() {
-                    tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
-                    tonic::Code::FailedPrecondition => StatusCode::PRECONDITION_FAILED,
-                    _ => StatusCode::SERVICE_UNAVAILABLE,
-                };
-                (code, status.message().to_owned())
-            }
+            ApiError::Limiter(error) => (status_code(&error), error.to_string()),
         };
         (status, Json(json!({ "error": message }))).into_response()
     }
 }
 
-impl From<tonic::Status> for ApiError {
-    fn from(status: tonic::Status) -> Self {
-        ApiError::Service(status)
+impl From<LimiterError> for ApiError {
+    fn from(error: LimiterError) -> Self {
+        ApiError::Limiter(error)
+    }
+}
+
+/// The HTTP status of a limiter error: 400 for a malformed request, 412 for an all-or-nothing call
+/// Redis Cluster cannot make atomic, 503 when the store is down or no rules are loaded.
+fn status_code(error: &LimiterError) -> StatusCode {
+    match error {
+        LimiterError::Store(StoreError::CrossSlot) => StatusCode::PRECONDITION_FAILED,
+        LimiterError::NoConfig | LimiterError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        LimiterError::EmptyDomain
+        | LimiterError::NoDescriptors
+        | LimiterError::TooManyDescriptors { .. }
+        | LimiterError::InvalidOverrideUnit { .. }
+        | LimiterError::InvalidLeaseId
+        | LimiterError::InvalidLeaseTtl
+        | LimiterError::UnknownMode(_) => StatusCode::BAD_REQUEST,
     }
 }
 
@@ -134,10 +145,7 @@ fn mode(name: Option<&str>) -> Result<native::Mode, ApiError> {
     }
 }
 
-async fn check(
-    State(service): State<Arc<NativeService<AnyStore>>>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+async fn check(State(service): State<Arc<NativeApi<AnyStore>>>, body: Bytes) -> Result<Response, ApiError> {
     let call: JsonCall = parse(&body)?;
     let mode = mode(call.mode.as_deref())?;
     // A peek asked a question and got its answer: 200 even when the cost would not pass now.
@@ -171,10 +179,7 @@ async fn check(
     Ok(with_headers(StatusCode::TOO_MANY_REQUESTS, &headers, body))
 }
 
-async fn refund(
-    State(service): State<Arc<NativeService<AnyStore>>>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+async fn refund(State(service): State<Arc<NativeApi<AnyStore>>>, body: Bytes) -> Result<Response, ApiError> {
     let call: JsonCall = parse(&body)?;
     let request = native::RefundRequest {
         domain: call.domain.clone(),
@@ -196,10 +201,7 @@ async fn refund(
     Ok(Json(json!({ "results": results })).into_response())
 }
 
-async fn acquire(
-    State(service): State<Arc<NativeService<AnyStore>>>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+async fn acquire(State(service): State<Arc<NativeApi<AnyStore>>>, body: Bytes) -> Result<Response, ApiError> {
     let call: JsonCall = parse(&body)?;
     let request = native::AcquireRequest {
         domain: call.domain.clone(),
@@ -237,10 +239,7 @@ async fn acquire(
     Ok(with_headers(StatusCode::TOO_MANY_REQUESTS, &[retry_after], body))
 }
 
-async fn release(
-    State(service): State<Arc<NativeService<AnyStore>>>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+async fn release(State(service): State<Arc<NativeApi<AnyStore>>>, body: Bytes) -> Result<Response, ApiError> {
     let call: JsonCall = parse(&body)?;
     let request = native::ReleaseRequest {
         domain: call.domain.clone(),

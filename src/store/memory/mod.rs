@@ -13,15 +13,18 @@
 //! longer change a decision ([`algorithm::expires_at_us`]); expired entries are ignored on lookup and
 //! removed by [`MemoryStore::sweep`], which the server runs periodically.
 
+mod lease;
+
+pub use lease::MemoryLeases;
+
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
-use super::lease::MemoryLeases;
-use super::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 use crate::algorithm::{self, Algorithm, Decision, Limit, State};
 use crate::clock::Clock;
+use crate::store::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 
 /// Number of independently locked tables. Enough that the runtime's worker threads rarely contend on
 /// one lock, few enough that a sweep walks them quickly.

@@ -16,6 +16,7 @@
 //! Policy names never carry request values: they are the rule's `name`, or for unnamed rules a short
 //! hash of the rule's path (a path can hold configured values such as a whitelisted address).
 
+use super::whole_seconds;
 use crate::limiter::{Code, DescriptorStatus};
 
 /// Which headers to add.
@@ -109,16 +110,16 @@ fn trio(statuses: &[DescriptorStatus], names: &HeaderNames, out: &mut Vec<(Strin
     let chosen = over.or_else(|| {
         statuses
             .iter()
-            .filter(|s| s.current_limit.is_some())
-            .min_by_key(|s| s.limit_remaining)
+            .filter(|s| s.current_limit().is_some())
+            .min_by_key(|s| s.remaining)
     });
     let Some(status) = chosen else { return };
-    let Some(limit) = &status.current_limit else {
+    let Some(limit) = status.current_limit() else {
         return;
     };
-    let reset = status.duration_until_reset.map_or(0, |d| d.as_secs());
+    let reset = status.until_reset().map_or(0, whole_seconds);
     out.push((names.limit.clone(), limit.requests_per_unit.to_string()));
-    out.push((names.remaining.clone(), status.limit_remaining.to_string()));
+    out.push((names.remaining.clone(), status.remaining.to_string()));
     out.push((names.reset.clone(), reset.to_string()));
 }
 
@@ -126,14 +127,14 @@ fn ietf(statuses: &[DescriptorStatus], out: &mut Vec<(String, String)>) {
     let mut policies = Vec::new();
     let mut current = Vec::new();
     for status in statuses {
-        let Some(limit) = &status.current_limit else {
+        let Some(limit) = status.current_limit() else {
             continue;
         };
         let name = policy_name(status);
         let window = limit.window.as_secs().max(1);
         policies.push(format!("\"{name}\";q={};w={window}", limit.requests_per_unit));
-        let reset = status.duration_until_reset.map_or(0, |d| d.as_secs());
-        current.push(format!("\"{name}\";r={};t={reset}", status.limit_remaining));
+        let reset = status.until_reset().map_or(0, whole_seconds);
+        current.push(format!("\"{name}\";r={};t={reset}", status.remaining));
     }
     if !policies.is_empty() {
         out.push(("RateLimit-Policy".into(), policies.join(", ")));
@@ -144,7 +145,7 @@ fn ietf(statuses: &[DescriptorStatus], out: &mut Vec<(String, String)>) {
 /// A policy name that is safe to show a client: the rule's name (restricted to the characters an
 /// sf-string allows without escaping), else a hash of the rule's path.
 fn policy_name(status: &DescriptorStatus) -> String {
-    let named = status.current_limit.as_ref().and_then(|l| l.name.as_deref());
+    let named = status.current_limit().and_then(|l| l.name.as_deref());
     if let Some(name) = named {
         return name
             .chars()
@@ -163,8 +164,8 @@ fn retry_after_secs(statuses: &[DescriptorStatus]) -> Option<u64> {
     statuses
         .iter()
         .filter(|s| s.code == Code::OverLimit)
-        .filter_map(|s| s.retry_after.or(s.duration_until_reset))
-        .map(|wait| wait.as_micros().div_ceil(1_000_000) as u64)
+        .filter_map(|s| s.retry_after.or_else(|| s.until_reset()))
+        .map(whole_seconds)
         .max()
         .map(|secs| secs.max(1))
 }

@@ -1,0 +1,9 @@
+//! What Tollgate tells its operators: Prometheus [`metrics`], the [`offenders`] most often limited, a
+//! sampled [`denial_log`], logs and trace export ([`telemetry`]), and [`health`] as load balancers and
+//! Kubernetes see it. None of it decides anything; the limiter and the listeners report into it.
+
+pub mod denial_log;
+pub mod health;
+pub mod metrics;
+pub mod offenders;
+pub mod telemetry;

@@ -1,0 +1,252 @@
+//! The embedded store's concurrency leases (see [`crate::store::lease`] for the semantics).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::MemoryStore;
+use crate::clock::Clock;
+use crate::store::StoreError;
+use crate::store::lease::{AcquireRequest, LeaseSlot, LeaseStore, ReleaseRequest, Released};
+
+/// The leases held on one key: (lease id, expiry in µs since the epoch).
+type Holders = Vec<(String, u64)>;
+
+/// The embedded lease store. One lock for all keys: leases guard expensive work, so their rate is far
+/// below that of rate-limit checks, and one lock makes all-or-none across keys trivially atomic. The
+/// lock is never held across an await.
+#[derive(Debug)]
+pub struct MemoryLeases {
+    keys: Mutex<HashMap<String, Holders>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl MemoryLeases {
+    /// An empty store reading time from `clock`.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            keys: Mutex::default(),
+            clock,
+        }
+    }
+
+    /// Drops expired leases and keys left empty; returns how many leases were dropped.
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.now_us();
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut dropped = 0;
+        keys.retain(|_, holders| {
+            dropped += purge(holders, now);
+            !holders.is_empty()
+        });
+        dropped
+    }
+
+    /// Leases currently recorded, expired or not (for tests).
+    pub fn len(&self) -> usize {
+        let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        keys.values().map(Vec::len).sum()
+    }
+
+    /// Whether no lease is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn acquire_now(&self, request: &AcquireRequest) -> Vec<LeaseSlot> {
+        let now = self.clock.now_us();
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slots: Vec<LeaseSlot> = request
+            .items
+            .iter()
+            .map(|item| match keys.get_mut(&item.key) {
+                Some(holders) => {
+                    purge(holders, now);
+                    slot_of(holders, item.max_in_flight, &request.lease_id, now)
+                }
+                None => slot_of(&Holders::new(), item.max_in_flight, &request.lease_id, now),
+            })
+            .collect();
+        if slots.iter().all(|s| s.available) {
+            let expires = now.saturating_add(request.ttl_us);
+            for (item, slot) in request.items.iter().zip(&mut slots) {
+                let holders = keys.entry(item.key.clone()).or_default();
+                match holders.iter_mut().find(|(id, _)| *id == request.lease_id) {
+                    Some(held) => held.1 = expires,
+                    None => holders.push((request.lease_id.clone(), expires)),
+                }
+                slot.in_flight = holders.len() as u64;
+            }
+        }
+        // Only the keys this call touched can have become empty (their expired leases purged);
+        // scanning every key here would make an acquire cost O(all keys).
+        for item in &request.items {
+            if keys.get(&item.key).is_some_and(Vec::is_empty) {
+                keys.remove(&item.key);
+            }
+        }
+        slots
+    }
+
+    fn release_now(&self, keys_wanted: &[String], lease_id: &str) -> Vec<Released> {
+        let now = self.clock.now_us();
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        keys_wanted
+            .iter()
+            .map(|key| {
+                let Some(holders) = keys.get_mut(key) else {
+                    return Released::default();
+                };
+                purge(holders, now);
+                let before = holders.len();
+                holders.retain(|(id, _)| id != lease_id);
+                let out = Released {
+                    released: holders.len() < before,
+                    in_flight: holders.len() as u64,
+                };
+                if holders.is_empty() {
+                    keys.remove(key);
+                }
+                out
+            })
+            .collect()
+    }
+}
+
+/// The embedded store keeps its leases next to its counters.
+impl LeaseStore for MemoryStore {
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Vec<LeaseSlot>, StoreError> {
+        Ok(self.leases().acquire_now(request))
+    }
+
+    async fn release(&self, request: &ReleaseRequest) -> Result<Vec<Released>, StoreError> {
+        Ok(self.leases().release_now(&request.keys, &request.lease_id))
+    }
+}
+
+/// Drops the leases expired at `now` (a lease expiring exactly now is gone); returns how many.
+fn purge(holders: &mut Holders, now: u64) -> usize {
+    let before = holders.len();
+    holders.retain(|(_, expires)| *expires > now);
+    before - holders.len()
+}
+
+/// Whether `lease_id` may hold a slot of a key whose live holders are `holders`.
+fn slot_of(holders: &Holders, max_in_flight: u64, lease_id: &str, now: u64) -> LeaseSlot {
+    let in_flight = holders.len() as u64;
+    let held = holders.iter().any(|(id, _)| id == lease_id);
+    if held || in_flight < max_in_flight {
+        return LeaseSlot {
+            available: true,
+            in_flight,
+            retry_after_us: 0,
+        };
+    }
+    let oldest = holders.iter().map(|(_, expires)| *expires).min().unwrap_or(now);
+    LeaseSlot {
+        available: false,
+        in_flight,
+        // With max_in_flight 0 nothing ever frees a slot; the hint is then 0 ("no use waiting" is
+        // told by the limit itself).
+        retry_after_us: oldest.saturating_sub(now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::store::lease::LeaseItem;
+
+    fn setup() -> (ManualClock, MemoryLeases) {
+        let clock = ManualClock::new(1_000_000);
+        let leases = MemoryLeases::new(Arc::new(clock.clone()));
+        (clock, leases)
+    }
+
+    fn request(keys: &[(&str, u64)], id: &str, ttl_us: u64) -> AcquireRequest {
+        AcquireRequest {
+            items: keys
+                .iter()
+                .map(|(key, max)| LeaseItem {
+                    key: (*key).to_owned(),
+                    max_in_flight: *max,
+                })
+                .collect(),
+            lease_id: id.to_owned(),
+            ttl_us,
+            scope_len: 0,
+        }
+    }
+
+    #[test]
+    fn at_most_max_in_flight_and_release_frees_a_slot() {
+        let (_, leases) = setup();
+        assert!(leases.acquire_now(&request(&[("k", 2)], "a", 10))[0].available);
+        assert!(leases.acquire_now(&request(&[("k", 2)], "b", 10))[0].available);
+        let full = leases.acquire_now(&request(&[("k", 2)], "c", 10))[0];
+        assert_eq!(
+            full,
+            LeaseSlot {
+                available: false,
+                in_flight: 2,
+                retry_after_us: 10
+            }
+        );
+        let freed = leases.release_now(&["k".to_owned()], "a");
+        assert_eq!(
+            freed,
+            vec![Released {
+                released: true,
+                in_flight: 1
+            }]
+        );
+        assert!(!leases.release_now(&["k".to_owned()], "a")[0].released);
+        assert!(leases.acquire_now(&request(&[("k", 2)], "c", 10))[0].available);
+    }
+
+    #[test]
+    fn expired_leases_free_their_slots() {
+        let (clock, leases) = setup();
+        leases.acquire_now(&request(&[("k", 1)], "a", 10));
+        clock.advance_us(9);
+        assert!(!leases.acquire_now(&request(&[("k", 1)], "b", 10))[0].available);
+        clock.advance_us(1);
+        assert!(leases.acquire_now(&request(&[("k", 1)], "b", 10))[0].available);
+        assert!(!leases.release_now(&["k".to_owned()], "a")[0].released);
+    }
+
+    #[test]
+    fn reacquiring_renews_instead_of_taking_a_second_slot() {
+        let (clock, leases) = setup();
+        leases.acquire_now(&request(&[("k", 2)], "a", 10));
+        clock.advance_us(8);
+        let renewed = leases.acquire_now(&request(&[("k", 2)], "a", 10))[0];
+        assert!(renewed.available);
+        assert_eq!(renewed.in_flight, 1);
+        clock.advance_us(8);
+        // Past the first expiry, still held thanks to the renewal.
+        assert!(!leases.acquire_now(&request(&[("k", 1)], "b", 10))[0].available);
+    }
+
+    #[test]
+    fn all_or_none_across_keys() {
+        let (_, leases) = setup();
+        leases.acquire_now(&request(&[("full", 1)], "x", 100));
+        let slots = leases.acquire_now(&request(&[("free", 1), ("full", 1)], "y", 100));
+        assert!(slots[0].available && !slots[1].available);
+        // Nothing was taken on the free key.
+        assert!(leases.acquire_now(&request(&[("free", 1)], "z", 100))[0].available);
+    }
+
+    #[test]
+    fn zero_max_in_flight_refuses_everything_and_sweep_drops_expired() {
+        let (clock, leases) = setup();
+        assert!(!leases.acquire_now(&request(&[("k", 0)], "a", 10))[0].available);
+        assert!(leases.is_empty());
+        leases.acquire_now(&request(&[("k", 5)], "a", 10));
+        leases.acquire_now(&request(&[("j", 5)], "b", 20));
+        clock.advance_us(15);
+        assert_eq!(leases.sweep(), 1);
+        assert_eq!(leases.len(), 1);
+    }
+}
