@@ -20,3 +20,4 @@ mod redis_fixture;
 mod redis_parity;
 mod redis_store;
 mod reload;
+mod rules_file;

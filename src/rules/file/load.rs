@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 
 use super::ConfigError;
 use super::model::DomainConfig;
-use super::parse::{Siblings, final_key, parse_text};
+use super::parse_text;
+use super::validate::{Siblings, final_key};
 
 /// See [`super::load_dir`].
 pub(crate) fn load_dir(dir: &Path, merge_domains: bool) -> Result<Vec<DomainConfig>, ConfigError> {

@@ -25,12 +25,14 @@
 //!   `match`, `lowercase`, `trim`, `ip_prefix`, `hash`, `all_or_nothing`) are validated with
 //!   messages that name the key and the descriptor's composite key.
 //!
-//! Layout: `model` holds the validated types; `yaml` parses to a generic node tree and runs
-//! Go's structural checks; `parse` decodes and validates semantics; `load` walks directories.
+//! Layout: `model` holds the validated types; `yaml` parses to a generic node tree and runs Go's
+//! structural checks; `decode` turns the tree into raw descriptors (Go's typed unmarshal);
+//! `validate` checks their meaning and builds the model; `load` walks directories.
 
+mod decode;
 mod load;
 mod model;
-mod parse;
+mod validate;
 mod yaml;
 
 pub use model::*;
@@ -65,7 +67,7 @@ pub enum ConfigError {
 ///
 /// Only the first YAML document of `text` is read. The returned config's `file` is `file`.
 pub fn parse_file(file: &str, text: &str) -> Result<DomainConfig, ConfigError> {
-    parse::parse_text(file, text).map_err(|message| ConfigError::Invalid {
+    parse_text(file, text).map_err(|message| ConfigError::Invalid {
         file: file.to_owned(),
         message,
     })
@@ -89,4 +91,17 @@ pub fn load_dir(dir: &std::path::Path, merge_domains: bool) -> Result<Vec<Domain
 /// Every rules file below `dir`, in the order [`load_dir`] reads them (for change detection).
 pub fn rule_files(dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>, ConfigError> {
     load::rule_files(dir)
+}
+
+/// Parses, structurally validates, decodes and semantically validates one file's text, in Go's order
+/// (so a file with several problems reports the same one first). Errors are the bare message; the
+/// caller prefixes the file name.
+fn parse_text(file: &str, text: &str) -> Result<DomainConfig, String> {
+    let root = yaml::parse_document(text).map_err(|e| format!("error loading config file: {e}"))?;
+    yaml::validate_structure(&root)?;
+    let raw = decode::decode_root(&root).map_err(|e| match e {
+        decode::DecodeError::Type(m) => format!("error loading config file: {m}"),
+        decode::DecodeError::Metadata(m) => format!("error parsing metadata: {m}"),
+    })?;
+    validate::build(raw, file)
 }

@@ -1,0 +1,259 @@
+//! Phase 1 of reading a rules file: the typed decode of the YAML node tree into raw descriptors
+//! (Go's second `yaml.Unmarshal` into structs). Scalar type mismatches and out-of-range integers
+//! become `error loading config file: ...`; metadata that cannot become a `Struct` becomes
+//! `error parsing metadata: ...`. Nothing here judges meaning: that is [`super::validate`].
+
+use std::collections::BTreeMap;
+
+use super::model::MetaValue;
+use super::yaml::{self, Node, Value};
+
+/// Decode failures; the variants get different Go message prefixes.
+pub(super) enum DecodeError {
+    /// yaml.v2 unmarshal error (wrong type or out-of-range integer).
+    Type(String),
+    /// Metadata that cannot become a `Struct`.
+    Metadata(String),
+}
+
+pub(super) struct RawRoot {
+    pub(super) domain: String,
+    pub(super) all_or_nothing: bool,
+    pub(super) descriptors: Vec<RawDescriptor>,
+}
+
+pub(super) struct RawDescriptor {
+    pub(super) key: String,
+    pub(super) value: String,
+    /// Outer `Some` = key present; inner `None` = `rate_limit:` null (accepted, no limit).
+    pub(super) rate_limit: Option<Option<RawLimit>>,
+    /// `Some` = key present (null decodes to an empty list, rejected later).
+    pub(super) rate_limits: Option<Vec<RawLimit>>,
+    pub(super) concurrency: Option<RawConcurrency>,
+    pub(super) shadow_mode: bool,
+    pub(super) quota_mode: bool,
+    pub(super) detailed_metric: bool,
+    pub(super) value_to_metric: bool,
+    pub(super) share_threshold: bool,
+    pub(super) metadata: Option<BTreeMap<String, MetaValue>>,
+    pub(super) lowercase: bool,
+    pub(super) trim: bool,
+    pub(super) hash: bool,
+    pub(super) ip_prefix: Option<(Option<u32>, Option<u32>)>,
+    pub(super) match_kind: Option<String>,
+    pub(super) descriptors: Vec<RawDescriptor>,
+}
+
+pub(super) struct RawConcurrency {
+    pub(super) max_in_flight: Option<u32>,
+    pub(super) lease_ttl: Option<String>,
+    pub(super) failure_mode: Option<String>,
+}
+
+pub(super) struct RawLimit {
+    pub(super) unit: String,
+    pub(super) requests_per_unit: u32,
+    pub(super) unlimited: bool,
+    pub(super) name: String,
+    pub(super) replaces: Vec<String>,
+    pub(super) algorithm: Option<String>,
+    pub(super) burst: Option<u32>,
+    pub(super) unit_multiplier: Option<u32>,
+    pub(super) failure_mode: Option<String>,
+}
+
+type Decoded<T> = Result<T, DecodeError>;
+
+fn type_error(node: &Node, target: &str, key: &str) -> DecodeError {
+    DecodeError::Type(format!("{} (key '{key}')", yaml::mismatch(node, target)))
+}
+
+/// Go `string` field: any scalar, spelled as in the file (yaml.v2 semantics); absent = "".
+fn string_field(map: &Node, key: &str) -> Decoded<String> {
+    Ok(opt_string_field(map, key)?.unwrap_or_default())
+}
+
+/// Extension string field: absent or null = `None`.
+fn opt_string_field(map: &Node, key: &str) -> Decoded<Option<String>> {
+    match map.get(key) {
+        None => Ok(None),
+        Some(n) if n.value == Value::Null => Ok(None),
+        Some(n) => n
+            .scalar_text()
+            .map(Some)
+            .ok_or_else(|| type_error(n, "string", key)),
+    }
+}
+
+/// Go `bool` field: only booleans (YAML 1.1 spellings included) or null (= false).
+fn bool_field(map: &Node, key: &str) -> Decoded<bool> {
+    match map.get(key).map(|n| (n, &n.value)) {
+        None | Some((_, Value::Null)) => Ok(false),
+        Some((_, Value::Bool(b))) => Ok(*b),
+        Some((n, _)) => Err(type_error(n, "bool", key)),
+    }
+}
+
+/// Go `uint32` field: absent or null = `None` (Go's zero value is applied by the caller).
+fn u32_field(map: &Node, key: &str) -> Decoded<Option<u32>> {
+    let Some(n) = map.get(key) else {
+        return Ok(None);
+    };
+    let out_of_range = || {
+        DecodeError::Type(format!(
+            "{} ({key} must be between 0 and {})",
+            yaml::mismatch(n, "uint32"),
+            u32::MAX
+        ))
+    };
+    match &n.value {
+        Value::Null => Ok(None),
+        Value::Int(i) => u32::try_from(*i).map(Some).map_err(|_| out_of_range()),
+        Value::UInt(_) => Err(out_of_range()),
+        _ => Err(type_error(n, "uint32", key)),
+    }
+}
+
+/// A list field: absent or null = `None`; elements are maps (checked structurally already).
+fn list_field<'a>(map: &'a Node, key: &str) -> Decoded<Option<&'a [Node]>> {
+    match map.get(key) {
+        None => Ok(None),
+        Some(n) => match &n.value {
+            Value::Null => Ok(Some(&[])),
+            Value::Seq(items) => Ok(Some(items)),
+            _ => Err(type_error(n, "a list", key)),
+        },
+    }
+}
+
+/// A nested mapping field: absent = `None`, null = `Some(None)`.
+fn map_field<'a>(map: &'a Node, key: &str) -> Decoded<Option<Option<&'a Node>>> {
+    match map.get(key) {
+        None => Ok(None),
+        Some(n) => match &n.value {
+            Value::Null => Ok(Some(None)),
+            Value::Map(_) => Ok(Some(Some(n))),
+            _ => Err(type_error(n, "a mapping", key)),
+        },
+    }
+}
+
+pub(super) fn decode_root(root: &Node) -> Decoded<RawRoot> {
+    Ok(RawRoot {
+        domain: string_field(root, "domain")?,
+        all_or_nothing: bool_field(root, "all_or_nothing")?,
+        descriptors: decode_descriptors(root)?,
+    })
+}
+
+fn decode_descriptors(parent: &Node) -> Decoded<Vec<RawDescriptor>> {
+    list_field(parent, "descriptors")?
+        .unwrap_or_default()
+        .iter()
+        .map(decode_descriptor)
+        .collect()
+}
+
+fn decode_descriptor(d: &Node) -> Decoded<RawDescriptor> {
+    let rate_limit = match map_field(d, "rate_limit")? {
+        None => None,
+        Some(None) => Some(None),
+        Some(Some(m)) => Some(Some(decode_limit(m)?)),
+    };
+    let rate_limits = match list_field(d, "rate_limits")? {
+        None => None,
+        Some(items) => Some(items.iter().map(decode_limit).collect::<Decoded<_>>()?),
+    };
+    let concurrency = match map_field(d, "concurrency")? {
+        None | Some(None) => None,
+        Some(Some(m)) => Some(RawConcurrency {
+            max_in_flight: u32_field(m, "max_in_flight")?,
+            lease_ttl: opt_string_field(m, "lease_ttl")?,
+            failure_mode: opt_string_field(m, "failure_mode")?,
+        }),
+    };
+    let ip_prefix = match map_field(d, "ip_prefix")? {
+        None | Some(None) => None,
+        Some(Some(m)) => Some((u32_field(m, "v4")?, u32_field(m, "v6")?)),
+    };
+    let metadata = match d.get("metadata") {
+        None => None,
+        Some(n) => match &n.value {
+            Value::Null => None,
+            Value::Map(entries) => Some(meta_map(entries)?),
+            _ => return Err(type_error(n, "a mapping", "metadata")),
+        },
+    };
+    Ok(RawDescriptor {
+        key: string_field(d, "key")?,
+        value: string_field(d, "value")?,
+        rate_limit,
+        rate_limits,
+        concurrency,
+        shadow_mode: bool_field(d, "shadow_mode")?,
+        quota_mode: bool_field(d, "quota_mode")?,
+        detailed_metric: bool_field(d, "detailed_metric")?,
+        value_to_metric: bool_field(d, "value_to_metric")?,
+        share_threshold: bool_field(d, "share_threshold")?,
+        metadata,
+        lowercase: bool_field(d, "lowercase")?,
+        trim: bool_field(d, "trim")?,
+        hash: bool_field(d, "hash")?,
+        ip_prefix,
+        match_kind: opt_string_field(d, "match")?,
+        descriptors: decode_descriptors(d)?,
+    })
+}
+
+fn decode_limit(m: &Node) -> Decoded<RawLimit> {
+    let replaces = list_field(m, "replaces")?
+        .unwrap_or_default()
+        .iter()
+        .map(|r| string_field(r, "name"))
+        .collect::<Decoded<_>>()?;
+    Ok(RawLimit {
+        unit: string_field(m, "unit")?,
+        requests_per_unit: u32_field(m, "requests_per_unit")?.unwrap_or(0),
+        unlimited: bool_field(m, "unlimited")?,
+        name: string_field(m, "name")?,
+        replaces,
+        algorithm: opt_string_field(m, "algorithm")?,
+        burst: u32_field(m, "burst")?,
+        unit_multiplier: u32_field(m, "unit_multiplier")?,
+        failure_mode: opt_string_field(m, "failure_mode")?,
+    })
+}
+
+fn meta_map(entries: &[(Node, Node)]) -> Decoded<BTreeMap<String, MetaValue>> {
+    entries
+        .iter()
+        .map(|(k, v)| {
+            // Scalar keys become their source text (as yaml.v2 does for string-keyed maps);
+            // null and collection keys cannot name a Struct field.
+            let key = match &k.value {
+                Value::Null | Value::Seq(_) | Value::Map(_) => None,
+                _ => k.scalar_text(),
+            };
+            let key = key.ok_or_else(|| {
+                DecodeError::Metadata(format!(
+                    "key is not of type string: {}",
+                    yaml::go_format(&k.value)
+                ))
+            })?;
+            Ok((key, meta_value(v)?))
+        })
+        .collect()
+}
+
+fn meta_value(n: &Node) -> Decoded<MetaValue> {
+    Ok(match &n.value {
+        Value::Null => MetaValue::Null,
+        Value::Bool(b) => MetaValue::Bool(*b),
+        Value::Int(i) => MetaValue::Int(*i),
+        Value::UInt(u) => MetaValue::Float(*u as f64),
+        Value::Float(f) => MetaValue::Float(*f),
+        Value::Str(s) => MetaValue::String(s.clone()),
+        Value::Seq(items) => MetaValue::List(items.iter().map(meta_value).collect::<Decoded<_>>()?),
+        Value::Map(entries) => MetaValue::Map(meta_map(entries)?),
+    })
+}
