@@ -6,6 +6,7 @@
 mod common;
 
 mod cli;
+#[cfg(feature = "client")]
 mod client;
 mod compat;
 mod extensions;
