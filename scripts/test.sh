@@ -15,7 +15,7 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
 fi
 export TOLLGATE_REQUIRE_REDIS=1
 
-cargo build --locked --all-targets
-cargo test --locked
+cargo build --locked --all-targets --all-features
+cargo test --locked --all-features
 # The same wire-level test bodies again, every server backed by its own real redis-server.
-TOLLGATE_TEST_STORE=redis cargo test --locked --test it -- grpc:: headers:: hostile_input:: json_endpoint:: native:: reload::
+TOLLGATE_TEST_STORE=redis cargo test --locked --all-features --test it -- grpc:: headers:: hostile_input:: json_endpoint:: native:: reload::

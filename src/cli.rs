@@ -196,11 +196,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             sampling_rate: settings.tracing_sampling_rate,
         });
     let telemetry =
-        crate::observe::telemetry::init(&settings.log_level, &settings.log_format, traces.as_ref())?;
+        crate::observe::telemetry::init(&settings.log_level, settings.log_format, traces.as_ref())?;
     runtime.block_on(async {
         let served = async {
             let listeners = crate::server::Listeners::bind(&settings).await?;
-            crate::server::run(settings, listeners, crate::server::shutdown_signal()).await
+            let clock = std::sync::Arc::new(crate::clock::SystemClock);
+            crate::server::run(settings, listeners, clock, crate::server::shutdown_signal()).await
         };
         let result = served.await;
         telemetry.shutdown().await;
@@ -266,8 +267,8 @@ fn healthcheck(args: HealthcheckArgs) -> ExitCode {
 }
 
 fn check_config(args: CheckConfigArgs) -> ExitCode {
-    let algorithm = match Settings::load(None, &[]).and_then(|s| s.algorithm()) {
-        Ok(algorithm) => algorithm,
+    let algorithm = match Settings::load(None, &[]) {
+        Ok(settings) => settings.default_algorithm,
         Err(error) => {
             eprintln!("tollgate: {error}");
             return ExitCode::FAILURE;

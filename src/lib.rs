@@ -24,19 +24,21 @@
 //! - [`observe`]: metrics, top offenders, the denial log, logs and trace export, health (which drives
 //!   tonic-health's reporter for `grpc.health.v1`).
 //! - [`settings`], [`server`], [`cli`]: configuring, wiring and running the service.
-//! - [`loadgen`]: `tollgate bench`, the load generator. [`client`]: a client and tower layer for
-//!   application servers (axum, tonic's client side).
+//! - `loadgen` (private): `tollgate bench`, the load generator behind the command line.
+//! - `client` (cargo feature `client`, off by default): a client and tower layer for application
+//!   servers (axum, tonic's client side), so the server's public surface is the server.
 //! - [`proto`]: generated protocol types.
 
 pub mod algorithm;
 pub mod api;
 pub mod cli;
+#[cfg(feature = "client")]
 pub mod client;
 pub mod clock;
 pub mod grpc;
 pub mod http;
 pub mod limiter;
-pub mod loadgen;
+mod loadgen;
 pub mod observe;
 pub mod proto;
 pub mod rules;

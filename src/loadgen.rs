@@ -16,40 +16,40 @@ use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 
 /// What to send and for how long.
 #[derive(Debug, Clone)]
-pub struct LoadPlan {
+pub(crate) struct LoadPlan {
     /// Server address, e.g. `http://127.0.0.1:8081`.
-    pub addr: String,
+    pub(crate) addr: String,
     /// Domain of every request.
-    pub domain: String,
+    pub(crate) domain: String,
     /// Descriptor templates: entries whose values may contain `{i}`.
-    pub descriptors: Vec<Template>,
+    pub(crate) descriptors: Vec<Template>,
     /// Distinct values substituted for `{i}`.
-    pub keys: u64,
+    pub(crate) keys: u64,
     /// Requests in flight at once.
-    pub concurrency: usize,
+    pub(crate) concurrency: usize,
     /// HTTP/2 connections shared by the workers.
-    pub connections: usize,
+    pub(crate) connections: usize,
     /// How long to send.
-    pub duration: Duration,
+    pub(crate) duration: Duration,
     /// The Redis behind the server, to count the commands the run cost (optional).
-    pub redis_url: Option<String>,
+    pub(crate) redis_url: Option<String>,
 }
 
 /// What the run measured.
 #[derive(Debug, Clone, Default)]
-pub struct LoadReport {
+pub(crate) struct LoadReport {
     /// Answered requests.
-    pub requests: u64,
+    pub(crate) requests: u64,
     /// Requests answered OVER_LIMIT.
-    pub over_limit: u64,
+    pub(crate) over_limit: u64,
     /// Requests that failed (transport error or gRPC status).
-    pub errors: u64,
+    pub(crate) errors: u64,
     /// Wall time of the run.
-    pub elapsed: Duration,
+    pub(crate) elapsed: Duration,
     /// Latency percentiles (p50, p90, p99, p99.9, max).
-    pub latency: [Duration; 5],
+    pub(crate) latency: [Duration; 5],
     /// Commands clients sent to Redis during the run (script calls), when a Redis URL was given.
-    pub redis_commands: Option<u64>,
+    pub(crate) redis_commands: Option<u64>,
 }
 
 impl std::fmt::Display for LoadReport {
@@ -79,7 +79,7 @@ impl std::fmt::Display for LoadReport {
 }
 
 /// Runs the plan and reports.
-pub async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
+pub(crate) async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
     let templates = plan.descriptors;
     let mut channels = Vec::with_capacity(plan.connections.max(1));
     for _ in 0..plan.connections.max(1) {
@@ -126,7 +126,7 @@ pub async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
 }
 
 /// One descriptor's entries; `{i}` in a value is replaced by the key index.
-pub type Template = Vec<(String, String)>;
+pub(crate) type Template = Vec<(String, String)>;
 
 /// One worker: requests back to back until the deadline. Returns (answered, over limit, errors) and
 /// the latency of every answered request.

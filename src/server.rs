@@ -14,17 +14,18 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::envoy::EnvoyOptions;
-use crate::clock::{Clock, SystemClock};
+use crate::api::headers::{HeaderNames, HeaderOptions};
+use crate::clock::Clock;
 use crate::limiter::{Limiter, LimiterOptions, RulesHandle};
 use crate::observe::health::Health;
 use crate::observe::metrics::Metrics;
 use crate::rules::reload::Reloader;
 use crate::rules::{CompileOptions, ValueHasher};
-use crate::settings::Settings;
+use crate::settings::{HeaderStyle, Settings, SettingsError, without_userinfo};
 use crate::store::AnyStore;
 use crate::store::local_cache::LocalCache;
 use crate::store::memory::MemoryStore;
-use crate::store::redis::{RedisOptions, RedisStore};
+use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
 
 /// How often the embedded store drops state that can no longer affect a decision.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
@@ -57,14 +58,17 @@ impl Listeners {
 }
 
 /// Runs the service until `shutdown` completes, then drains and returns. Fails at startup if the rules
-/// do not load (naming the file and the reason).
+/// do not load (naming the file and the reason). `clock` is the embedded store's and the local cache's
+/// time ([`crate::clock::SystemClock`] in production; tests hand in a [`crate::clock::ManualClock`] to move time
+/// without sleeping). Redis keeps its own clock.
 pub async fn run(
     settings: Settings,
     listeners: Listeners,
+    clock: Arc<dyn Clock>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let algorithm = settings.algorithm()?;
-    let envoy = envoy_options(&settings)?;
+    let algorithm = settings.default_algorithm;
+    let envoy = envoy_options(&settings);
     let reloader = Reloader {
         dir: settings.config_dir.clone(),
         merge_domains: settings.merge_domain_config,
@@ -89,7 +93,7 @@ pub async fn run(
 
     let stop = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
-    let store = build_store(&settings, stop.clone())?;
+    let store = build_store(&settings, clock, stop.clone())?;
     if let AnyStore::Redis(cache) = &store {
         health.set_store_reachable(false).await;
         tasks.spawn(watch_redis(
@@ -102,7 +106,7 @@ pub async fn run(
         Limiter::new(
             Arc::clone(&rules),
             store,
-            ValueHasher::new(&settings.hash_key),
+            ValueHasher::new(settings.hash_key.expose()),
             limiter_options(&settings, algorithm),
         )
         .with_metrics(metrics),
@@ -159,15 +163,18 @@ pub async fn run(
 }
 
 /// The embedded store, or Redis (connecting in the background) behind the local over-limit cache.
-fn build_store(settings: &Settings, stop: CancellationToken) -> anyhow::Result<AnyStore> {
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+fn build_store(
+    settings: &Settings,
+    clock: Arc<dyn Clock>,
+    stop: CancellationToken,
+) -> anyhow::Result<AnyStore> {
     if settings.redis_persecond {
         // Refusing to start would break a migration for a layout choice; counting is still right.
         tracing::warn!(
             "REDIS_PERSECOND is not supported: per-second limits are counted in the main Redis (REDIS_URL)"
         );
     }
-    let Some(target) = settings.redis_target()? else {
+    let Some(target) = redis_target(settings)? else {
         tracing::info!("no REDIS_URL: counting in the embedded store (one instance only)");
         return Ok(AnyStore::Memory(MemoryStore::new(clock)));
     };
@@ -177,7 +184,7 @@ fn build_store(settings: &Settings, stop: CancellationToken) -> anyhow::Result<A
         deadline: settings.redis_deadline,
         connect_timeout: settings.redis_connect_timeout,
         expiration_jitter_max_secs: settings.expiration_jitter_max_seconds,
-        tls: settings.redis_tls_certificates()?,
+        tls: redis_tls_certificates(settings)?,
     };
     let redis = RedisStore::start(options, Arc::clone(&clock), stop);
     Ok(AnyStore::Redis(LocalCache::new(
@@ -224,11 +231,95 @@ fn limiter_options(settings: &Settings, algorithm: crate::algorithm::Algorithm) 
     }
 }
 
-fn envoy_options(settings: &Settings) -> anyhow::Result<EnvoyOptions> {
-    Ok(EnvoyOptions {
-        headers: settings.header_options()?,
+fn envoy_options(settings: &Settings) -> EnvoyOptions {
+    EnvoyOptions {
+        headers: header_options(settings),
         dynamic_metadata: settings.response_dynamic_metadata,
-    })
+    }
+}
+
+/// The header styles and body to add to answers.
+fn header_options(settings: &Settings) -> HeaderOptions {
+    let trio = || HeaderNames {
+        limit: settings.limit_limit_header.clone(),
+        remaining: settings.limit_remaining_header.clone(),
+        reset: settings.limit_reset_header.clone(),
+    };
+    let mut options = HeaderOptions {
+        trio: settings.limit_response_headers_enabled.then(trio),
+        raw_body: settings.raw_body,
+        ..HeaderOptions::default()
+    };
+    for style in &settings.response_headers.0 {
+        match style {
+            HeaderStyle::RateLimit => options.trio = Some(trio()),
+            HeaderStyle::XRateLimit => options.x_ratelimit = true,
+            HeaderStyle::Ietf => options.ietf = true,
+            HeaderStyle::RetryAfter => options.retry_after = true,
+        }
+    }
+    options
+}
+
+/// Where Redis is, or `None` for the embedded store. The error names the URL without its userinfo.
+fn redis_target(settings: &Settings) -> Result<Option<RedisTarget>, SettingsError> {
+    if settings.redis_url.trim().is_empty() {
+        return Ok(None);
+    }
+    let target = RedisTarget::parse(
+        &settings.redis_url,
+        &settings.redis_type,
+        &settings.redis_socket_type,
+        settings.redis_auth.expose(),
+        settings.redis_sentinel_auth.expose(),
+        settings.redis_tls,
+        settings.redis_tls_skip_hostname_verification,
+    )
+    .map_err(|e| SettingsError::BadValue {
+        name: "redis_url",
+        value: without_userinfo(&settings.redis_url),
+        reason: e.to_string(),
+    })?;
+    Ok(Some(target))
+}
+
+/// The certificates for TLS to Redis, read from the configured files (none configured: `None`, and the
+/// system's roots verify the server).
+fn redis_tls_certificates(settings: &Settings) -> Result<Option<redis::TlsCertificates>, SettingsError> {
+    let read = |name: &'static str, path: &str| {
+        std::fs::read(path).map_err(|e| SettingsError::BadValue {
+            name,
+            value: path.into(),
+            reason: e.to_string(),
+        })
+    };
+    let root_cert = match settings.redis_tls_cacert.as_str() {
+        "" => None,
+        path => Some(read("redis_tls_cacert", path)?),
+    };
+    let client_tls = match (
+        settings.redis_tls_client_cert.as_str(),
+        settings.redis_tls_client_key.as_str(),
+    ) {
+        ("", "") => None,
+        (cert, key) if !cert.is_empty() && !key.is_empty() => Some(redis::ClientTlsConfig {
+            client_cert: read("redis_tls_client_cert", cert)?,
+            client_key: read("redis_tls_client_key", key)?,
+        }),
+        _ => {
+            return Err(SettingsError::BadValue {
+                name: "redis_tls_client_cert",
+                value: settings.redis_tls_client_cert.clone(),
+                reason: "a client certificate and its key go together".into(),
+            });
+        }
+    };
+    Ok(
+        (root_cert.is_some() || client_tls.is_some()).then_some(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        }),
+    )
 }
 
 async fn sweep(limiter: Arc<Limiter<AnyStore>>, stop: CancellationToken) {

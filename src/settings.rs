@@ -8,13 +8,19 @@
 //! `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`, `MERGE_DOMAIN_CONFIG`,
 //! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, `CACHE_KEY_PREFIX`, `LOG_LEVEL`, `LOG_FORMAT`.
 //! Native names are the field names upper-cased with a `TOLLGATE_` prefix (`TOLLGATE_GRPC_ADDR`...).
+//!
+//! Settings are a leaf: typed values (an [`Algorithm`], a [`LogFormat`], [`HeaderStyle`]s, [`Secret`]s),
+//! checked once when loaded; nothing here knows the store or the listeners. The server turns them into
+//! its parts' options in one place ([`crate::server`]).
 
 use std::collections::HashMap;
+use std::fmt;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat, Map, Source, Value, ValueKind};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::algorithm::Algorithm;
 
@@ -56,11 +62,13 @@ pub struct Settings {
     /// `LOG_LEVEL`: error, warn, info, debug, trace (any case), or a tracing filter directive.
     pub log_level: String,
     /// `LOG_FORMAT`: `text` or `json`.
-    pub log_format: String,
+    #[serde(with = "as_text")]
+    pub log_format: LogFormat,
     /// Algorithm of rules and overrides that do not name one.
-    pub default_algorithm: String,
+    #[serde(with = "as_text")]
+    pub default_algorithm: Algorithm,
     /// Secret for hashing descriptor values (`hash: true`); every replica must share it.
-    pub hash_key: String,
+    pub hash_key: Secret,
     /// Requests with more descriptors are refused with INVALID_ARGUMENT.
     pub max_descriptors: usize,
     /// How long the server keeps answering after SIGTERM while health reports NOT_SERVING.
@@ -74,10 +82,10 @@ pub struct Settings {
     pub redis_type: String,
     /// `REDIS_SOCKET_TYPE`: `tcp` or `unix`.
     pub redis_socket_type: String,
-    /// `REDIS_AUTH`: `password` or `user:password` (secret).
-    pub redis_auth: String,
-    /// `REDIS_SENTINEL_AUTH`: the sentinels' own `password` or `user:password` (secret).
-    pub redis_sentinel_auth: String,
+    /// `REDIS_AUTH`: `password` or `user:password`.
+    pub redis_auth: Secret,
+    /// `REDIS_SENTINEL_AUTH`: the sentinels' own `password` or `user:password`.
+    pub redis_sentinel_auth: Secret,
     /// `REDIS_TLS`: connect to Redis over TLS (also implied by a `rediss://` URL).
     pub redis_tls: bool,
     /// `REDIS_PERSECOND`: envoyproxy/ratelimit's second Redis for per-second limits. Not supported:
@@ -107,7 +115,8 @@ pub struct Settings {
     pub near_limit_ratio: f64,
     /// Header styles to add, comma-separated: `ratelimit` (the trio, as `LIMIT_RESPONSE_HEADERS_ENABLED`),
     /// `x-ratelimit`, `ietf`, `retry-after`.
-    pub response_headers: String,
+    #[serde(with = "as_text")]
+    pub response_headers: HeaderStyles,
     /// A JSON body for 429 answers: `{"error":"rate_limited","retry_after":N}`.
     pub raw_body: bool,
     /// `TRACING_ENABLED`: export OpenTelemetry spans over OTLP/gRPC (`OTEL_EXPORTER_OTLP_*` apply).
@@ -130,21 +139,184 @@ impl std::fmt::Debug for Settings {
             .field("debug_addr", &self.debug_addr)
             .field("config_dir", &self.config_dir)
             .field("default_algorithm", &self.default_algorithm)
-            .field("hash_key", &redacted(&self.hash_key))
-            .field("redis_url", &self.redis_url)
+            .field("hash_key", &self.hash_key)
+            .field("redis_url", &without_userinfo(&self.redis_url))
             .field("redis_type", &self.redis_type)
-            .field("redis_auth", &redacted(&self.redis_auth))
-            .field("redis_sentinel_auth", &redacted(&self.redis_sentinel_auth))
+            .field("redis_auth", &self.redis_auth)
+            .field("redis_sentinel_auth", &self.redis_sentinel_auth)
             .finish_non_exhaustive()
     }
 }
 
-/// How a secret appears in `Debug` output.
-fn redacted(secret: &str) -> &'static str {
-    if secret.is_empty() {
-        "<unset>"
-    } else {
-        "<redacted>"
+/// A password, key or token. `Debug` and `Display` never show it, and it serializes as an empty string:
+/// settings are serialized only to seed the layered loader with the defaults (where every secret is
+/// empty), so a secret can never leave the process through a serialized copy either.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// A secret holding `value`.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself, for the one place that uses it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether no secret is set.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() {
+            "<unset>"
+        } else {
+            "<redacted>"
+        })
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str("")
+    }
+}
+
+/// `text` without the userinfo of any URL in it (`redis://user:password@host` → `redis://host`), for
+/// logs and errors. A Redis URL may carry a password; nothing that prints it may show that part.
+pub fn without_userinfo(text: &str) -> String {
+    text.split(',')
+        .map(|part| match (part.find("://"), part.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => format!("{}{}", &part[..scheme + 3], &part[at + 1..]),
+            (None, Some(at)) => part[at + 1..].to_owned(),
+            _ => part.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `LOG_FORMAT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines (colours on a terminal).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.to_ascii_lowercase().as_str() {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("log format '{text}': expected text or json")),
+        }
+    }
+}
+
+impl fmt::Display for LogFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        })
+    }
+}
+
+/// One style of rate-limit response headers (`TOLLGATE_RESPONSE_HEADERS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderStyle {
+    /// `RateLimit-Limit` / `-Remaining` / `-Reset` (as `LIMIT_RESPONSE_HEADERS_ENABLED`).
+    RateLimit,
+    /// `X-RateLimit-Limit` / `-Remaining` / `-Reset`.
+    XRateLimit,
+    /// The IETF draft's `RateLimit` and `RateLimit-Policy` fields.
+    Ietf,
+    /// `Retry-After` on refusals.
+    RetryAfter,
+}
+
+impl HeaderStyle {
+    fn name(self) -> &'static str {
+        match self {
+            HeaderStyle::RateLimit => "ratelimit",
+            HeaderStyle::XRateLimit => "x-ratelimit",
+            HeaderStyle::Ietf => "ietf",
+            HeaderStyle::RetryAfter => "retry-after",
+        }
+    }
+}
+
+/// The header styles asked for, in the order given.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HeaderStyles(pub Vec<HeaderStyle>);
+
+impl FromStr for HeaderStyles {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let styles = [
+            HeaderStyle::RateLimit,
+            HeaderStyle::XRateLimit,
+            HeaderStyle::Ietf,
+            HeaderStyle::RetryAfter,
+        ];
+        text.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|name| {
+                let lower = name.to_ascii_lowercase();
+                styles.into_iter().find(|s| s.name() == lower).ok_or_else(|| {
+                    format!("header style '{name}': expected ratelimit, x-ratelimit, ietf or retry-after")
+                })
+            })
+            .collect::<Result<_, _>>()
+            .map(HeaderStyles)
+    }
+}
+
+impl fmt::Display for HeaderStyles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.0.iter().map(|s| s.name()).collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+/// Serde through the text form (`FromStr` / `Display`), so a typed setting reads from and writes to
+/// the same string a settings file or an environment variable holds.
+mod as_text {
+    use super::*;
+
+    pub(super) fn serialize<T: fmt::Display, S: Serializer>(
+        value: &T,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(value)
+    }
+
+    pub(super) fn deserialize<'de, T, D>(deserializer: D) -> Result<T, D::Error>
+    where
+        T: FromStr,
+        T::Err: fmt::Display,
+        D: Deserializer<'de>,
+    {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -167,17 +339,17 @@ impl Default for Settings {
             stop_cache_key_increment_when_overlimit: false,
             cache_key_prefix: String::new(),
             log_level: "info".into(),
-            log_format: "text".into(),
-            default_algorithm: Algorithm::FixedWindow.as_str().into(),
-            hash_key: String::new(),
+            log_format: LogFormat::Text,
+            default_algorithm: Algorithm::FixedWindow,
+            hash_key: Secret::default(),
             max_descriptors: crate::limiter::DEFAULT_MAX_DESCRIPTORS,
             drain_period: Duration::from_secs(0),
             backend_type: "redis".into(),
             redis_url: String::new(),
             redis_type: "single".into(),
             redis_socket_type: "tcp".into(),
-            redis_auth: String::new(),
-            redis_sentinel_auth: String::new(),
+            redis_auth: Secret::default(),
+            redis_sentinel_auth: Secret::default(),
             redis_tls: false,
             redis_persecond: false,
             redis_tls_cacert: String::new(),
@@ -190,7 +362,7 @@ impl Default for Settings {
             expiration_jitter_max_seconds: 300,
             local_cache_size_in_bytes: DEFAULT_LOCAL_CACHE_BYTES,
             near_limit_ratio: 0.8,
-            response_headers: String::new(),
+            response_headers: HeaderStyles::default(),
             raw_body: false,
             tracing_enabled: false,
             tracing_service_name: "tollgate".into(),
@@ -264,7 +436,6 @@ impl Settings {
     }
 
     fn validate(&self) -> Result<(), SettingsError> {
-        self.algorithm()?;
         if !self.backend_type.eq_ignore_ascii_case("redis") {
             return Err(SettingsError::BadValue {
                 name: "backend_type",
@@ -279,20 +450,11 @@ impl Settings {
                 reason: "a deadline of zero would fail every request".into(),
             });
         }
-        self.redis_target()?;
-        self.header_options()?;
         if !self.tracing_exporter_protocol.eq_ignore_ascii_case("grpc") {
             return Err(SettingsError::BadValue {
                 name: "tracing_exporter_protocol",
                 value: self.tracing_exporter_protocol.clone(),
                 reason: "only grpc (OTLP/gRPC) is built in".into(),
-            });
-        }
-        if !matches!(self.log_format.to_ascii_lowercase().as_str(), "text" | "json") {
-            return Err(SettingsError::BadValue {
-                name: "log_format",
-                value: self.log_format.clone(),
-                reason: "expected text or json".into(),
             });
         }
         Ok(())
@@ -307,113 +469,6 @@ impl Settings {
             return self.worker_threads;
         }
         std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
-    }
-
-    /// The certificates for TLS to Redis, read from the configured files (none configured: `None`, and
-    /// the system's roots verify the server).
-    pub fn redis_tls_certificates(&self) -> Result<Option<redis::TlsCertificates>, SettingsError> {
-        let read = |name: &'static str, path: &str| {
-            std::fs::read(path).map_err(|e| SettingsError::BadValue {
-                name,
-                value: path.into(),
-                reason: e.to_string(),
-            })
-        };
-        let root_cert = match self.redis_tls_cacert.as_str() {
-            "" => None,
-            path => Some(read("redis_tls_cacert", path)?),
-        };
-        let client_tls = match (
-            self.redis_tls_client_cert.as_str(),
-            self.redis_tls_client_key.as_str(),
-        ) {
-            ("", "") => None,
-            (cert, key) if !cert.is_empty() && !key.is_empty() => Some(redis::ClientTlsConfig {
-                client_cert: read("redis_tls_client_cert", cert)?,
-                client_key: read("redis_tls_client_key", key)?,
-            }),
-            _ => {
-                return Err(SettingsError::BadValue {
-                    name: "redis_tls_client_cert",
-                    value: self.redis_tls_client_cert.clone(),
-                    reason: "a client certificate and its key go together".into(),
-                });
-            }
-        };
-        Ok(
-            (root_cert.is_some() || client_tls.is_some()).then_some(redis::TlsCertificates {
-                client_tls,
-                root_cert,
-            }),
-        )
-    }
-
-    /// The header styles and body to add to answers.
-    pub fn header_options(&self) -> Result<crate::api::headers::HeaderOptions, SettingsError> {
-        let mut options = crate::api::headers::HeaderOptions::default();
-        let trio = || crate::api::headers::HeaderNames {
-            limit: self.limit_limit_header.clone(),
-            remaining: self.limit_remaining_header.clone(),
-            reset: self.limit_reset_header.clone(),
-        };
-        if self.limit_response_headers_enabled {
-            options.trio = Some(trio());
-        }
-        for style in self
-            .response_headers
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-        {
-            match style.to_ascii_lowercase().as_str() {
-                "ratelimit" => options.trio = Some(trio()),
-                "x-ratelimit" => options.x_ratelimit = true,
-                "ietf" => options.ietf = true,
-                "retry-after" => options.retry_after = true,
-                _ => {
-                    return Err(SettingsError::BadValue {
-                        name: "response_headers",
-                        value: style.to_owned(),
-                        reason: "expected ratelimit, x-ratelimit, ietf or retry-after".into(),
-                    });
-                }
-            }
-        }
-        options.raw_body = self.raw_body;
-        Ok(options)
-    }
-
-    /// Where Redis is, or `None` for the embedded store.
-    pub fn redis_target(&self) -> Result<Option<crate::store::redis::RedisTarget>, SettingsError> {
-        if self.redis_url.trim().is_empty() {
-            return Ok(None);
-        }
-        let target = crate::store::redis::RedisTarget::parse(
-            &self.redis_url,
-            &self.redis_type,
-            &self.redis_socket_type,
-            &self.redis_auth,
-            &self.redis_sentinel_auth,
-            self.redis_tls,
-            self.redis_tls_skip_hostname_verification,
-        )
-        .map_err(|e| SettingsError::BadValue {
-            name: "redis_url",
-            value: self.redis_url.clone(),
-            reason: e.to_string(),
-        })?;
-        Ok(Some(target))
-    }
-
-    /// The default algorithm, parsed.
-    pub fn algorithm(&self) -> Result<Algorithm, SettingsError> {
-        self.default_algorithm
-            .parse()
-            .map_err(|e: crate::algorithm::UnknownAlgorithm| SettingsError::BadValue {
-                name: "default_algorithm",
-                value: self.default_algorithm.clone(),
-                reason: e.to_string(),
-            })
     }
 }
 
@@ -648,7 +703,7 @@ mod tests {
             &[],
         )
         .expect("loads");
-        assert_eq!(s.redis_sentinel_auth, "sentinel-secret");
+        assert_eq!(s.redis_sentinel_auth.expose(), "sentinel-secret");
         assert!(s.redis_persecond);
         assert!(
             !format!("{s:?}").contains("sentinel-secret"),
@@ -710,8 +765,56 @@ mod tests {
         .expect("write");
         let s = Settings::load_from(Some(&file), &env(&[]), &[]).expect("loads");
         assert_eq!(s.grpc_addr, "127.0.0.1:7000");
-        assert_eq!(s.algorithm().expect("valid"), Algorithm::TokenBucket);
+        assert_eq!(s.default_algorithm, Algorithm::TokenBucket);
         let s = Settings::load_from(Some(&file), &env(&[("GRPC_PORT", "7001")]), &[]).expect("loads");
         assert_eq!(s.grpc_addr, "0.0.0.0:7001");
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                (
+                    "REDIS_URL",
+                    "redis://admin:hunter2@redis:6379,user:pw2@other:6379",
+                ),
+                ("REDIS_AUTH", "hunter3"),
+                ("TOLLGATE_HASH_KEY", "hunter4"),
+            ]),
+            &[],
+        )
+        .expect("loads");
+        let shown = format!("{s:?} {} {}", s.redis_auth, s.hash_key);
+        for secret in ["hunter2", "pw2", "hunter3", "hunter4"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("redis://redis:6379,other:6379"), "{shown}");
+        assert_eq!(s.hash_key.expose(), "hunter4");
+        let serialized = serde_json::to_string(&s).expect("serializes");
+        assert!(!serialized.contains("hunter3") && !serialized.contains("hunter4"));
+    }
+
+    #[test]
+    fn typed_values_are_read_once_and_refused_by_name() {
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("LOG_FORMAT", "JSON"),
+                ("TOLLGATE_RESPONSE_HEADERS", "ietf, Retry-After"),
+            ]),
+            &[],
+        )
+        .expect("loads");
+        assert_eq!(s.log_format, LogFormat::Json);
+        assert_eq!(
+            s.response_headers,
+            HeaderStyles(vec![HeaderStyle::Ietf, HeaderStyle::RetryAfter])
+        );
+        let err = Settings::load_from(None, &env(&[("TOLLGATE_RESPONSE_HEADERS", "x-custom")]), &[])
+            .expect_err("unknown style");
+        assert!(err.to_string().contains("x-custom"), "{err}");
+        let err = Settings::load_from(None, &env(&[("LOG_FORMAT", "xml")]), &[]).expect_err("bad format");
+        assert!(err.to_string().contains("xml"), "{err}");
     }
 }

@@ -89,6 +89,12 @@ impl Algorithm {
     }
 }
 
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl FromStr for Algorithm {
     type Err = UnknownAlgorithm;
 

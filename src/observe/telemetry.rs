@@ -24,6 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing_subscriber::layer::SubscriberExt;
+
+use crate::settings::LogFormat;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer as _};
 
@@ -101,9 +103,13 @@ impl Drop for TelemetryGuard {
 
 /// Installs logging (and trace export when `traces` is given). Must run inside the Tokio runtime: the
 /// OTLP exporter's gRPC channel lives on it. Logs go to stderr so `tollgate query` output stays clean.
-pub fn init(level: &str, format: &str, traces: Option<&TraceSettings>) -> anyhow::Result<TelemetryGuard> {
+pub fn init(
+    level: &str,
+    format: LogFormat,
+    traces: Option<&TraceSettings>,
+) -> anyhow::Result<TelemetryGuard> {
     let filter = EnvFilter::try_new(level.to_ascii_lowercase()).unwrap_or_else(|_| EnvFilter::new("info"));
-    let json = format.eq_ignore_ascii_case("json");
+    let json = format == LogFormat::Json;
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         // Colour only on a terminal: escape codes in a log file or a collector break parsing.

@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate::algorithm::Algorithm;
-use tollgate::clock::ManualClock;
+use tollgate::clock::{Clock, ManualClock, SystemClock};
 use tollgate::limiter::{
     Code, DescriptorStatus, LimitOverride, Limiter, LimiterError, LimiterOptions, RequestDescriptor, Verdict,
 };
@@ -203,6 +203,12 @@ impl TestServer {
 
     /// Starts a server without waiting for readiness (for tests of startup while Redis is down).
     pub async fn start_unready(dir: TempDir, env: &[(&str, &str)]) -> Self {
+        Self::start_with_clock(dir, env, Arc::new(SystemClock)).await
+    }
+
+    /// Starts a server whose embedded store reads `clock` (Redis keeps its own), without waiting for
+    /// readiness.
+    pub async fn start_with_clock(dir: TempDir, env: &[(&str, &str)], clock: Arc<dyn Clock>) -> Self {
         let mut env: HashMap<String, String> =
             env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let redis = store_under_test_is_redis().then(|| {
@@ -225,7 +231,7 @@ impl TestServer {
         let http = listeners.http.local_addr().expect("addr");
         let debug = listeners.debug.local_addr().expect("addr");
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(run(settings, listeners, async move {
+        let task = tokio::spawn(run(settings, listeners, clock, async move {
             let _ = stopped.await;
         }));
         Self {
