@@ -4,9 +4,10 @@
 Every render of ci/*.yaml (made by check-chart.sh) and a few made here are checked for: native gRPC
 probes on a numeric port with the right health services; non-root pods with a read-only root filesystem;
 the rules ConfigMap mounted as a directory (no subPath) and without a checksum annotation; a grace period
-longer than the drain period; no replicas when the HPA is on; PDB, HPA, ServiceMonitor and NetworkPolicy
-off by default; no secret in any ConfigMap; and `tollgate check-config` passing on the rules rendered from
-the default values (and failing on a broken rule). Values that must fail the render are tried too.
+longer than the drain period; workerThreads rendered only when set; no replicas when the HPA is on; PDB,
+HPA, ServiceMonitor and NetworkPolicy off by default; no secret in any ConfigMap; and `tollgate
+check-config` passing on the rules rendered from the default values (and failing on a broken rule).
+Values that must fail the render are tried too.
 """
 
 import argparse
@@ -77,7 +78,7 @@ def check_pods(r):
         check(psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{where}: seccomp is not RuntimeDefault")
         check(spec.get("automountServiceAccountToken") is False, f"{where}: the service account token is mounted")
         # Service links would inject TOLLGATE_PORT, TOLLGATE_SERVICE_HOST... for a Service named tollgate,
-        # which Tollgate reads as (unknown) settings and refuses to start.
+        # which Tollgate would skip at every start with a warning each.
         check(spec.get("enableServiceLinks") is False, f"{where}: enableServiceLinks is not false")
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         for c in spec["containers"] + spec.get("initContainers", []):
@@ -211,7 +212,7 @@ def rules_check(args, render, expect_ok, quiet=False):
     with tempfile.TemporaryDirectory() as tmp:
         for name, text in rules[0]["data"].items():
             pathlib.Path(tmp, name).write_text(text)
-        # Tollgate reads every TOLLGATE_* variable as a setting and refuses unknown ones: only the Job's.
+        # Only the Job's TOLLGATE_* variables: this runner's own must not change what is checked.
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOLLGATE_")}
         env.update({e["name"]: e["value"] for e in job.get("env", []) if "value" in e})
         command = [args.tollgate, *[tmp if a == RULES_DIR else a for a in job["args"]]]
@@ -237,6 +238,8 @@ MUST_FAIL = [
     ("url-with-password", "redis: {mode: single, url: 'redis://:hunter2@r:6379'}\n", "Secret"),
     ("secret-in-settings", "settings: {REDIS_AUTH: hunter2}\n", "REDIS_AUTH"),
     ("hash-key-in-settings", "settings: {HASH_KEY: hunter2}\n", "HASH_KEY"),
+    ("worker-threads-in-settings", "settings: {WORKER_THREADS: 2}\n", "WORKER_THREADS"),
+    ("worker-threads-zero", "workerThreads: 0\n", "workerThreads"),
     ("grace-below-drain", "drainPeriodSeconds: 30\nterminationGracePeriodSeconds: 30\n", "drainPeriodSeconds"),
     ("duplicate-domain", "domains: [{domain: a}, {domain: a}]\n", "two entries for domain"),
     ("domain-without-name", "domains: [{descriptors: []}]\n", "domain"),
@@ -281,6 +284,7 @@ def main():
         for kind in ("PodDisruptionBudget", "HorizontalPodAutoscaler", "ServiceMonitor", "NetworkPolicy"):
             check(not default.of(kind), f"defaults: {kind} rendered although off by default")
         check("REDIS_URL" not in default.settings(), "defaults: REDIS_URL set on the embedded store")
+        check("TOLLGATE_WORKER_THREADS" not in default.settings(), "defaults: TOLLGATE_WORKER_THREADS set (null keeps Tollgate's default)")
         check(default.tollgate_deployment()["spec"]["replicas"] == 1, "defaults: replicas is not 1")
         rules_check(args, default, expect_ok=True)
         # The default domains are examples/config/api.yaml; keep them from drifting apart.
@@ -295,6 +299,8 @@ def main():
         check(len(pdb) == 1 and pdb[0]["spec"].get("maxUnavailable") == 1, "monitoring: PDB is not maxUnavailable 1")
         check(len(monitoring.of("ServiceMonitor")) == 1, "monitoring: no ServiceMonitor")
         check(monitoring.of("HorizontalPodAutoscaler"), "monitoring: no HPA")
+        threads = monitoring.settings().get("TOLLGATE_WORKER_THREADS")
+        check(threads == "2", f"monitoring: workerThreads 2 rendered as TOLLGATE_WORKER_THREADS={threads!r}")
         check(len(monitoring.of("NetworkPolicy")) == 2, "monitoring: expected NetworkPolicies for Tollgate and the dev Redis")
         sm = monitoring.of("ServiceMonitor")
         if sm:

@@ -5,10 +5,11 @@
 #      render validated by kubernetes-validate --strict against that version's schemas;
 #   3. hadolint on the Dockerfile;
 #   4. yamllint on values.yaml, ci/*.yaml and examples/envoy/envoy.yaml;
-#   5. scripts/chart_assertions.py: what schemas cannot see (probes, non-root, rules mount, PDB/HPA
+#   5. scripts/chart_readme.py --check: helm/tollgate/README.md's values table matches values.yaml;
+#   6. scripts/chart_assertions.py: what schemas cannot see (probes, non-root, rules mount, PDB/HPA
 #      defaults, no secrets in ConfigMaps, values that must fail the render) and `tollgate check-config` on
 #      the rules the chart renders;
-#   6. scripts/check_envoy_example.py: the descriptors examples/envoy/envoy.yaml produces, each sent to a
+#   7. scripts/check_envoy_example.py: the descriptors examples/envoy/envoy.yaml produces, each sent to a
 #      real `tollgate serve` of examples/config, must meet a limit (Envoy itself is not run).
 # The tools are pinned (see ../shared/ecosystem.md, sections 8 and 9) and installed once, outside the
 # repository, in CHECK_CHART_TOOLS_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-tools): helm from the
@@ -140,6 +141,10 @@ passed
 "$VENV/bin/yamllint" --strict -d '{extends: default, rules: {line-length: {max: 140}, document-start: disable}}' \
     examples/envoy/envoy.yaml
 echo "examples/envoy/envoy.yaml: clean"
+passed
+
+step "chart README: the values table matches values.yaml"
+python3 scripts/chart_readme.py --check --chart "$CHART"
 passed
 
 step "chart assertions"

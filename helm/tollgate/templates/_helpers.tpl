@@ -165,6 +165,9 @@ check-config hook, so the hook validates the settings the pods will run with.
   "TOLLGATE_HTTP_ADDR" (printf "0.0.0.0:%d" (int .Values.ports.http))
   "TOLLGATE_DEBUG_ADDR" (printf "0.0.0.0:%d" (int .Values.ports.debug))
   "TOLLGATE_DRAIN_PERIOD" (printf "%ds" (int .Values.drainPeriodSeconds)) }}
+{{- with .Values.workerThreads }}
+{{- $_ := set $env "TOLLGATE_WORKER_THREADS" (include "tollgate.envString" .) }}
+{{- end }}
 {{- $env = merge $env (fromYaml (include "tollgate.redisEnv" .)) }}
 {{- range $name, $value := .Values.settings }}
 {{- if not (kindIs "invalid" $value) }}
