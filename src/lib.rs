@@ -5,8 +5,10 @@
 //!
 //! # Layout
 //!
-//! Dependencies point downwards. Only [`grpc`] knows tonic's server side and only [`http`] knows axum;
-//! the exceptions are named below.
+//! Dependencies point downwards. Only [`grpc`] serves tonic services and only [`http`] builds axum
+//! routes. The exceptions, by design: [`server`] runs both listeners (`axum::serve`, the health
+//! reporter), [`cli`] and `loadgen` call Tollgate as tonic clients, [`observe::health`] drives
+//! tonic-health's reporter, and [`proto`] is tonic's generated code.
 //!
 //! - [`algorithm`]: the five algorithms as pure functions of (state, now, cost, limit).
 //! - [`rules`]: validated rules → lookup tree; descriptor matching and storage keys. [`rules::file`] is

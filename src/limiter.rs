@@ -260,6 +260,34 @@ pub enum LimiterError {
     Store(#[from] StoreError),
 }
 
+/// What kind of failure a [`LimiterError`] is, for the front ends to map to their status codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request is malformed: the caller must change it.
+    InvalidRequest,
+    /// Nothing can be decided now (the store is down, no rules are loaded): retrying may help.
+    Unavailable,
+    /// An all-or-nothing call whose keys Redis Cluster cannot update atomically.
+    NotAtomic,
+}
+
+impl LimiterError {
+    /// The error's kind.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            LimiterError::Store(StoreError::CrossSlot) => ErrorKind::NotAtomic,
+            LimiterError::NoConfig | LimiterError::Store(_) => ErrorKind::Unavailable,
+            LimiterError::EmptyDomain
+            | LimiterError::NoDescriptors
+            | LimiterError::TooManyDescriptors { .. }
+            | LimiterError::InvalidOverrideUnit { .. }
+            | LimiterError::InvalidLeaseId
+            | LimiterError::InvalidLeaseTtl
+            | LimiterError::UnknownMode(_) => ErrorKind::InvalidRequest,
+        }
+    }
+}
+
 /// What one matched descriptor will be checked against. It refers to the rule's limits rather than
 /// copying them: a request allocates nothing per limit.
 struct Target {

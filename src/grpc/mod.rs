@@ -17,10 +17,10 @@ use tonic_health::pb::health_server::{Health as HealthApi, HealthServer};
 use tonic::Status;
 
 use crate::api::envoy::EnvoyOptions;
-use crate::limiter::{Limiter, LimiterError};
+use crate::limiter::{ErrorKind, Limiter, LimiterError};
 use crate::proto::native::rate_limiter_server::RateLimiterServer;
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 
 pub use envoy_rls::EnvoyRateLimitService;
 pub use native::NativeService;
@@ -75,16 +75,11 @@ fn incoming(
 /// `failure_mode_deny` decides; malformed requests are INVALID_ARGUMENT with envoyproxy/ratelimit's
 /// text; an all-or-nothing call Redis Cluster cannot make atomic is FAILED_PRECONDITION.
 pub fn status_of(error: LimiterError) -> Status {
-    match error {
-        LimiterError::Store(StoreError::CrossSlot) => Status::failed_precondition(error.to_string()),
-        LimiterError::NoConfig | LimiterError::Store(_) => Status::unavailable(error.to_string()),
-        LimiterError::EmptyDomain
-        | LimiterError::NoDescriptors
-        | LimiterError::TooManyDescriptors { .. }
-        | LimiterError::InvalidOverrideUnit { .. }
-        | LimiterError::InvalidLeaseId
-        | LimiterError::InvalidLeaseTtl
-        | LimiterError::UnknownMode(_) => Status::invalid_argument(error.to_string()),
+    let message = error.to_string();
+    match error.kind() {
+        ErrorKind::InvalidRequest => Status::invalid_argument(message),
+        ErrorKind::Unavailable => Status::unavailable(message),
+        ErrorKind::NotAtomic => Status::failed_precondition(message),
     }
 }
 

@@ -26,10 +26,9 @@ use serde_json::{Value, json};
 
 use crate::api::json::duration_text;
 use crate::api::native::{NativeApi, wire_duration};
-use crate::limiter::LimiterError;
+use crate::limiter::{ErrorKind, LimiterError};
 use crate::proto::native::{self, Descriptor, Entry};
 use crate::store::AnyStore;
-use crate::store::StoreError;
 
 /// The `/v1/*` routes.
 pub(super) fn router(service: Arc<NativeApi<AnyStore>>) -> Router {
@@ -116,16 +115,10 @@ impl From<LimiterError> for ApiError {
 /// The HTTP status of a limiter error: 400 for a malformed request, 412 for an all-or-nothing call
 /// Redis Cluster cannot make atomic, 503 when the store is down or no rules are loaded.
 fn status_code(error: &LimiterError) -> StatusCode {
-    match error {
-        LimiterError::Store(StoreError::CrossSlot) => StatusCode::PRECONDITION_FAILED,
-        LimiterError::NoConfig | LimiterError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
-        LimiterError::EmptyDomain
-        | LimiterError::NoDescriptors
-        | LimiterError::TooManyDescriptors { .. }
-        | LimiterError::InvalidOverrideUnit { .. }
-        | LimiterError::InvalidLeaseId
-        | LimiterError::InvalidLeaseTtl
-        | LimiterError::UnknownMode(_) => StatusCode::BAD_REQUEST,
+    match error.kind() {
+        ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::NotAtomic => StatusCode::PRECONDITION_FAILED,
     }
 }
 
