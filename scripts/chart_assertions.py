@@ -195,7 +195,11 @@ def helm_template(args, *extra, kube="1.33.0", api_versions=True):
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
+RENDERED_HERE = []
+
+
 def rendered(args, name, *extra, **kw):
+    RENDERED_HERE.append(name)
     result = helm_template(args, *extra, **kw)
     if not check(result.returncode == 0, f"{name}: helm template failed: {result.stderr.strip()}"):
         return None
@@ -286,6 +290,8 @@ def main():
         check("REDIS_URL" not in default.settings(), "defaults: REDIS_URL set on the embedded store")
         check("TOLLGATE_WORKER_THREADS" not in default.settings(), "defaults: TOLLGATE_WORKER_THREADS set (null keeps Tollgate's default)")
         check(default.tollgate_deployment()["spec"]["replicas"] == 1, "defaults: replicas is not 1")
+        ports = [p["name"] for s in default.of("Service") for p in s["spec"]["ports"]]
+        check("debug" not in ports, "defaults: the debug port (/rlconfig, /top) is on a Service")
         rules_check(args, default, expect_ok=True)
         # The default domains are examples/config/api.yaml; keep them from drifting apart.
         values = yaml.safe_load(pathlib.Path(args.chart, "values.yaml").read_text())
@@ -305,6 +311,13 @@ def main():
         sm = monitoring.of("ServiceMonitor")
         if sm:
             check(sm[0]["spec"]["endpoints"][0]["port"] == "http", "monitoring: ServiceMonitor does not scrape the http port")
+    # A NetworkPolicy with no peers named: gRPC from anywhere, HTTP and debug from the namespace only.
+    policy = rendered(args, "network-policy", "--set", "networkPolicy.enabled=true")
+    if policy:
+        rules = policy.of("NetworkPolicy")[0]["spec"]["ingress"]
+        admin = [r for r in rules if any(p["port"] == 8080 for p in r["ports"])]
+        check(len(admin) == 1 and admin[0].get("from") == [{"podSelector": {}}],
+              f"network-policy: the HTTP and debug ports are open beyond the namespace: {admin}")
     no_crd = rendered(args, "monitoring-without-crd", "-f", f"{args.chart}/ci/monitoring-values.yaml", api_versions=False)
     if no_crd:
         check(not no_crd.of("ServiceMonitor"), "monitoring-without-crd: ServiceMonitor rendered without monitoring.coreos.com/v1")
@@ -347,7 +360,7 @@ def main():
     for name, values_text, expected in MUST_FAIL:
         must_fail(args, name, values_text, expected)
 
-    checked = len(files) + 7
+    checked = len(files) + len(RENDERED_HERE)
     if failures:
         for f in failures:
             print(f"FAIL {f}", file=sys.stderr)

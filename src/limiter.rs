@@ -10,6 +10,7 @@ mod leases;
 
 pub use leases::{LeaseStatus, LeaseVerdict, MAX_LEASE_ID_LEN, ReleaseStatus};
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +48,9 @@ pub struct LimiterOptions {
     pub max_descriptors: usize,
     /// `NEAR_LIMIT_RATIO`: allowed hits above this fraction of the limit count as `near_limit`.
     pub near_limit_ratio: f64,
+    /// `TOLLGATE_SHOW_CALLER_VALUES`: `/top` and the denial log show callers' raw values (addresses,
+    /// user ids) instead of hashes.
+    pub show_caller_values: bool,
 }
 
 impl Default for LimiterOptions {
@@ -59,6 +63,7 @@ impl Default for LimiterOptions {
             default_algorithm: Algorithm::FixedWindow,
             max_descriptors: DEFAULT_MAX_DESCRIPTORS,
             near_limit_ratio: 0.8,
+            show_caller_values: false,
         }
     }
 }
@@ -288,6 +293,20 @@ impl LimiterError {
     }
 }
 
+/// Who a descriptor's caller is, for the top offenders and the denial log.
+struct Caller<'a, E> {
+    domain: &'a str,
+    entries: &'a [E],
+}
+
+impl Caller<'static, (&'static str, &'static str)> {
+    /// No caller: for statuses that are never counted.
+    const NONE: Self = Caller {
+        domain: "",
+        entries: &[],
+    };
+}
+
 /// What one matched descriptor will be checked against. It refers to the rule's limits rather than
 /// copying them: a request allocates nothing per limit.
 struct Target {
@@ -509,7 +528,7 @@ impl<S: Store> Limiter<S> {
             .await?;
         // Peeks and refunds are not hits: they neither count in the rule's stats nor make offenders.
         let counted = matches!(mode, Mode::Consume | Mode::AllOrNothing);
-        Ok(self.verdict(domain, targets, decisions, counted))
+        Ok(self.verdict(domain, descriptors, targets, decisions, counted))
     }
 
     fn validate<D>(&self, domain: &str, descriptors: &[D]) -> Result<(), LimiterError> {
@@ -652,9 +671,10 @@ impl<S: Store> Limiter<S> {
         ))
     }
 
-    fn verdict(
+    fn verdict<D: RequestDescriptor>(
         &self,
         domain: &str,
+        descriptors: &[D],
         targets: Vec<Target>,
         decisions: Option<Vec<Vec<Decision>>>,
         counted: bool,
@@ -663,7 +683,14 @@ impl<S: Store> Limiter<S> {
             Some(decisions) => targets
                 .into_iter()
                 .zip(decisions)
-                .map(|(target, decisions)| self.status(domain, target, &decisions, counted))
+                .zip(descriptors)
+                .map(|((target, decisions), descriptor)| {
+                    let caller = Caller {
+                        domain,
+                        entries: descriptor.entries(),
+                    };
+                    self.status(caller, target, &decisions, counted)
+                })
                 .collect(),
             None => targets
                 .into_iter()
@@ -682,9 +709,9 @@ impl<S: Store> Limiter<S> {
         self.options.global_quota_mode || target.rule.as_ref().is_some_and(|r| r.quota_mode)
     }
 
-    fn status(
+    fn status<E: DescriptorEntry>(
         &self,
-        domain: &str,
+        caller: Caller<'_, E>,
         target: Target,
         decisions: &[Decision],
         counted: bool,
@@ -717,10 +744,11 @@ impl<S: Store> Limiter<S> {
         if let Some(rule) = target.rule.as_ref().filter(|_| counted)
             && self.count_hits(rule, rate, decision, target.cost)
         {
-            self.offenders.observe(domain, &target.key, target.cost);
+            let shown = self.shown_caller(&caller, &target.key);
+            self.offenders.observe(caller.domain, &shown, target.cost);
             if !decision.allowed {
                 let retry_ms = u128::from(decision.retry_after_us) / 1_000;
-                self.denials.refused(domain, &rule.path, &target.key, retry_ms);
+                self.denials.refused(caller.domain, &rule.path, &shown, retry_ms);
             }
         }
         let code = if decision.allowed || shadow {
@@ -740,13 +768,36 @@ impl<S: Store> Limiter<S> {
         }
     }
 
+    /// How `/top` and the denial log name a caller: its storage key when
+    /// [`LimiterOptions::show_caller_values`] is set, else the domain and each entry's key with the
+    /// value hashed as a `hash: true` rule hashes it (keyed by `TOLLGATE_HASH_KEY`), so addresses and
+    /// user ids are not on display (`CACHE_KEY_PREFIX` is left out: it names the deployment, not the
+    /// caller). Computed only for callers refused or near their limit.
+    fn shown_caller<'k, E: DescriptorEntry>(&self, caller: &Caller<'_, E>, key: &'k str) -> Cow<'k, str> {
+        if self.options.show_caller_values {
+            return Cow::Borrowed(key);
+        }
+        // The storage key's shape (`domain_key_value_…`), so a `hash: true` rule's caller reads the same
+        // in both.
+        let mut shown = String::with_capacity(caller.domain.len() + 40 * caller.entries.len());
+        shown.push_str(caller.domain);
+        shown.push('_');
+        for entry in caller.entries {
+            shown.push_str(entry.key());
+            shown.push('_');
+            self.hasher.append_hash(&mut shown, entry.value());
+            shown.push('_');
+        }
+        Cow::Owned(shown)
+    }
+
     /// The status of a descriptor whose store call failed: `failure_mode: open` allows, `closed`
     /// denies; the most restrictive of a descriptor's limits wins. Nothing was counted, so nothing is
     /// known about the remaining budget; the retry hint is one second.
     fn failure_status(&self, target: Target) -> DescriptorStatus {
         let quota_mode = self.quota_mode(&target);
         if target.unlimited || target.rate_count() == 0 {
-            return self.status("", target, &[], false);
+            return self.status(Caller::NONE, target, &[], false);
         }
         let closed = target
             .rates()
@@ -758,7 +809,7 @@ impl<S: Store> Limiter<S> {
         };
         counter.add(1);
         let Some((limit, rate)) = target.rates().nth(closed.unwrap_or(0)) else {
-            return self.status("", target, &[], false);
+            return self.status(Caller::NONE, target, &[], false);
         };
         let current = current_limit(rate, &limit.name);
         let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);

@@ -228,6 +228,7 @@ fn limiter_options(settings: &Settings, algorithm: crate::algorithm::Algorithm) 
         default_algorithm: algorithm,
         max_descriptors: settings.max_descriptors,
         near_limit_ratio: settings.near_limit_ratio,
+        show_caller_values: settings.show_caller_values,
     }
 }
 

@@ -127,6 +127,9 @@ pub struct Settings {
     pub tracing_sampling_rate: f64,
     /// `TRACING_EXPORTER_PROTOCOL`: only `grpc` is built in.
     pub tracing_exporter_protocol: String,
+    /// `/top` and the denial log show callers' raw descriptor values (IP addresses, user ids) instead of
+    /// their hashes. Off by default: those are personal data.
+    pub show_caller_values: bool,
     /// Runtime worker threads; 0 means one per CPU minus one, at least one (see [`Settings::workers`]).
     pub worker_threads: usize,
 }
@@ -368,6 +371,7 @@ impl Default for Settings {
             tracing_service_name: "tollgate".into(),
             tracing_sampling_rate: 1.0,
             tracing_exporter_protocol: "grpc".into(),
+            show_caller_values: false,
             worker_threads: 0,
         }
     }

@@ -139,10 +139,11 @@ async fn a_million_distinct_values_add_no_series() {
     );
 }
 
-#[tokio::test]
-async fn top_offenders_name_the_heaviest_callers_without_raw_hashed_values() {
+/// `/top` as a server with `env` lists domain `t` after five refusals-or-near for an address and
+/// three for an email that the rule hashes.
+async fn top_offenders(env: &[(&str, &str)]) -> (Vec<serde_json::Value>, String) {
     let rules = "domain: t\ndescriptors:\n  - key: ip\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: email\n    hash: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
-    let server = TestServer::start(&[("t.yaml", rules)], &[]).await;
+    let server = TestServer::start(&[("t.yaml", rules)], env).await;
     let mut client = server.client().await;
     for _ in 0..5 {
         client
@@ -159,12 +160,27 @@ async fn top_offenders_name_the_heaviest_callers_without_raw_hashed_values() {
     let (status, text) = http(server.debug, "GET", "/top", "").await;
     assert_eq!(status, 200);
     let top: serde_json::Value = serde_json::from_str(&text).expect("JSON");
-    let list = top["t"].as_array().expect("domain t");
-    assert_eq!(list[0]["key"], "t_ip_203.0.113.9_");
+    let list = top["t"].as_array().expect("domain t").clone();
     assert_eq!(list[0]["count"], 5);
     assert_eq!(list[1]["count"], 3);
     assert!(!text.contains("alice"), "a hashed value leaked: {text}");
     server.stop().await;
+    (list, text)
+}
+
+#[tokio::test]
+async fn top_offenders_are_hashed_unless_caller_values_are_asked_for() {
+    let (hidden, text) = top_offenders(&[]).await;
+    assert!(
+        !text.contains("203.0.113.9"),
+        "a caller's address is on display: {text}"
+    );
+    let ip = hidden[0]["key"].as_str().expect("key");
+    assert!(ip.starts_with("t_ip_") && ip.len() > "t_ip_".len() + 8, "{ip}");
+    let (shown, _) = top_offenders(&[("TOLLGATE_SHOW_CALLER_VALUES", "true")]).await;
+    assert_eq!(shown[0]["key"], "t_ip_203.0.113.9_");
+    // A `hash: true` rule's caller reads the same either way: the storage key's own hash.
+    assert_eq!(hidden[1]["key"], shown[1]["key"]);
 }
 
 #[tokio::test]
