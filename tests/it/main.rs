@@ -22,3 +22,4 @@ mod redis_parity;
 mod redis_store;
 mod reload;
 mod rules_file;
+mod store_contract;

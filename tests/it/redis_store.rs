@@ -6,16 +6,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
 use tollgate::algorithm::{Algorithm, Decision, Limit};
-use tollgate::clock::SystemClock;
 use tollgate::proto::rls::RateLimitResponse;
 use tollgate::proto::rls::rate_limit_response::Code;
-use tollgate::store::lease::{AcquireRequest, LeaseItem, LeaseSlot, LeaseStore, ReleaseRequest};
-use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
+use tollgate::store::lease::{AcquireRequest, LeaseItem, LeaseStore, ReleaseRequest};
 use tollgate::store::{Batch, BatchItem, CommitPolicy, Store};
 
-use crate::common::redis::{RedisCluster, RedisSentinel, RedisServer, command_calls};
+use crate::common::redis::{RedisCluster, RedisSentinel, RedisServer, command_calls, connected_store};
 use crate::common::{TestServer, http, wire_request};
 use crate::require_redis;
 
@@ -374,32 +371,12 @@ async fn flush_under_load_fails_no_request(what: &'static str) {
     Arc::into_inner(server).expect("done").stop().await;
 }
 
-/// A [`RedisStore`] on `url` (`kind` as `REDIS_TYPE`), once it answers.
-async fn connected_store(url: &str, kind: &str) -> (Arc<RedisStore>, CancellationToken) {
-    let target = RedisTarget::parse(url, kind, "", "", "", false, false).expect("Redis target");
-    let options = RedisOptions {
-        target,
-        connections: 1,
-        deadline: Duration::from_secs(2),
-        connect_timeout: Duration::from_secs(2),
-        tls: None,
-        expiration_jitter_max_secs: 0,
-    };
-    let stop = CancellationToken::new();
-    let store = RedisStore::start(options, Arc::new(SystemClock), stop.clone());
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !store.ping().await {
-        assert!(Instant::now() < deadline, "never connected to {url}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    (store, stop)
-}
-
-/// Peeks and refunds find the keys consuming batches wrote, for every algorithm and placement: per
-/// descriptor (envoyproxy/ratelimit's key for a lone fixed window, a tagged key per limit otherwise)
-/// or, for an `all_or_nothing` domain, in the slot of the domain. A peek or refund with the other
-/// placement misses them: it sees a fresh key and gives nothing back.
-async fn peeks_and_refunds_find_the_consumed_keys(url: &str, kind: &str) {
+/// Where a key lives is the domain's choice ([`Batch::keep_together`]), not the call's: a peek or
+/// refund placed otherwise than the consumption (per descriptor, where envoyproxy/ratelimit's key names
+/// a lone fixed window, or in the domain's slot) names other keys, so it sees a fresh key and gives
+/// nothing back. That peeks and refunds placed alike find what consumptions wrote is part of the store
+/// contract (`store_contract::peeks_and_refunds_find_what_consumptions_wrote`).
+async fn other_placements_miss_the_consumed_keys(url: &str, kind: &str) {
     let (store, stop) = connected_store(url, kind).await;
     let apply = |batch: Batch| {
         let store = Arc::clone(&store);
@@ -415,7 +392,7 @@ async fn peeks_and_refunds_find_the_consumed_keys(url: &str, kind: &str) {
         (CommitPolicy::AllOrNothing, true),
     ];
     for algorithm in Algorithm::ALL {
-        for (consume, all_or_nothing) in policies {
+        for (consume, together) in policies {
             let scope = "pre:dom";
             let name = format!("{}_{consume:?}", algorithm.as_str());
             let item = |descriptor: &str, window_us: u64, cost: u64, group: u32| BatchItem {
@@ -441,22 +418,22 @@ async fn peeks_and_refunds_find_the_consumed_keys(url: &str, kind: &str) {
                 keep_together,
             };
             let (peek, refund) = (CommitPolicy::Peek, CommitPolicy::Refund);
-            let together = all_or_nothing;
             let context = format!("{algorithm:?} {consume:?}");
             assert_eq!(apply(batch(consume, 2, together)).await, [3, 3, 3], "{context}");
-            assert_eq!(apply(batch(peek, 1, together)).await, [2, 2, 2], "{context}");
-            assert_eq!(apply(batch(peek, 1, !together)).await, [4, 4, 4], "{context}");
-            assert_eq!(apply(batch(refund, 2, !together)).await, [5, 5, 5], "{context}");
+            assert_eq!(
+                apply(batch(peek, 1, !together)).await,
+                [4, 4, 4],
+                "{context}: a fresh key"
+            );
+            assert_eq!(
+                apply(batch(refund, 2, !together)).await,
+                [5, 5, 5],
+                "{context}: a fresh key"
+            );
             assert_eq!(
                 apply(batch(peek, 0, together)).await,
                 [3, 3, 3],
-                "{context}: missed"
-            );
-            assert_eq!(apply(batch(refund, 2, together)).await, [5, 5, 5], "{context}");
-            assert_eq!(
-                apply(batch(consume, 5, together)).await,
-                [0, 0, 0],
-                "{context}: all back"
+                "{context}: the refund missed"
             );
         }
     }
@@ -464,103 +441,62 @@ async fn peeks_and_refunds_find_the_consumed_keys(url: &str, kind: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn peeks_and_refunds_find_the_keys_consumptions_wrote() {
+async fn peeks_and_refunds_placed_otherwise_miss_the_consumed_keys() {
     require_redis!();
     let redis = RedisServer::start();
-    peeks_and_refunds_find_the_consumed_keys(&redis.url(), "single").await;
+    other_placements_miss_the_consumed_keys(&redis.url(), "single").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn peeks_and_refunds_find_the_keys_consumptions_wrote_in_a_cluster() {
+async fn peeks_and_refunds_placed_otherwise_miss_the_consumed_keys_in_a_cluster() {
     require_redis!();
     let cluster = RedisCluster::start();
-    peeks_and_refunds_find_the_consumed_keys(&cluster.addrs(), "cluster").await;
+    other_placements_miss_the_consumed_keys(&cluster.addrs(), "cluster").await;
 }
 
-/// Concurrency leases in Redis: all or none across keys of one domain (one slot in a cluster), one
-/// lease per id, release, and expiry by the Redis clock with no release at all.
-async fn leases_are_atomic_and_expire(url: &str, kind: &str) {
-    let (store, stop) = connected_store(url, kind).await;
+/// Every lease key has a TTL, that of its latest-expiring lease (not of the last one written), so an
+/// abandoned key disappears with its last lease and no earlier; a key left without leases is deleted.
+/// (What leases admit, across keys and over time, is in the store contract.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_keys_expire_with_their_last_lease() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let (store, stop) = connected_store(&redis.url(), "single").await;
     let scope = "pre:jobs";
-    let item = |name: &str, max_in_flight| LeaseItem {
-        key: format!("{scope}_job_{name}_"),
-        max_in_flight,
-    };
-    let acquire = |items: Vec<LeaseItem>, id: &str, ttl_ms: u64| AcquireRequest {
-        items,
+    let key = |name: &str| format!("{scope}_job_{name}_");
+    let acquire = |names: &[&str], id: &str, ttl_ms: u64| AcquireRequest {
+        items: names
+            .iter()
+            .map(|name| LeaseItem {
+                key: key(name),
+                max_in_flight: 2,
+            })
+            .collect(),
         lease_id: id.to_owned(),
         ttl_us: ttl_ms * 1000,
         scope_len: scope.len(),
     };
-    let taken = |slots: Vec<LeaseSlot>| {
-        slots
-            .iter()
-            .map(|s| (s.available, s.in_flight))
-            .collect::<Vec<_>>()
-    };
-    let first = store
-        .acquire(&acquire(vec![item("a", 2), item("b", 1)], "one", 60_000))
-        .await;
-    assert_eq!(taken(first.expect("store")), [(true, 1), (true, 1)]);
-    // "b" is full, so nothing is taken on "a" either.
-    let second = store
-        .acquire(&acquire(vec![item("a", 2), item("b", 1)], "two", 60_000))
-        .await;
-    let second = second.expect("store");
-    assert_eq!(taken(second.clone()), [(true, 1), (false, 1)]);
-    assert!(
-        (59_000_000..=60_000_000).contains(&second[1].retry_after_us),
-        "{second:?}"
-    );
-    // Renewing "one" takes no second slot.
-    let renewed = store.acquire(&acquire(vec![item("a", 2)], "one", 60_000)).await;
-    assert_eq!(taken(renewed.expect("store")), [(true, 1)]);
+    let taken = store.acquire(&acquire(&["a", "b"], "long", 60_000)).await;
+    assert!(taken.expect("store").iter().all(|s| s.available));
+    let taken = store.acquire(&acquire(&["a"], "short", 150)).await;
+    assert!(taken.expect("store")[0].available);
     let release = ReleaseRequest {
-        keys: vec![item("a", 0).key, item("b", 0).key],
-        lease_id: "one".to_owned(),
+        keys: vec![key("b")],
+        lease_id: "long".to_owned(),
         scope_len: scope.len(),
     };
     let released = store.release(&release).await.expect("store");
-    assert!(
-        released.iter().all(|r| r.released && r.in_flight == 0),
-        "{released:?}"
-    );
-    // A lease nobody releases expires on its own.
-    store
-        .acquire(&acquire(vec![item("c", 1)], "ghost", 150))
-        .await
-        .expect("store");
-    let blocked = store
-        .acquire(&acquire(vec![item("c", 1)], "next", 150))
-        .await
-        .expect("store");
-    assert!(!blocked[0].available);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let freed = store
-        .acquire(&acquire(vec![item("c", 1)], "next", 150))
-        .await
-        .expect("store");
-    assert_eq!(taken(freed), [(true, 1)]);
+    assert_eq!((released[0].released, released[0].in_flight), (true, 0));
+    let keys: Vec<String> = redis
+        .cli(&["KEYS", "*"])
+        .lines()
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(keys.len(), 1, "only the key still holding leases: {keys:?}");
+    let ttl: i64 = redis.cli(&["PTTL", &keys[0]]).trim().parse().expect("PTTL");
+    assert!((59_000..=60_000).contains(&ttl), "{} has PTTL {ttl}", keys[0]);
     stop.cancel();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leases_in_a_single_redis() {
-    require_redis!();
-    let redis = RedisServer::start();
-    leases_are_atomic_and_expire(&redis.url(), "single").await;
-    // Every lease key has a TTL, so an abandoned one disappears.
-    for key in redis.cli(&["KEYS", "*"]).lines().filter(|k| !k.is_empty()) {
-        let ttl: i64 = redis.cli(&["PTTL", key]).trim().parse().expect("PTTL");
-        assert!(ttl > 0, "{key} has no TTL ({ttl})");
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leases_in_a_cluster() {
-    require_redis!();
-    let cluster = RedisCluster::start();
-    leases_are_atomic_and_expire(&cluster.addrs(), "cluster").await;
 }
 
 #[tokio::test]

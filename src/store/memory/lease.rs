@@ -153,6 +153,8 @@ fn slot_of(holders: &Holders, max_in_flight: u64, lease_id: &str, now: u64) -> L
 
 #[cfg(test)]
 mod tests {
+    //! What leases admit, across keys and over time, is the store contract
+    //! (`tests/it/store_contract.rs`), run on this store too; here only what is this store's own.
     use super::*;
     use crate::clock::ManualClock;
     use crate::store::lease::LeaseItem;
@@ -179,67 +181,7 @@ mod tests {
     }
 
     #[test]
-    fn at_most_max_in_flight_and_release_frees_a_slot() {
-        let (_, leases) = setup();
-        assert!(leases.acquire_now(&request(&[("k", 2)], "a", 10))[0].available);
-        assert!(leases.acquire_now(&request(&[("k", 2)], "b", 10))[0].available);
-        let full = leases.acquire_now(&request(&[("k", 2)], "c", 10))[0];
-        assert_eq!(
-            full,
-            LeaseSlot {
-                available: false,
-                in_flight: 2,
-                retry_after_us: 10
-            }
-        );
-        let freed = leases.release_now(&["k".to_owned()], "a");
-        assert_eq!(
-            freed,
-            vec![Released {
-                released: true,
-                in_flight: 1
-            }]
-        );
-        assert!(!leases.release_now(&["k".to_owned()], "a")[0].released);
-        assert!(leases.acquire_now(&request(&[("k", 2)], "c", 10))[0].available);
-    }
-
-    #[test]
-    fn expired_leases_free_their_slots() {
-        let (clock, leases) = setup();
-        leases.acquire_now(&request(&[("k", 1)], "a", 10));
-        clock.advance_us(9);
-        assert!(!leases.acquire_now(&request(&[("k", 1)], "b", 10))[0].available);
-        clock.advance_us(1);
-        assert!(leases.acquire_now(&request(&[("k", 1)], "b", 10))[0].available);
-        assert!(!leases.release_now(&["k".to_owned()], "a")[0].released);
-    }
-
-    #[test]
-    fn reacquiring_renews_instead_of_taking_a_second_slot() {
-        let (clock, leases) = setup();
-        leases.acquire_now(&request(&[("k", 2)], "a", 10));
-        clock.advance_us(8);
-        let renewed = leases.acquire_now(&request(&[("k", 2)], "a", 10))[0];
-        assert!(renewed.available);
-        assert_eq!(renewed.in_flight, 1);
-        clock.advance_us(8);
-        // Past the first expiry, still held thanks to the renewal.
-        assert!(!leases.acquire_now(&request(&[("k", 1)], "b", 10))[0].available);
-    }
-
-    #[test]
-    fn all_or_none_across_keys() {
-        let (_, leases) = setup();
-        leases.acquire_now(&request(&[("full", 1)], "x", 100));
-        let slots = leases.acquire_now(&request(&[("free", 1), ("full", 1)], "y", 100));
-        assert!(slots[0].available && !slots[1].available);
-        // Nothing was taken on the free key.
-        assert!(leases.acquire_now(&request(&[("free", 1)], "z", 100))[0].available);
-    }
-
-    #[test]
-    fn zero_max_in_flight_refuses_everything_and_sweep_drops_expired() {
+    fn a_refused_lease_records_nothing_and_sweep_drops_expired() {
         let (clock, leases) = setup();
         assert!(!leases.acquire_now(&request(&[("k", 0)], "a", 10))[0].available);
         assert!(leases.is_empty());

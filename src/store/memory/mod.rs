@@ -357,131 +357,34 @@ fn lock(shard: &Mutex<HashTable<Entry>>) -> MutexGuard<'_, HashTable<Entry>> {
 
 #[cfg(test)]
 mod tests {
+    //! What every store promises (consuming policies, peeks, refunds, leases) is the store contract,
+    //! `tests/it/store_contract.rs`, run on this store too; here only what is this store's own.
     use super::*;
     use crate::clock::ManualClock;
 
-    const PEEK: CommitPolicy = CommitPolicy::Peek;
-    const REFUND: CommitPolicy = CommitPolicy::Refund;
-
-    fn store() -> (MemoryStore, ManualClock) {
-        let clock = ManualClock::new(1_000_250_000);
-        (MemoryStore::new(Arc::new(clock.clone())), clock)
-    }
-
-    fn item(key: &str, algorithm: Algorithm, cost: u64, group: u32) -> BatchItem {
-        BatchItem {
-            key: key.to_owned(),
-            limit: Limit {
-                algorithm,
-                requests: 5,
-                window_us: 1_000_000,
-                burst: 5,
-            },
-            cost,
-            group,
-        }
-    }
-
-    /// What a zero-cost check of each item's key sees now.
-    fn checks(store: &MemoryStore, items: &[BatchItem]) -> Vec<Decision> {
-        let zero: Vec<BatchItem> = items.iter().map(|i| BatchItem { cost: 0, ..i.clone() }).collect();
-        store.apply_batch(&zero, CommitPolicy::Independent)
-    }
-
+    /// A refund of an expired entry neither revives nor removes it: the entry stays, still expired,
+    /// and the sweep drops it.
     #[test]
-    fn peek_decides_like_a_consuming_first_pass_and_writes_nothing() {
+    fn a_refund_leaves_an_expired_entry_to_the_sweep() {
         for algorithm in Algorithm::ALL {
-            let (peeked, _) = store();
-            let (consumed, _) = store();
-            for store in [&peeked, &consumed] {
-                store.apply_batch(&[item("k", algorithm, 2, 0)], CommitPolicy::Independent);
-            }
-            // A repeated key sees the first item's effect (the 3 does not fit in what the 1 leaves), a new
-            // key is evaluated too, and the costs are the real ones. One group per item, so the consuming
-            // batch does not settle and its decisions are its first pass.
-            let batch = [
-                item("k", algorithm, 1, 0),
-                item("k", algorithm, 3, 1),
-                item("new", algorithm, 4, 2),
-                item("k", algorithm, 9, 3),
-            ];
-            let before = checks(&peeked, &batch);
-            let peek = peeked.apply_batch(&batch, PEEK);
-            assert_eq!(
-                peek,
-                consumed.apply_batch(&batch, CommitPolicy::Independent),
-                "{algorithm:?}"
-            );
-            assert!(!peek[3].allowed, "{algorithm:?}");
-            assert_eq!(
-                checks(&peeked, &batch),
-                before,
-                "{algorithm:?}: a peek changed a state"
-            );
-            assert_eq!(peeked.len(), 1, "{algorithm:?}: a peek created an entry");
-        }
-    }
-
-    #[test]
-    fn peek_ignores_the_settling_rules() {
-        let (store, _) = store();
-        let batch = [item("a", Algorithm::Gcra, 2, 0), item("b", Algorithm::Gcra, 6, 0)];
-        let peek = store.apply_batch(&batch, PEEK);
-        assert_eq!(
-            (peek[0].allowed, peek[0].remaining, peek[1].allowed),
-            (true, 3, false),
-            "the first pass, not AllOrNothing's settled answer"
-        );
-        assert!(store.is_empty());
-    }
-
-    #[test]
-    fn refund_gives_back_what_was_consumed() {
-        for algorithm in Algorithm::ALL {
-            let (store, _) = store();
-            let fresh = checks(&store, &[item("k", algorithm, 0, 0)]);
-            store.apply_batch(&[item("k", algorithm, 3, 0)], CommitPolicy::Independent);
-            let refunded = store.apply_batch(&[item("k", algorithm, 3, 0)], REFUND);
-            assert_eq!(refunded, fresh, "{algorithm:?}");
-            let full = store.apply_batch(&[item("k", algorithm, 5, 0)], CommitPolicy::Independent);
-            assert!(
-                full[0].allowed,
-                "{algorithm:?}: the whole limit is available again"
-            );
-        }
-    }
-
-    #[test]
-    fn refunds_of_one_key_apply_in_order() {
-        for algorithm in Algorithm::ALL {
-            let (store, _) = store();
-            store.apply_batch(&[item("k", algorithm, 4, 0)], CommitPolicy::Independent);
-            let refunded =
-                store.apply_batch(&[item("k", algorithm, 1, 0), item("k", algorithm, 1, 0)], REFUND);
-            let remaining: Vec<u64> = refunded.iter().map(|d| d.remaining).collect();
-            assert_eq!(remaining, [2, 3], "{algorithm:?}");
-            assert!(refunded.iter().all(|d| d.allowed && d.retry_after_us == 0));
-        }
-    }
-
-    #[test]
-    fn refund_never_creates_or_revives_an_entry() {
-        for algorithm in Algorithm::ALL {
-            let (store, clock) = store();
-            let absent = [item("absent", algorithm, 2, 0)];
-            let fresh = checks(&store, &absent);
-            assert_eq!(store.apply_batch(&absent, REFUND), fresh, "{algorithm:?}");
-            assert!(store.is_empty(), "{algorithm:?}: a refund created an entry");
-            // An expired entry is no state either: the refund leaves it to the sweep.
-            store.apply_batch(&[item("old", algorithm, 5, 0)], CommitPolicy::Independent);
+            let clock = ManualClock::new(1_000_250_000);
+            let store = MemoryStore::new(Arc::new(clock.clone()));
+            let old = [BatchItem {
+                key: "old".to_owned(),
+                limit: Limit {
+                    algorithm,
+                    requests: 5,
+                    window_us: 1_000_000,
+                    burst: 5,
+                },
+                cost: 5,
+                group: 0,
+            }];
+            store.apply_batch(&old, CommitPolicy::Independent);
             clock.advance_us(10_000_000);
-            let old = [item("old", algorithm, 5, 0)];
-            assert_eq!(
-                store.apply_batch(&old, REFUND),
-                checks(&store, &old),
-                "{algorithm:?}"
-            );
-            assert_eq!(store.sweep(), 1, "{algorithm:?}");
+            store.apply_batch(&old, CommitPolicy::Refund);
+            assert_eq!(store.len(), 1, "{algorithm:?}: the refund removed the entry");
+            assert_eq!(store.sweep(), 1, "{algorithm:?}: the refund revived the entry");
             assert!(store.is_empty(), "{algorithm:?}");
         }
     }

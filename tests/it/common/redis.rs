@@ -7,9 +7,13 @@
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
+use tokio_util::sync::CancellationToken;
+use tollgate::clock::SystemClock;
+use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
 
 /// Whether `redis-server` can be run here. Panics if it cannot but the run requires it.
 pub fn redis_available() -> bool {
@@ -186,6 +190,28 @@ pub fn command_calls(port: u16) -> std::collections::HashMap<String, u64> {
             Some((name.to_owned(), calls))
         })
         .collect()
+}
+
+/// A [`RedisStore`] on `url` (`kind` as `REDIS_TYPE`), once it answers. Cancel the token to stop its
+/// background connector.
+pub async fn connected_store(url: &str, kind: &str) -> (Arc<RedisStore>, CancellationToken) {
+    let target = RedisTarget::parse(url, kind, "", "", "", false, false).expect("Redis target");
+    let options = RedisOptions {
+        target,
+        connections: 1,
+        deadline: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(2),
+        tls: None,
+        expiration_jitter_max_secs: 0,
+    };
+    let stop = CancellationToken::new();
+    let store = RedisStore::start(options, Arc::new(SystemClock), stop.clone());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !store.ping().await {
+        assert!(Instant::now() < deadline, "never connected to {url}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (store, stop)
 }
 
 /// A local Redis Cluster of three masters (no replicas), every slot assigned.
