@@ -299,14 +299,6 @@ struct Caller<'a, E> {
     entries: &'a [E],
 }
 
-impl Caller<'static, (&'static str, &'static str)> {
-    /// No caller: for statuses that are never counted.
-    const NONE: Self = Caller {
-        domain: "",
-        entries: &[],
-    };
-}
-
 /// What one matched descriptor will be checked against. It refers to the rule's limits rather than
 /// copying them: a request allocates nothing per limit.
 struct Target {
@@ -425,8 +417,8 @@ impl<S: Store> Limiter<S> {
         self.evaluate(domain, descriptors, cost, Mode::Consume).await
     }
 
-    /// Decides one request of the native API: `cost` units per descriptor (unless a descriptor sets its
-    /// own), consumed, peeked or refunded as `mode` says.
+    /// Decides one request, Envoy's or the native API's: `cost` units per descriptor (unless a
+    /// descriptor sets its own), consumed, peeked or refunded as `mode` says; counts it in the metrics.
     async fn evaluate<D: RequestDescriptor>(
         &self,
         domain: &str,
@@ -716,29 +708,14 @@ impl<S: Store> Limiter<S> {
         decisions: &[Decision],
         counted: bool,
     ) -> DescriptorStatus {
-        let quota_mode = self.quota_mode(&target);
-        if target.unlimited {
-            return DescriptorStatus {
-                quota_mode,
-                rule: target.rule,
-                ..DescriptorStatus::no_limit(AppliedLimit::Unlimited)
-            };
-        }
-        let Some(at) = reported(decisions) else {
-            return DescriptorStatus {
-                quota_mode,
-                rule: target.rule,
-                ..DescriptorStatus::no_limit(AppliedLimit::None)
-            };
+        let Some(at) = reported(decisions).filter(|_| !target.unlimited) else {
+            return self.unmeasured(target);
         };
         let decision = &decisions[at];
         let Some((limit, rate)) = target.rates().nth(at) else {
-            return DescriptorStatus {
-                quota_mode,
-                rule: target.rule,
-                ..DescriptorStatus::no_limit(AppliedLimit::None)
-            };
+            return self.unmeasured(target);
         };
+        let quota_mode = self.quota_mode(&target);
         let current = current_limit(rate, &limit.name);
         let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);
         if let Some(rule) = target.rule.as_ref().filter(|_| counted)
@@ -765,6 +742,21 @@ impl<S: Store> Limiter<S> {
             quota_mode,
             rule: target.rule,
             from_failure_mode: false,
+        }
+    }
+
+    /// The status of a descriptor that no limit measured: its rule is `unlimited`, or nothing matched,
+    /// or every limit was replaced.
+    fn unmeasured(&self, target: Target) -> DescriptorStatus {
+        let limit = if target.unlimited {
+            AppliedLimit::Unlimited
+        } else {
+            AppliedLimit::None
+        };
+        DescriptorStatus {
+            quota_mode: self.quota_mode(&target),
+            rule: target.rule,
+            ..DescriptorStatus::no_limit(limit)
         }
     }
 
@@ -795,10 +787,10 @@ impl<S: Store> Limiter<S> {
     /// denies; the most restrictive of a descriptor's limits wins. Nothing was counted, so nothing is
     /// known about the remaining budget; the retry hint is one second.
     fn failure_status(&self, target: Target) -> DescriptorStatus {
-        let quota_mode = self.quota_mode(&target);
         if target.unlimited || target.rate_count() == 0 {
-            return self.status(Caller::NONE, target, &[], false);
+            return self.unmeasured(target);
         }
+        let quota_mode = self.quota_mode(&target);
         let closed = target
             .rates()
             .position(|(limit, _)| limit.failure_mode == Some(FailureMode::Closed));
@@ -809,7 +801,7 @@ impl<S: Store> Limiter<S> {
         };
         counter.add(1);
         let Some((limit, rate)) = target.rates().nth(closed.unwrap_or(0)) else {
-            return self.status(Caller::NONE, target, &[], false);
+            return self.unmeasured(target);
         };
         let current = current_limit(rate, &limit.name);
         let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);

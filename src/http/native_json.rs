@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 
 use crate::api::json::duration_text;
 use crate::api::native::{NativeApi, wire_duration};
+use crate::api::whole_seconds;
 use crate::limiter::{ErrorKind, LimiterError};
 use crate::proto::native::{self, Descriptor, Entry};
 use crate::store::AnyStore;
@@ -250,8 +251,8 @@ async fn release(State(service): State<Arc<NativeApi<AnyStore>>>, body: Bytes) -
 
 /// `Retry-After` in whole seconds, rounded up so a client never retries early; at least 1.
 fn retry_after_secs(retry: Option<&prost_types::Duration>) -> String {
-    let seconds = retry.map_or(1, |d| d.seconds.max(0) + i64::from(d.nanos > 0));
-    seconds.max(1).to_string()
+    let wait = retry.and_then(|d| Duration::try_from(*d).ok());
+    wait.map_or(1, whole_seconds).max(1).to_string()
 }
 
 fn with_headers(status: StatusCode, headers: &[(String, String)], body: Value) -> Response {
