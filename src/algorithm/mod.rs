@@ -154,7 +154,9 @@ impl Limit {
 pub struct Decision {
     /// Whether the request (with its cost) is admitted.
     pub allowed: bool,
-    /// Cost units still admissible right after this decision; 0 when denied.
+    /// Cost units still admissible right after this decision. An algorithm that denies reports 0;
+    /// a store settling a batch (all-or-nothing, stop-increment) reports, for an item it refused
+    /// without consuming, what the key still holds. The limiter reports 0 for every refusal.
     pub remaining: u64,
     /// µs from now until the key's usage has fully drained (algorithm-specific meaning).
     pub reset_after_us: u64,
