@@ -335,6 +335,14 @@ impl Target {
     fn rate_count(&self) -> usize {
         self.active.count_ones() as usize
     }
+
+    /// Whether one of the checked limits is asked for more than it can ever admit.
+    fn exceeds_capacity(&self) -> bool {
+        !self.unlimited
+            && self
+                .rates()
+                .any(|(_, rate)| self.cost > rate.limit.max_admissible())
+    }
 }
 
 /// The mask bit of limit `i` (rules hold at most [`crate::rules::MAX_LIMITS_PER_RULE`] = 64 limits).
@@ -414,28 +422,38 @@ impl<S: Store> Limiter<S> {
         request_hits_addend: u32,
     ) -> Result<Verdict, LimiterError> {
         let cost = u64::from(request_hits_addend.max(1));
-        self.evaluate(domain, descriptors, cost, Mode::Consume).await
+        // Envoy's path counts as envoyproxy/ratelimit does, even a cost no limit can admit: Go replicas
+        // may share the counters.
+        self.evaluate(domain, descriptors, cost, Mode::Consume, false)
+            .await
     }
 
     /// Decides one request, Envoy's or the native API's: `cost` units per descriptor (unless a
     /// descriptor sets its own), consumed, peeked or refunded as `mode` says; counts it in the metrics.
+    /// With `refuse_impossible`, a consuming request in which some limit is asked for more than it
+    /// can ever admit consumes nothing (see [`Limiter::check`]).
     async fn evaluate<D: RequestDescriptor>(
         &self,
         domain: &str,
         descriptors: &[D],
         cost: u64,
         mode: Mode,
+        refuse_impossible: bool,
     ) -> Result<Verdict, LimiterError> {
         let started = Instant::now();
         self.metrics.total_requests.add(1);
-        let result = self.decide_request(domain, descriptors, cost, mode).await;
+        let result = self
+            .decide_request(domain, descriptors, cost, mode, refuse_impossible)
+            .await;
         self.observe(started, result.as_ref().err());
         result
     }
 
     /// The native API's Check: `cost` units per descriptor (unless a descriptor sets its own), consumed,
     /// peeked or consumed all-or-nothing as `mode` says. A peek may cost 0, which asks "what is left?";
-    /// anything else costs at least 1.
+    /// anything else costs at least 1. A cost above a limit's capacity (its `requests_per_unit`, or
+    /// `burst`) can never pass: such a check is refused with no retry hint and consumes nothing on any
+    /// descriptor, so one absurd cost cannot lock a key out for a window.
     pub async fn check<D: RequestDescriptor>(
         &self,
         domain: &str,
@@ -444,7 +462,7 @@ impl<S: Store> Limiter<S> {
         mode: Mode,
     ) -> Result<Verdict, LimiterError> {
         let cost = if mode == Mode::Peek { cost } else { cost.max(1) };
-        self.evaluate(domain, descriptors, cost, mode).await
+        self.evaluate(domain, descriptors, cost, mode, true).await
     }
 
     /// The native API's Refund: gives `cost` units (at least 1) back to every descriptor's limits.
@@ -454,7 +472,7 @@ impl<S: Store> Limiter<S> {
         descriptors: &[D],
         cost: u64,
     ) -> Result<Verdict, LimiterError> {
-        self.evaluate(domain, descriptors, cost.max(1), Mode::Refund)
+        self.evaluate(domain, descriptors, cost.max(1), Mode::Refund, false)
             .await
     }
 
@@ -483,6 +501,7 @@ impl<S: Store> Limiter<S> {
         descriptors: &[D],
         default_cost: u64,
         mode: Mode,
+        refuse_impossible: bool,
     ) -> Result<Verdict, LimiterError> {
         self.validate(domain, descriptors)?;
         let rules = self.rules.load_full().ok_or(LimiterError::NoConfig)?;
@@ -504,6 +523,13 @@ impl<S: Store> Limiter<S> {
             .map(|(index, d)| self.target(domain_rules, index, d, default_cost))
             .collect::<Result<Vec<_>, _>>()?;
         apply_replaces(&mut targets);
+        // Which descriptors ask a limit for more than it can ever admit: a consuming call with any is
+        // decided as a peek, and those descriptors refused (allocated only on that rare path).
+        let impossible: Option<Vec<bool>> = (refuse_impossible
+            && matches!(mode, Mode::Consume | Mode::AllOrNothing)
+            && targets.iter().any(Target::exceeds_capacity))
+        .then(|| targets.iter().map(Target::exceeds_capacity).collect());
+        let mode = if impossible.is_some() { Mode::Peek } else { mode };
         let policy = match mode {
             Mode::Peek => CommitPolicy::Peek,
             Mode::Refund => CommitPolicy::Refund,
@@ -520,7 +546,34 @@ impl<S: Store> Limiter<S> {
             .await?;
         // Peeks and refunds are not hits: they neither count in the rule's stats nor make offenders.
         let counted = matches!(mode, Mode::Consume | Mode::AllOrNothing);
-        Ok(self.verdict(domain, descriptors, targets, decisions, counted))
+        let mut verdict = self.verdict(domain, descriptors, targets, decisions, counted);
+        if let Some(impossible) = impossible {
+            self.refuse_impossible(&mut verdict, &impossible);
+        }
+        Ok(verdict)
+    }
+
+    /// Refuses the descriptors whose cost no limit of theirs can ever admit: no retry hint (waiting
+    /// will not help), nothing remaining; a shadow rule still only reports it.
+    fn refuse_impossible(&self, verdict: &mut Verdict, impossible: &[bool]) {
+        for (status, _) in verdict.statuses.iter_mut().zip(impossible).filter(|(_, i)| **i) {
+            let shadow = status.rule.as_ref().is_some_and(|r| r.shadow_mode);
+            if !shadow {
+                status.code = Code::OverLimit;
+            }
+            status.remaining = 0;
+            status.retry_after = None;
+        }
+        verdict.overall = self.overall(&verdict.statuses);
+    }
+
+    /// The overall code: OK under global shadow mode, else envoyproxy/ratelimit's rule.
+    fn overall(&self, statuses: &[DescriptorStatus]) -> Code {
+        if self.options.global_shadow_mode {
+            Code::Ok
+        } else {
+            overall_code(statuses)
+        }
     }
 
     fn validate<D>(&self, domain: &str, descriptors: &[D]) -> Result<(), LimiterError> {
@@ -689,12 +742,10 @@ impl<S: Store> Limiter<S> {
                 .map(|target| self.failure_status(target))
                 .collect(),
         };
-        let overall = if self.options.global_shadow_mode {
-            Code::Ok
-        } else {
-            overall_code(&statuses)
-        };
-        Verdict { overall, statuses }
+        Verdict {
+            overall: self.overall(&statuses),
+            statuses,
+        }
     }
 
     fn quota_mode(&self, target: &Target) -> bool {

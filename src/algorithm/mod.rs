@@ -141,6 +141,17 @@ pub struct Limit {
 }
 
 impl Limit {
+    /// The largest cost the limit can ever admit at once: its capacity (`burst` for the bucket
+    /// algorithms, `requests` for the window ones; 0 for a limit of 0). A larger cost is refused
+    /// whatever the state, and its retry hint is not exact.
+    pub fn max_admissible(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra if self.requests == 0 => 0,
+            Algorithm::TokenBucket | Algorithm::Gcra => self.burst,
+            _ => self.requests,
+        }
+    }
+
     /// The window length actually used: `window_us`, with 0 read as 1 µs so that no
     /// division or modulo can panic.
     pub(crate) fn window(&self) -> u64 {
@@ -393,15 +404,6 @@ pub(crate) mod tests {
         Ok(())
     }
 
-    /// Largest cost the limit can ever admit; denials of larger costs have no exact retry.
-    fn max_admissible(limit: &Limit) -> u64 {
-        match limit.algorithm {
-            Algorithm::TokenBucket | Algorithm::Gcra if limit.requests == 0 => 0,
-            Algorithm::TokenBucket | Algorithm::Gcra => limit.burst,
-            _ => limit.requests,
-        }
-    }
-
     /// Upper bound on `remaining`.
     fn max_remaining(limit: &Limit) -> u64 {
         match limit.algorithm {
@@ -476,7 +478,7 @@ pub(crate) mod tests {
     /// retry_after is exact: allowed at now + retry, still denied one µs earlier.
     fn check_retry(limit: &Limit, step: &Step) {
         let d = step.decision;
-        if d.allowed || step.cost > max_admissible(limit) {
+        if d.allowed || step.cost > limit.max_admissible() {
             return;
         }
         let Some(at) = step.now.checked_add(d.retry_after_us) else {

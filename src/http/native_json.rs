@@ -161,9 +161,11 @@ async fn check(State(service): State<Arc<NativeApi<AnyStore>>>, body: Bytes) -> 
     if response.allowed || peek {
         return Ok(with_headers(StatusCode::OK, &headers, body));
     }
-    if !headers
-        .iter()
-        .any(|(name, _)| name.eq_ignore_ascii_case("retry-after"))
+    // No retry hint (a cost no limit can ever admit): no Retry-After, since waiting will not help.
+    if response.retry_after.is_some()
+        && !headers
+            .iter()
+            .any(|(name, _)| name.eq_ignore_ascii_case("retry-after"))
     {
         headers.push((
             "Retry-After".into(),

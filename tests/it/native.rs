@@ -583,6 +583,15 @@ async fn the_json_api_speaks_the_same_calls_with_429_and_retry_after() {
         .expect("Retry-After");
     // A fixed window: the hint is the time to the window's end.
     assert!((1..=3600).contains(&retry), "{retry}");
+    // A cost above the limit can never pass: 429 with no Retry-After, and nothing consumed.
+    let absurd = r#"{"domain":"app","descriptors":[{"entries":[{"key":"otp","value":"5550122"}]}],"cost":6}"#;
+    let (status, head, body) = http_with_head(&server, "/v1/check", absurd).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(header(&head, "Retry-After").is_none(), "{head}");
+    let untouched =
+        r#"{"domain":"app","descriptors":[{"entries":[{"key":"otp","value":"5550122"}]}],"mode":"peek"}"#;
+    let (_, _, body) = http_with_head(&server, "/v1/check", untouched).await;
+    assert_eq!(body["results"][0]["remaining"].as_u64(), Some(5), "{body}");
 
     let peek =
         r#"{"domain":"app","descriptors":[{"entries":[{"key":"otp","value":"5550111"}]}],"mode":"peek"}"#;
@@ -727,19 +736,49 @@ async fn native_calls_count_in_the_same_metrics() {
     server.stop().await;
 }
 
-/// Absurd costs and sizes get answers, not panics: a cost of u64::MAX is refused with the limit
-/// unchanged, a refund of u64::MAX is capped, and a request with too many descriptors is refused.
+/// Absurd costs and sizes get answers, not panics: a cost no limit can admit is refused with no retry
+/// hint and the budget untouched on every algorithm (a fixed window included, unlike Envoy's path),
+/// a refund of u64::MAX is capped, and a request with too many descriptors is refused.
 #[tokio::test]
 async fn absurd_costs_and_sizes_are_answered() {
     let (server, mut client) = start().await;
     for key in ["tokens", "gcra", "sliding", "log", "fixed"] {
-        let huge = check(&mut client, desc(key, "huge"), u64::MAX, Mode::Consume).await;
-        assert!(!huge.allowed, "{key}");
-        let peek = check(&mut client, desc(key, "huge"), 1, Mode::Peek).await;
-        // A fixed window counts refused requests too (envoyproxy/ratelimit's counter), so there the
-        // absurd cost used up the window; the other algorithms change nothing on a refusal.
-        assert_eq!(peek.allowed, key != "fixed", "{key}");
         let limit = if key == "tokens" { 1000 } else { 100 };
+        for cost in [u64::MAX, limit + 1] {
+            let huge = check(&mut client, desc(key, "huge"), cost, Mode::Consume).await;
+            assert!(!huge.allowed, "{key}");
+            assert!(
+                huge.retry_after.is_none(),
+                "{key}: waiting will not help: {huge:?}"
+            );
+            assert!(
+                huge.results[0].retry_after.is_none() && huge.results[0].remaining == 0,
+                "{key}"
+            );
+        }
+        // Nothing was consumed, on this descriptor or on another one of the same call.
+        let mut absurd = desc(key, "huge");
+        absurd.cost = Some(u64::MAX);
+        let mut one = desc("otp", key);
+        one.cost = Some(1);
+        let both = check_request(vec![absurd, one], 1, Mode::Consume);
+        let refused = client.check(both).await.expect("check").into_inner();
+        assert!(
+            !refused.allowed && refused.results[1].allowed,
+            "{key}: {refused:?}"
+        );
+        let peek = check(&mut client, desc(key, "huge"), 1, Mode::Peek).await;
+        assert!(peek.allowed, "{key}");
+        assert_eq!(
+            peek.results[0].remaining,
+            limit - 1,
+            "{key}: the absurd cost consumed"
+        );
+        let otp = check(&mut client, desc("otp", key), 0, Mode::Peek).await;
+        assert_eq!(
+            otp.results[0].remaining, 5,
+            "{key}: the other descriptor consumed"
+        );
         let refunded = refund(&mut client, desc(key, "huge"), u64::MAX).await;
         assert!(refunded <= limit, "{key}: {refunded}");
     }
