@@ -6,16 +6,17 @@
 --
 -- KEYS: the sorted sets, in request order. In Redis Cluster they share a hash slot (the caller tags
 --   them with the domain).
--- ARGV: [1] 'acquire' or 'release'; [2] the lease id; for 'acquire' also [3] the TTL in µs (> 0) and
---   [4..] max_in_flight per key, in KEYS order (decimal, >= 0).
--- Returns: 'acquire' -> { now_us, then per key: available (1/0), in_flight, retry_after_us };
+-- ARGV: [1] 'acquire', 'renew' or 'release'; [2] the lease id; for 'acquire' and 'renew' also [3] the
+--   TTL in µs (> 0) and [4..] max_in_flight per key, in KEYS order (decimal, >= 0).
+-- Returns: 'acquire'/'renew' -> { now_us, then per key: available (1/0), in_flight, retry_after_us };
 --   'release' -> { now_us, then per key: released (1/0), in_flight }.
 --
--- Acquire is all or none: the lease may take (or renew) a key's slot when it already holds it or the
--- key holds fewer than max_in_flight live leases; only if every key allows it is the lease written to
--- every key (ZADD, which also renews), with the key's expiry set to its latest lease's (PEXPIREAT), so
--- every key has a TTL and a set nobody touches again disappears with its last lease. A refused acquire
--- writes nothing but the purge of expired members.
+-- Acquire and renew are all or none. A new lease ('acquire') may take a key's slot when the key holds
+-- fewer than max_in_flight live leases and none under this id (so no two callers share a slot); a
+-- renewal may extend a key's slot only where this id holds a live one, and takes nothing new. Only if
+-- every key allows it is the lease written to every key (ZADD), with the key's expiry set to its
+-- latest lease's (PEXPIREAT), so every key has a TTL and a set nobody touches again disappears with its
+-- last lease. A refused call writes nothing but the purge of expired members.
 -- Atomic: Redis runs the script without interleaving other commands, so the checks and the writes are
 -- one step. Time: one TIME read; scores are below 2^53, exact as doubles.
 
@@ -35,7 +36,7 @@ local function expire_with_last_lease(key)
 end
 
 local reply = { now }
-if op == 'acquire' then
+if op == 'acquire' or op == 'renew' then
   local ttl = tonumber(ARGV[3])
   if not ttl or ttl <= 0 then
     return redis.error_reply('ERR tollgate: lease ttl must be a positive number of µs')
@@ -50,10 +51,17 @@ if op == 'acquire' then
     local in_flight = redis.call('ZCARD', key)
     local held = redis.call('ZSCORE', key, id)
     local retry = 0
-    local available = held or in_flight < max
+    local available
+    if op == 'renew' then
+      available = held ~= false
+    else
+      available = not held and in_flight < max
+    end
     if not available then
       all = false
-      local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+      -- A full key frees a slot when its oldest lease expires; a renewal that finds no lease has
+      -- nothing to wait for.
+      local oldest = op == 'acquire' and redis.call('ZRANGE', key, 0, 0, 'WITHSCORES') or {}
       if oldest[2] then
         retry = math.max(tonumber(oldest[2]) - now, 0)
       end

@@ -254,6 +254,12 @@ pub enum LimiterError {
     /// A lease TTL of zero or below.
     #[error("lease ttl must be positive")]
     InvalidLeaseTtl,
+    /// A renewal of a lease that holds no live slot (expired, released, or never minted here).
+    #[error("no live lease with this lease_id: acquire without an id to take a new one")]
+    LeaseNotFound,
+    /// The OS gave no randomness to mint an unguessable id with.
+    #[error("cannot mint an id: the operating system gave no randomness")]
+    NoRandomness,
     /// A Check mode the native API does not define (the number as sent).
     #[error("unknown mode {0} (expected MODE_CONSUME, MODE_PEEK or MODE_ALL_OR_NOTHING)")]
     UnknownMode(i32),
@@ -274,6 +280,8 @@ pub enum ErrorKind {
     Unavailable,
     /// An all-or-nothing call whose keys Redis Cluster cannot update atomically.
     NotAtomic,
+    /// The request names something that does not exist (a lease to renew).
+    NotFound,
 }
 
 impl LimiterError {
@@ -281,7 +289,10 @@ impl LimiterError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             LimiterError::Store(StoreError::CrossSlot) => ErrorKind::NotAtomic,
-            LimiterError::NoConfig | LimiterError::Store(_) => ErrorKind::Unavailable,
+            LimiterError::NoConfig | LimiterError::Store(_) | LimiterError::NoRandomness => {
+                ErrorKind::Unavailable
+            }
+            LimiterError::LeaseNotFound => ErrorKind::NotFound,
             LimiterError::EmptyDomain
             | LimiterError::NoDescriptors
             | LimiterError::TooManyDescriptors { .. }

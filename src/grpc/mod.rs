@@ -80,6 +80,7 @@ pub fn status_of(error: LimiterError) -> Status {
         ErrorKind::InvalidRequest => Status::invalid_argument(message),
         ErrorKind::Unavailable => Status::unavailable(message),
         ErrorKind::NotAtomic => Status::failed_precondition(message),
+        ErrorKind::NotFound => Status::not_found(message),
     }
 }
 

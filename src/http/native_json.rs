@@ -120,6 +120,7 @@ fn status_code(error: &LimiterError) -> StatusCode {
         ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::NotAtomic => StatusCode::PRECONDITION_FAILED,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
     }
 }
 

@@ -76,8 +76,11 @@ impl LeaseTarget {
 }
 
 impl<S: Store> Limiter<S> {
-    /// Takes (or renews, when `lease_id` already holds it) one slot of every descriptor's concurrency
-    /// rule, all or none. `ttl` is capped by the rules' `lease_ttl`; `None` uses it.
+    /// Without `lease_id`, takes one slot of every descriptor's concurrency rule under a new id minted
+    /// here, all or none. With `lease_id`, renews that lease on every key where it holds a live slot and
+    /// takes nothing new: if it holds none somewhere (expired, released, never existed), nothing changes
+    /// and the answer is [`LimiterError::LeaseNotFound`]. `ttl` is capped by the rules' `lease_ttl`;
+    /// `None` uses it.
     pub async fn acquire<D: RequestDescriptor>(
         &self,
         domain: &str,
@@ -85,16 +88,18 @@ impl<S: Store> Limiter<S> {
         lease_id: Option<&str>,
         ttl: Option<Duration>,
     ) -> Result<LeaseVerdict, LimiterError> {
-        let lease_id = match lease_id.filter(|id| !id.is_empty()) {
-            Some(id) => checked_lease_id(id)?.to_owned(),
-            None => new_lease_id(),
+        let (lease_id, renew) = match lease_id.filter(|id| !id.is_empty()) {
+            Some(id) => (checked_lease_id(id)?.to_owned(), true),
+            None => (new_lease_id()?, false),
         };
         if ttl.is_some_and(|t| t.is_zero()) {
             return Err(LimiterError::InvalidLeaseTtl);
         }
         let started = Instant::now();
         self.metrics.total_requests.add(1);
-        let result = self.acquire_leases(domain, descriptors, lease_id, ttl).await;
+        let result = self
+            .acquire_leases(domain, descriptors, lease_id, renew, ttl)
+            .await;
         self.observe(started, result.as_ref().err());
         result
     }
@@ -104,6 +109,7 @@ impl<S: Store> Limiter<S> {
         domain: &str,
         descriptors: &[D],
         lease_id: String,
+        renew: bool,
         ttl: Option<Duration>,
     ) -> Result<LeaseVerdict, LimiterError> {
         let targets = self.lease_targets(domain, descriptors)?;
@@ -126,6 +132,7 @@ impl<S: Store> Limiter<S> {
                 })
                 .collect(),
             lease_id,
+            renew,
             ttl_us: u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX).max(1),
             scope_len: self.options.cache_key_prefix.len() + domain.len(),
         };
@@ -138,6 +145,9 @@ impl<S: Store> Limiter<S> {
             answer
         };
         let statuses = match slots {
+            Ok(slots) if renew && !slots.iter().all(|s| s.available) => {
+                return Err(LimiterError::LeaseNotFound);
+            }
             Ok(slots) => self.lease_statuses(targets, slots),
             Err(error) if error.is_transient() && limited.iter().all(|t| failure_mode(t).is_some()) => {
                 tracing::warn!(%error, "store failed; answering leases from the rules' failure_mode");
@@ -145,9 +155,11 @@ impl<S: Store> Limiter<S> {
             }
             Err(error) => return Err(LimiterError::Store(error)),
         };
+        let acquired = statuses.iter().all(|s| s.acquired);
         Ok(LeaseVerdict {
-            acquired: statuses.iter().all(|s| s.acquired),
-            lease_id: request.lease_id,
+            acquired,
+            // A refused lease holds nothing: no id to renew or release.
+            lease_id: if acquired { request.lease_id } else { String::new() },
             ttl,
             statuses,
         })
@@ -307,25 +319,17 @@ fn checked_lease_id(id: &str) -> Result<&str, LimiterError> {
     Ok(id)
 }
 
-/// 128 random bits in hex: unguessable, so one client cannot release another's lease by accident or
-/// on purpose.
-fn new_lease_id() -> String {
+/// 128 random bits in hex: unguessable, so one client cannot renew or release another's lease. Without
+/// OS randomness no id is minted at all: a guessable one would let anyone free someone else's slot.
+fn new_lease_id() -> Result<String, LimiterError> {
     let mut bytes = [0u8; 16];
-    if getrandom::fill(&mut bytes).is_err() {
-        // No OS randomness is a broken host; a time-and-counter id is still unique per process.
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        bytes = (now ^ u128::from(n) << 64).to_le_bytes();
-    }
+    getrandom::fill(&mut bytes).map_err(|_| LimiterError::NoRandomness)?;
     let mut id = String::with_capacity(2 * bytes.len());
     for byte in bytes {
         // Writing to a String cannot fail.
         let _ = write!(id, "{byte:02x}");
     }
-    id
+    Ok(id)
 }
 
 #[cfg(test)]
@@ -334,8 +338,8 @@ mod tests {
 
     #[test]
     fn generated_ids_are_distinct_hex() {
-        let a = new_lease_id();
-        let b = new_lease_id();
+        let a = new_lease_id().expect("OS randomness");
+        let b = new_lease_id().expect("OS randomness");
         assert_eq!(a.len(), 32);
         assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);

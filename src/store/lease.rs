@@ -2,9 +2,11 @@
 //!
 //! A lease is an id with an expiry. Acquiring takes one slot of every key of the request, or none: if
 //! any key is full, nothing is taken anywhere. Each slot expires on its own after the lease's TTL, so a
-//! client that crashes between acquire and release holds its slots for at most one TTL. Acquiring again
-//! under an id that already holds a key's slot renews it (a heartbeat for long jobs) instead of taking
-//! a second one. Expired slots are purged whenever their key is touched, and by a periodic sweep.
+//! client that crashes between acquire and release holds its slots for at most one TTL. Lease ids are
+//! minted by the server; renewing (a heartbeat for long jobs) extends a live lease's slots and never
+//! takes a new one, and a new lease never counts a slot some id already holds, so two callers can
+//! never share a slot. Expired slots are purged whenever their key is touched, and by a periodic
+//! sweep.
 //!
 //! This file holds the request and answer types and the [`LeaseStore`] trait. Backends:
 //! [`crate::store::memory::MemoryLeases`] (the embedded store), and a Redis sorted set per key
@@ -28,8 +30,12 @@ pub struct LeaseItem {
 pub struct AcquireRequest {
     /// The keys, in request order.
     pub items: Vec<LeaseItem>,
-    /// The lease's id; an id already holding a key's slot renews it.
+    /// The lease's id (minted by the server for a new lease).
     pub lease_id: String,
+    /// Renew: extend `lease_id` on every key where it holds a live slot, and take nothing new (a key
+    /// where it holds none is unavailable). Otherwise take a new slot: a key where `lease_id` already
+    /// holds one is unavailable too, so two acquirers can never share a slot.
+    pub renew: bool,
     /// How long the slots live from now, in µs (> 0).
     pub ttl_us: u64,
     /// Every key starts with the same scope (`CACHE_KEY_PREFIX + domain`), this many bytes long. Redis
@@ -51,8 +57,8 @@ pub struct ReleaseRequest {
 /// What an acquire found on one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LeaseSlot {
-    /// Whether the key has room for the lease (or already holds it). The lease is taken only if every
-    /// key of the request has room.
+    /// Whether the key has room for a new lease (or, when renewing, holds this one live). The lease
+    /// is taken or renewed only if every key of the request allows it.
     pub available: bool,
     /// Leases held on the key after the call.
     pub in_flight: u64,

@@ -348,6 +348,10 @@ async fn leases_cap_work_in_flight_and_release_frees_a_slot() {
         .expect("acquire")
         .into_inner();
     assert!(!refused.acquired);
+    assert!(
+        refused.lease_id.is_empty(),
+        "a refused lease holds nothing to renew or release"
+    );
     let retry = secs(refused.retry_after.as_ref());
     assert!(
         (29.0..=30.0).contains(&retry),
@@ -376,25 +380,39 @@ async fn leases_cap_work_in_flight_and_release_frees_a_slot() {
         .expect("release")
         .into_inner();
     assert!(!again.results[0].released, "a lease is released once");
-    assert!(
-        client
-            .acquire(acquire_request("export_job", "acme", "mine"))
-            .await
-            .expect("acquire")
-            .into_inner()
-            .acquired
-    );
-    // Acquiring under a held id renews it instead of taking another slot.
-    let renewed = client
+    // An id the server did not mint holds nothing: it renews nothing and takes nothing.
+    let error = client
         .acquire(acquire_request("export_job", "acme", "mine"))
+        .await
+        .expect_err("no such lease");
+    assert_eq!(error.code(), tonic::Code::NotFound, "{error:?}");
+    let fresh = client
+        .acquire(acquire_request("export_job", "acme", ""))
+        .await
+        .expect("acquire")
+        .into_inner();
+    assert!(fresh.acquired && fresh.results[0].in_flight == 3, "{fresh:?}");
+    // Acquiring under the lease's own id renews it instead of taking another slot.
+    let renewed = client
+        .acquire(acquire_request("export_job", "acme", &fresh.lease_id))
         .await
         .expect("acquire")
         .into_inner();
     assert!(renewed.acquired);
     assert_eq!(
         (renewed.lease_id.as_str(), renewed.results[0].in_flight),
-        ("mine", 3)
+        (fresh.lease_id.as_str(), 3)
     );
+    // Released, it is gone: a renewal is refused and frees nothing else.
+    client
+        .release(release_request("export_job", "acme", &fresh.lease_id))
+        .await
+        .expect("release");
+    let error = client
+        .acquire(acquire_request("export_job", "acme", &fresh.lease_id))
+        .await
+        .expect_err("released lease");
+    assert_eq!(error.code(), tonic::Code::NotFound);
     // Descriptors without a concurrency rule need no slot.
     let plain = client
         .acquire(acquire_request("tokens", "u1", ""))

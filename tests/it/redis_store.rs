@@ -473,6 +473,7 @@ async fn lease_keys_expire_with_their_last_lease() {
             })
             .collect(),
         lease_id: id.to_owned(),
+        renew: false,
         ttl_us: ttl_ms * 1000,
         scope_len: scope.len(),
     };

@@ -674,7 +674,23 @@ fn lease_key(backend: &impl Backend, name: &str) -> String {
     format!("{}_job_{name}_", backend.scope())
 }
 
+/// Takes a new lease under `id` on `keys` (name, max_in_flight).
 async fn acquire(backend: &impl Backend, keys: &[(&str, u64)], id: &str, ttl_us: u64) -> Vec<LeaseSlot> {
+    lease_call(backend, keys, id, ttl_us, false).await
+}
+
+/// Renews the lease `id` on `keys`.
+async fn renew(backend: &impl Backend, keys: &[(&str, u64)], id: &str, ttl_us: u64) -> Vec<LeaseSlot> {
+    lease_call(backend, keys, id, ttl_us, true).await
+}
+
+async fn lease_call(
+    backend: &impl Backend,
+    keys: &[(&str, u64)],
+    id: &str,
+    ttl_us: u64,
+    renew: bool,
+) -> Vec<LeaseSlot> {
     let request = AcquireRequest {
         items: keys
             .iter()
@@ -684,6 +700,7 @@ async fn acquire(backend: &impl Backend, keys: &[(&str, u64)], id: &str, ttl_us:
             })
             .collect(),
         lease_id: id.to_owned(),
+        renew,
         ttl_us,
         scope_len: backend.scope().len(),
     };
@@ -766,21 +783,46 @@ async fn leases_are_all_or_none_across_keys<B: Backend>(backend: &B) {
     );
 }
 
-/// Acquiring again under an id that holds a key's slot renews it instead of taking a second one.
-async fn reacquiring_renews_instead_of_taking_a_second_slot<B: Backend>(backend: &B) {
+/// Renewing extends a live lease's slot and takes nothing new; a new lease is never granted under an
+/// id that already holds the slot (no two callers share one), and an id holding nothing renews nothing.
+async fn renewing_extends_a_live_lease_and_nothing_else<B: Backend>(backend: &B) {
     let (ttl, tick) = (backend.short_ttl_us(), backend.tick_us());
     assert!(ttl > 2 * tick);
     assert_eq!(acquire(backend, &[("k", 2)], "a", ttl).await, [taken(1)]);
     backend.advance(ttl - tick).await;
+    assert_eq!(renew(backend, &[("k", 2)], "a", ttl).await, [taken(1)], "renewed");
+    let refused = LeaseSlot {
+        available: false,
+        in_flight: 1,
+        retry_after_us: 0,
+    };
     assert_eq!(
-        acquire(backend, &[("k", 2)], "a", ttl).await,
-        [taken(1)],
-        "renewed"
+        renew(backend, &[("k", 2)], "ghost", ttl).await,
+        [refused],
+        "nothing to renew"
+    );
+    let shared = acquire(backend, &[("k", 2)], "a", ttl).await[0];
+    assert_eq!(
+        (shared.available, shared.in_flight),
+        (false, 1),
+        "a held id is not a new lease"
     );
     backend.advance(ttl - tick).await;
-    // Past the first expiry, still held thanks to the renewal.
+    // Past the first expiry, still held thanks to the renewal, and nothing else was taken.
     let blocked = acquire(backend, &[("k", 1)], "b", ttl).await[0];
     assert_eq!((blocked.available, blocked.in_flight), (false, 1), "{blocked:?}");
+    backend.advance(2 * tick).await;
+    let expired = LeaseSlot {
+        available: false,
+        in_flight: 0,
+        retry_after_us: 0,
+    };
+    assert_eq!(
+        renew(backend, &[("k", 2)], "a", ttl).await,
+        [expired],
+        "an expired lease is gone"
+    );
+    assert_eq!(acquire(backend, &[("k", 1)], "b", ttl).await, [taken(1)]);
 }
 
 /// A lease nobody releases expires on its own after its TTL (a lease expiring exactly now is gone),
@@ -886,7 +928,7 @@ contract_tests!(
     refund_never_creates_or_revives_an_entry,
     leases_hold_at_most_max_in_flight_and_release_frees_a_slot,
     leases_are_all_or_none_across_keys,
-    reacquiring_renews_instead_of_taking_a_second_slot,
+    renewing_extends_a_live_lease_and_nothing_else,
     expired_leases_free_their_slots,
     zero_max_in_flight_refuses_every_lease,
 );

@@ -61,9 +61,9 @@ impl MemoryLeases {
             .map(|item| match keys.get_mut(&item.key) {
                 Some(holders) => {
                     purge(holders, now);
-                    slot_of(holders, item.max_in_flight, &request.lease_id, now)
+                    slot_of(holders, item.max_in_flight, request, now)
                 }
-                None => slot_of(&Holders::new(), item.max_in_flight, &request.lease_id, now),
+                None => slot_of(&Holders::new(), item.max_in_flight, request, now),
             })
             .collect();
         if slots.iter().all(|s| s.available) {
@@ -130,13 +130,19 @@ fn purge(holders: &mut Holders, now: u64) -> usize {
     before - holders.len()
 }
 
-/// Whether `lease_id` may hold a slot of a key whose live holders are `holders`.
-fn slot_of(holders: &Holders, max_in_flight: u64, lease_id: &str, now: u64) -> LeaseSlot {
+/// Whether `request`'s lease may hold a slot of a key whose live holders are `holders`: a renewal
+/// where it holds one, a new lease where it holds none and there is room.
+fn slot_of(holders: &Holders, max_in_flight: u64, request: &AcquireRequest, now: u64) -> LeaseSlot {
     let in_flight = holders.len() as u64;
-    let held = holders.iter().any(|(id, _)| id == lease_id);
-    if held || in_flight < max_in_flight {
+    let held = holders.iter().any(|(id, _)| *id == request.lease_id);
+    let available = if request.renew {
+        held
+    } else {
+        !held && in_flight < max_in_flight
+    };
+    if available || request.renew {
         return LeaseSlot {
-            available: true,
+            available,
             in_flight,
             retry_after_us: 0,
         };
@@ -175,6 +181,7 @@ mod tests {
                 })
                 .collect(),
             lease_id: id.to_owned(),
+            renew: false,
             ttl_us,
             scope_len: 0,
         }

@@ -68,7 +68,7 @@ impl LeaseStore for Arc<RedisStore> {
             invocation.key(RedisStore::lease_key(&item.key, request.scope_len));
         }
         invocation
-            .arg("acquire")
+            .arg(if request.renew { "renew" } else { "acquire" })
             .arg(&request.lease_id)
             .arg(request.ttl_us);
         for item in &request.items {
