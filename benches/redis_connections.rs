@@ -216,7 +216,7 @@ impl Client {
             ttl_secs: 0,
         };
         let items = [item];
-        let invocation = script.invocation(&items, CommitPolicy::Independent);
+        let invocation = script.invocation(&items, CommitPolicy::Independent, None);
         let reply = match self {
             Client::Managers { pool, next } => {
                 let mut conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();

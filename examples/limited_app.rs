@@ -75,11 +75,13 @@ async fn export(State(mut client): State<Client>, uri: Uri, headers: HeaderMap) 
         if !budget.allowed {
             return Ok(refused(budget.retry_after, "no exports left today"));
         }
+        // The proof of what the check consumed: the only way to give it back.
+        let token = budget.refund_token.unwrap_or_default();
         let lease = match client.acquire(descriptors.clone()).await? {
             Ok(lease) => lease,
             Err(wait) => {
                 // Not started after all: give the day's export back.
-                client.refund(descriptors, 1).await?;
+                client.refund(&token, descriptors, 0).await?;
                 return Ok(refused(wait, "two exports are already running"));
             }
         };
@@ -87,7 +89,7 @@ async fn export(State(mut client): State<Client>, uri: Uri, headers: HeaderMap) 
         tokio::time::sleep(Duration::from_millis(200)).await;
         client.release(&lease).await?;
         if fail {
-            client.refund(descriptors, 1).await?;
+            client.refund(&token, descriptors, 0).await?;
             return Ok((StatusCode::BAD_GATEWAY, "export failed; it did not count\n").into_response());
         }
         Ok("export ready\n".into_response())

@@ -44,6 +44,9 @@
 --   state is equivalent to no state). Fixed window: `SET key count KEEPTTL`, lowering the
 --   existing counter in place with the TTL it has, so a Go replica's INCRBY + EXPIRE on the same
 --   key go on working; the key is never created (a fresh window has nothing to refund).
+--   With a refund token, KEYS holds after the items one single-use marker per item (items of one
+--   descriptor share theirs) and ARGV[3] its TTL in ms: each marker is claimed with SET NX PX in this
+--   call, and an item whose marker was already there gives nothing back and reports not allowed.
 --
 -- KEYS: one per item, in batch order (duplicates allowed). Fixed window: the caller-named window
 --   counter (Go's key). Others: the caller's state key. In Redis Cluster all must share a slot.
@@ -251,12 +254,26 @@ end
 -- The refund pass (policy 4; MemoryStore's give_back): each item's cost given back to its key,
 -- in order, through the overlay. Only a refund that changed a stored state enters the overlay,
 -- and only the overlay is written, so a key without state is never written.
-local function refund_all(n, now)
+local function refund_all(n, now, keys, marker_ttl)
   for i = 1, n do
     ov_live[first_of[i]] = false
   end
+  -- Single use: marker -> whether this call claimed it (an item whose marker it could not claim
+  -- gives nothing back and reports not allowed).
+  local claimed = {}
   for i = 1, n do
     local g, a, lim, amount = first_of[i], alg_of[i], lim_of[i], cost_of[i]
+    local mine = true
+    if keys then
+      local marker = keys[n + i]
+      if claimed[marker] == nil then
+        claimed[marker] = redis.call('SET', marker, '1', 'NX', 'PX', marker_ttl) ~= false
+      end
+      mine = claimed[marker]
+      if not mine then
+        amount = 0
+      end
+    end
     local entry = ov_live[g] and ov_alg[g] == a and ov_win[g] == lim.window_us
     local ok, left, rst, rty, next_state, changed
     if a == 0 then
@@ -277,7 +294,7 @@ local function refund_all(n, now)
       ov_live[g], ov_alg[g], ov_win[g], ov_state[g], ov_writer[g] =
         true, a, lim.window_us, next_state, i
     end
-    allowed[i], remaining[i], reset[i], retry[i] = ok, left, rst, rty
+    allowed[i], remaining[i], reset[i], retry[i] = ok and mine, left, rst, rty
   end
 end
 
@@ -351,7 +368,19 @@ local function tollgate_batch(keys, args)
   end
   local n = #keys
   local policy, items = tonumber(args[1]), args[2]
-  if #args ~= 2 or #items ~= 64 * n or not (policy == 0 or policy == 1 or policy == 2
+  -- A refund with a token (a third argument) sends one single-use marker key per item after the
+  -- items' keys.
+  local marker_ttl = nil
+  if #args == 3 and policy == 4 and n % 2 == 0 then
+    n = n / 2
+    marker_ttl = tonumber(args[3])
+    if not (marker_ttl and marker_ttl >= 1 and marker_ttl % 1 == 0) then
+      return redis.error_reply('ERR tollgate: the marker TTL must be a positive number of ms')
+    end
+  elseif #args ~= 2 then
+    return redis.error_reply('ERR tollgate: expected a policy and the items (and, for a refund, a marker TTL)')
+  end
+  if #items ~= 64 * n or not (policy == 0 or policy == 1 or policy == 2
       or policy == 3 or policy == 4) then
     return redis.error_reply('ERR tollgate: expected a policy 0..4 and 64 bytes of fields per key')
   end
@@ -388,7 +417,7 @@ local function tollgate_batch(keys, args)
   end
 
   if policy == 4 then
-    refund_all(n, now)
+    refund_all(n, now, marker_ttl and keys, marker_ttl)
     write_refunded_counters(n)
     write_states(n)
   else

@@ -38,6 +38,8 @@ pub struct Answer {
     pub remaining: Option<u64>,
     /// Headers the server wants the client to see (name, value).
     pub headers: Vec<(String, String)>,
+    /// When a check consumed: the token [`Client::refund`] needs to give the units back.
+    pub refund_token: Option<String>,
 }
 
 impl Answer {
@@ -48,6 +50,7 @@ impl Answer {
             retry_after: None,
             remaining: None,
             headers: Vec::new(),
+            refund_token: None,
         }
     }
 
@@ -58,6 +61,7 @@ impl Answer {
             retry_after: wait,
             remaining: Some(0),
             headers: Vec::new(),
+            refund_token: None,
         }
     }
 
@@ -73,6 +77,7 @@ impl Answer {
             retry_after: response.retry_after.and_then(|d| Duration::try_from(d).ok()),
             remaining,
             headers: response.headers.into_iter().map(|h| (h.name, h.value)).collect(),
+            refund_token: Some(response.refund_token).filter(|t| !t.is_empty()),
         }
     }
 }
@@ -157,9 +162,12 @@ impl Client {
         Ok(Answer::from_response(response))
     }
 
-    /// Gives `cost` units back to each descriptor's limits (the work a check paid for did not happen).
+    /// Gives back what the check that returned `refund_token` consumed (the work it paid for did not
+    /// happen): `cost` units per descriptor, at most what each consumed (0: all of it), once.
+    /// `descriptors` must be that check's.
     pub async fn refund(
         &mut self,
+        refund_token: &str,
         descriptors: Vec<Descriptor>,
         cost: u64,
     ) -> Result<RefundResponse, tonic::Status> {
@@ -167,6 +175,7 @@ impl Client {
             domain: self.domain.clone(),
             descriptors: wire_descriptors(descriptors),
             cost,
+            refund_token: refund_token.to_owned(),
         };
         Ok(self.inner.refund(request).await?.into_inner())
     }

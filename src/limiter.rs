@@ -7,8 +7,12 @@
 //! mode; compute the overall code.
 
 mod leases;
+pub mod refund_token;
 
 pub use leases::{LeaseStatus, LeaseVerdict, MAX_LEASE_ID_LEN, ReleaseStatus};
+pub use refund_token::{RefundKeys, TokenError};
+
+use refund_token::Grant;
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -20,12 +24,13 @@ use std::time::Instant;
 use arc_swap::ArcSwapOption;
 
 use crate::algorithm::{Algorithm, Decision};
+use crate::clock::{Clock, SystemClock};
 use crate::observe::denial_log::DenialLog;
 use crate::observe::metrics::Metrics;
 use crate::observe::offenders::TopOffenders;
 use crate::rules::file::{FailureMode, Unit};
 use crate::rules::{DescriptorEntry, Rate, Rule, RuleLimit, RuleSet, ValueHasher};
-use crate::store::{Batch, BatchItem, CommitPolicy, Store, StoreError};
+use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store, StoreError};
 
 /// The currently loaded rules; `None` until a rule set has loaded successfully. Shared between the
 /// limiter and the reloader, which swaps in a new set atomically.
@@ -221,6 +226,8 @@ pub struct Verdict {
     pub overall: Code,
     /// One status per request descriptor, in request order.
     pub statuses: Vec<DescriptorStatus>,
+    /// A native consuming Check that consumed: the token a Refund needs to give those units back.
+    pub refund_token: Option<String>,
 }
 
 /// Why a request could not be decided.
@@ -254,6 +261,9 @@ pub enum LimiterError {
     /// A lease TTL of zero or below.
     #[error("lease ttl must be positive")]
     InvalidLeaseTtl,
+    /// A refund whose token is missing, forged, expired, already used, or for another request.
+    #[error(transparent)]
+    Refund(#[from] TokenError),
     /// A renewal of a lease that holds no live slot (expired, released, or never minted here).
     #[error("no live lease with this lease_id: acquire without an id to take a new one")]
     LeaseNotFound,
@@ -282,6 +292,8 @@ pub enum ErrorKind {
     NotAtomic,
     /// The request names something that does not exist (a lease to renew).
     NotFound,
+    /// The caller may not do this (a refund without a valid, unused token).
+    PermissionDenied,
 }
 
 impl LimiterError {
@@ -293,6 +305,7 @@ impl LimiterError {
                 ErrorKind::Unavailable
             }
             LimiterError::LeaseNotFound => ErrorKind::NotFound,
+            LimiterError::Refund(_) => ErrorKind::PermissionDenied,
             LimiterError::EmptyDomain
             | LimiterError::NoDescriptors
             | LimiterError::TooManyDescriptors { .. }
@@ -383,6 +396,27 @@ pub struct Limiter<S> {
     metrics: Arc<Metrics>,
     offenders: Arc<TopOffenders>,
     denials: DenialLog,
+    refunds: RefundTokens,
+}
+
+/// What signs and dates refund tokens.
+#[derive(Debug)]
+struct RefundTokens {
+    /// `None` when the OS gave no randomness: no token is minted, every refund is refused.
+    keys: Option<RefundKeys>,
+    clock: Arc<dyn Clock>,
+}
+
+/// How one request is to be decided, as the public entry points set it.
+struct Call {
+    mode: Mode,
+    /// Units per descriptor, unless a descriptor sets its own.
+    cost: u64,
+    /// The native API's Check: a cost above a limit's capacity is refused without side effects, and
+    /// what was consumed earns a refund token.
+    native_check: bool,
+    /// A refund's verified token: each descriptor gets back at most what it consumed, once.
+    refund: Option<Grant>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -396,7 +430,19 @@ impl<S: Store> Limiter<S> {
             metrics: Metrics::new(),
             offenders: Arc::default(),
             denials: DenialLog::default(),
+            refunds: RefundTokens {
+                keys: RefundKeys::random(),
+                clock: Arc::new(SystemClock),
+            },
         }
+    }
+
+    /// Signs refund tokens with `keys` (the fleet's, so any replica verifies them; `None`: no tokens,
+    /// every refund refused) and dates them by `clock`, instead of a random key of this process's and
+    /// the system clock.
+    pub fn with_refund_keys(mut self, keys: Option<RefundKeys>, clock: Arc<dyn Clock>) -> Self {
+        self.refunds = RefundTokens { keys, clock };
+        self
     }
 
     /// Records into `metrics` (the registry the server renders) instead of a private one.
@@ -435,27 +481,25 @@ impl<S: Store> Limiter<S> {
         let cost = u64::from(request_hits_addend.max(1));
         // Envoy's path counts as envoyproxy/ratelimit does, even a cost no limit can admit: Go replicas
         // may share the counters.
-        self.evaluate(domain, descriptors, cost, Mode::Consume, false)
-            .await
+        let call = Call {
+            mode: Mode::Consume,
+            cost,
+            native_check: false,
+            refund: None,
+        };
+        self.evaluate(domain, descriptors, call).await
     }
 
-    /// Decides one request, Envoy's or the native API's: `cost` units per descriptor (unless a
-    /// descriptor sets its own), consumed, peeked or refunded as `mode` says; counts it in the metrics.
-    /// With `refuse_impossible`, a consuming request in which some limit is asked for more than it
-    /// can ever admit consumes nothing (see [`Limiter::check`]).
+    /// Decides one request, Envoy's or the native API's, and counts it in the metrics.
     async fn evaluate<D: RequestDescriptor>(
         &self,
         domain: &str,
         descriptors: &[D],
-        cost: u64,
-        mode: Mode,
-        refuse_impossible: bool,
+        call: Call,
     ) -> Result<Verdict, LimiterError> {
         let started = Instant::now();
         self.metrics.total_requests.add(1);
-        let result = self
-            .decide_request(domain, descriptors, cost, mode, refuse_impossible)
-            .await;
+        let result = self.decide_request(domain, descriptors, call).await;
         self.observe(started, result.as_ref().err());
         result
     }
@@ -464,7 +508,8 @@ impl<S: Store> Limiter<S> {
     /// peeked or consumed all-or-nothing as `mode` says. A peek may cost 0, which asks "what is left?";
     /// anything else costs at least 1. A cost above a limit's capacity (its `requests_per_unit`, or
     /// `burst`) can never pass: such a check is refused with no retry hint and consumes nothing on any
-    /// descriptor, so one absurd cost cannot lock a key out for a window.
+    /// descriptor, so one absurd cost cannot lock a key out for a window. An allowed consuming check
+    /// that consumed carries a refund token ([`Verdict::refund_token`]).
     pub async fn check<D: RequestDescriptor>(
         &self,
         domain: &str,
@@ -473,18 +518,49 @@ impl<S: Store> Limiter<S> {
         mode: Mode,
     ) -> Result<Verdict, LimiterError> {
         let cost = if mode == Mode::Peek { cost } else { cost.max(1) };
-        self.evaluate(domain, descriptors, cost, mode, true).await
+        let call = Call {
+            mode,
+            cost,
+            native_check: true,
+            refund: None,
+        };
+        self.evaluate(domain, descriptors, call).await
     }
 
-    /// The native API's Refund: gives `cost` units (at least 1) back to every descriptor's limits.
+    /// The native API's Refund: gives units back to the descriptors of the Check that issued `token`,
+    /// for the same domain and descriptors, once, while the token lives. Each descriptor gets back its
+    /// own `cost` (else `cost`; 0 means all it consumed), at most what it consumed. A missing, forged,
+    /// expired, replayed or mismatched token is refused with [`LimiterError::Refund`] and changes
+    /// nothing; so is a refund the store cannot make now (no failure mode answers for a refund).
     pub async fn refund<D: RequestDescriptor>(
         &self,
         domain: &str,
         descriptors: &[D],
         cost: u64,
+        token: &str,
     ) -> Result<Verdict, LimiterError> {
-        self.evaluate(domain, descriptors, cost.max(1), Mode::Refund, false)
-            .await
+        let keys = self.refunds.keys.as_ref().ok_or(LimiterError::NoRandomness)?;
+        let now = self.refunds.clock.now_us();
+        let grant = match keys.verify(token, domain, descriptors, now) {
+            Ok(grant) => grant,
+            Err(error) => {
+                self.metrics.total_requests.add(1);
+                self.metrics.service_errors.add(1);
+                return Err(error.into());
+            }
+        };
+        let call = Call {
+            mode: Mode::Refund,
+            cost,
+            native_check: false,
+            refund: Some(grant),
+        };
+        let verdict = self.evaluate(domain, descriptors, call).await?;
+        // A descriptor the store would not refund has used this token already.
+        if verdict.statuses.iter().any(|s| s.retry_after.is_some()) {
+            return Err(TokenError::Spent.into());
+        }
+        Ok(verdict)
     }
 
     /// Records a call's latency and, if it failed, why.
@@ -510,9 +586,7 @@ impl<S: Store> Limiter<S> {
         &self,
         domain: &str,
         descriptors: &[D],
-        default_cost: u64,
-        mode: Mode,
-        refuse_impossible: bool,
+        call: Call,
     ) -> Result<Verdict, LimiterError> {
         self.validate(domain, descriptors)?;
         let rules = self.rules.load_full().ok_or(LimiterError::NoConfig)?;
@@ -526,21 +600,43 @@ impl<S: Store> Limiter<S> {
             return Ok(Verdict {
                 overall: Code::Ok,
                 statuses,
+                refund_token: None,
             });
         };
         let mut targets = descriptors
             .iter()
             .enumerate()
-            .map(|(index, d)| self.target(domain_rules, index, d, default_cost))
+            .map(|(index, d)| self.target(domain_rules, index, d, call.cost))
             .collect::<Result<Vec<_>, _>>()?;
         apply_replaces(&mut targets);
-        // Which descriptors ask a limit for more than it can ever admit: a consuming call with any is
-        // decided as a peek, and those descriptors refused (allocated only on that rare path).
-        let impossible: Option<Vec<bool>> = (refuse_impossible
-            && matches!(mode, Mode::Consume | Mode::AllOrNothing)
-            && targets.iter().any(Target::exceeds_capacity))
-        .then(|| targets.iter().map(Target::exceeds_capacity).collect());
-        let mode = if impossible.is_some() { Mode::Peek } else { mode };
+        if let Some(grant) = &call.refund {
+            // At most what each descriptor consumed; 0 asked means all of it.
+            for (target, granted) in targets.iter_mut().zip(&grant.costs) {
+                target.cost = if target.cost == 0 {
+                    *granted
+                } else {
+                    target.cost.min(*granted)
+                };
+            }
+        }
+        let consuming = matches!(call.mode, Mode::Consume | Mode::AllOrNothing);
+        // Which descriptors ask a limit for more than it can ever admit: a native consuming call with
+        // any is decided as a peek, and those descriptors refused (allocated only on that rare path).
+        let impossible: Option<Vec<bool>> =
+            (call.native_check && consuming && targets.iter().any(Target::exceeds_capacity))
+                .then(|| targets.iter().map(Target::exceeds_capacity).collect());
+        let mode = if impossible.is_some() {
+            Mode::Peek
+        } else {
+            call.mode
+        };
+        // What a refund token for this call would grant, taken before the targets are spent.
+        let grant = (call.native_check && mode != Mode::Peek).then(|| {
+            (
+                targets.iter().map(|t| t.cost).collect::<Vec<_>>(),
+                horizon_us(&targets),
+            )
+        });
         let policy = match mode {
             Mode::Peek => CommitPolicy::Peek,
             Mode::Refund => CommitPolicy::Refund,
@@ -552,16 +648,43 @@ impl<S: Store> Limiter<S> {
             Mode::Consume => CommitPolicy::Independent,
         };
         let scope_len = self.options.cache_key_prefix.len() + domain.len();
-        let decisions = self
-            .decide(&mut targets, policy, scope_len, domain_rules.all_or_nothing())
-            .await?;
+        let once = call.refund.map(|grant| RefundOnce {
+            id: grant.id,
+            ttl_us: grant.expires_at_us.saturating_sub(self.refunds.clock.now_us()),
+        });
+        let placement = Placement {
+            scope_len,
+            keep_together: domain_rules.all_or_nothing(),
+        };
+        let decisions = self.decide(&mut targets, policy, placement, once).await?;
         // Peeks and refunds are not hits: they neither count in the rule's stats nor make offenders.
         let counted = matches!(mode, Mode::Consume | Mode::AllOrNothing);
         let mut verdict = self.verdict(domain, descriptors, targets, decisions, counted);
         if let Some(impossible) = impossible {
             self.refuse_impossible(&mut verdict, &impossible);
         }
+        if let Some((costs, horizon)) = grant {
+            verdict.refund_token = self.refund_token(domain, descriptors, &verdict, &costs, horizon);
+        }
         Ok(verdict)
+    }
+
+    /// The token for what an allowed consuming check consumed: none when it was refused, when a
+    /// failure mode answered (nothing was counted), or when no limit applied.
+    fn refund_token<D: RequestDescriptor>(
+        &self,
+        domain: &str,
+        descriptors: &[D],
+        verdict: &Verdict,
+        costs: &[u64],
+        horizon: u64,
+    ) -> Option<String> {
+        let consumed = verdict.overall == Code::Ok
+            && verdict.statuses.iter().all(|s| !s.from_failure_mode)
+            && verdict.statuses.iter().any(|s| s.current_limit().is_some());
+        let keys = self.refunds.keys.as_ref().filter(|_| consumed)?;
+        let expires = self.refunds.clock.now_us().saturating_add(horizon);
+        Some(keys.mint(domain, descriptors, costs, expires))
     }
 
     /// Refuses the descriptors whose cost no limit of theirs can ever admit: no retry hint (waiting
@@ -666,8 +789,8 @@ impl<S: Store> Limiter<S> {
         &self,
         targets: &mut [Target],
         policy: CommitPolicy,
-        scope_len: usize,
-        keep_together: bool,
+        placement: Placement,
+        once: Option<RefundOnce>,
     ) -> Result<Option<Vec<Vec<Decision>>>, LimiterError> {
         let mut items = Vec::with_capacity(targets.len());
         for (group, target) in (0u32..).zip(targets.iter_mut()).filter(|(_, t)| !t.unlimited) {
@@ -697,15 +820,22 @@ impl<S: Store> Limiter<S> {
             let mut batch = Batch {
                 items,
                 policy,
-                scope_len,
-                keep_together,
+                scope_len: placement.scope_len,
+                keep_together: placement.keep_together,
+                once,
             };
             let answer = self.store.apply(&batch).await;
             self.metrics.store_time.observe(started.elapsed());
             return_keys(targets, &mut batch.items);
             match answer {
                 Ok(decisions) => decisions,
-                Err(error) if error.is_transient() && every_limit_has_failure_mode(targets) => {
+                // A refund is never answered by a failure mode: nothing was given back, and the
+                // caller must know (its token is still unused).
+                Err(error)
+                    if error.is_transient()
+                        && policy != CommitPolicy::Refund
+                        && every_limit_has_failure_mode(targets) =>
+                {
                     tracing::warn!(%error, "store failed; answering from the rules' failure_mode");
                     return Ok(None);
                 }
@@ -756,6 +886,7 @@ impl<S: Store> Limiter<S> {
         Verdict {
             overall: self.overall(&statuses),
             statuses,
+            refund_token: None,
         }
     }
 
@@ -1013,4 +1144,22 @@ fn overall_code(statuses: &[DescriptorStatus]) -> Code {
     } else {
         Code::Ok
     }
+}
+
+/// Where a request's keys live: the scope they share and whether the domain keeps them together.
+#[derive(Clone, Copy)]
+struct Placement {
+    scope_len: usize,
+    keep_together: bool,
+}
+
+/// How long the units a request consumes can still matter: the longest horizon of its limits.
+fn horizon_us(targets: &[Target]) -> u64 {
+    targets
+        .iter()
+        .filter(|t| !t.unlimited)
+        .flat_map(Target::rates)
+        .map(|(_, rate)| rate.limit.horizon_us())
+        .max()
+        .unwrap_or(0)
 }

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::envoy::EnvoyOptions;
 use crate::api::headers::{HeaderNames, HeaderOptions};
 use crate::clock::Clock;
-use crate::limiter::{Limiter, LimiterOptions, RulesHandle};
+use crate::limiter::{Limiter, LimiterOptions, RefundKeys, RulesHandle};
 use crate::observe::health::Health;
 use crate::observe::metrics::Metrics;
 use crate::rules::reload::Reloader;
@@ -93,7 +93,7 @@ pub async fn run(
 
     let stop = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
-    let store = build_store(&settings, clock, stop.clone())?;
+    let store = build_store(&settings, Arc::clone(&clock), stop.clone())?;
     if let AnyStore::Redis(cache) = &store {
         health.set_store_reachable(false).await;
         tasks.spawn(watch_redis(
@@ -102,15 +102,15 @@ pub async fn run(
             stop.clone(),
         ));
     }
-    let limiter = Arc::new(
-        Limiter::new(
-            Arc::clone(&rules),
-            store,
-            ValueHasher::new(settings.hash_key.expose()),
-            limiter_options(&settings, algorithm),
-        )
-        .with_metrics(metrics),
-    );
+    let limiter = Limiter::new(
+        Arc::clone(&rules),
+        store,
+        ValueHasher::new(settings.hash_key.expose()),
+        limiter_options(&settings, algorithm),
+    )
+    .with_metrics(metrics);
+    let keys = refund_keys(&settings)?.or_else(RefundKeys::random);
+    let limiter = Arc::new(limiter.with_refund_keys(keys, Arc::clone(&clock)));
     tasks.spawn(reloader.run(Arc::clone(&rules), health.clone(), Some(version), stop.clone()));
     tasks.spawn(sweep(Arc::clone(&limiter), stop.clone()));
     tasks.spawn(log_offenders(Arc::clone(&limiter), stop.clone()));
@@ -192,6 +192,56 @@ fn build_store(
         settings.local_cache_size_in_bytes,
         clock,
     )))
+}
+
+/// Shortest refund key accepted: 128 bits as hex (`openssl rand -hex 16`) or more.
+const MIN_REFUND_KEY_LEN: usize = 32;
+
+/// The fleet's refund-token keys (`TOLLGATE_REFUND_KEY`, else `TOLLGATE_REFUND_KEY_FILE`), or `None`:
+/// then the limiter signs with a random key of this process, and says so.
+fn refund_keys(settings: &Settings) -> anyhow::Result<Option<RefundKeys>> {
+    let text = if !settings.refund_key.is_empty() {
+        settings.refund_key.expose().to_owned()
+    } else if !settings.refund_key_file.is_empty() {
+        std::fs::read_to_string(&settings.refund_key_file).map_err(|e| SettingsError::BadValue {
+            name: "refund_key_file",
+            value: settings.refund_key_file.clone(),
+            reason: e.to_string(),
+        })?
+    } else {
+        tracing::warn!(
+            "no TOLLGATE_REFUND_KEY or TOLLGATE_REFUND_KEY_FILE: refund tokens are signed with a random key \
+             of this process, so a refund only works on the instance that issued its token"
+        );
+        return Ok(None);
+    };
+    let secrets: Vec<&str> = text
+        .split([',', '\n'])
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .collect();
+    let Some((current, previous)) = secrets.split_first() else {
+        return Err(SettingsError::BadValue {
+            name: "refund_key",
+            value: "<redacted>".into(),
+            reason: "holds no key".into(),
+        }
+        .into());
+    };
+    if let Some(short) = secrets.iter().position(|k| k.len() < MIN_REFUND_KEY_LEN) {
+        // A short key can be found offline from any one token: it would let callers forge refunds.
+        return Err(SettingsError::BadValue {
+            name: "refund_key",
+            value: "<redacted>".into(),
+            reason: format!("key {} is shorter than {MIN_REFUND_KEY_LEN} bytes", short + 1),
+        }
+        .into());
+    }
+    let previous: Vec<&[u8]> = previous.iter().map(|k| k.as_bytes()).collect();
+    let keys = RefundKeys::new(current.as_bytes(), &previous)
+        .context("the operating system gave no randomness for refund token ids")?;
+    tracing::info!(keys = secrets.len(), "refund tokens signed with the fleet's key");
+    Ok(Some(keys))
 }
 
 /// Keeps readiness in step with Redis: a PING every [`STORE_PROBE_INTERVAL`]; state changes are logged.

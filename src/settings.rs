@@ -127,6 +127,13 @@ pub struct Settings {
     pub tracing_sampling_rate: f64,
     /// `TRACING_EXPORTER_PROTOCOL`: only `grpc` is built in.
     pub tracing_exporter_protocol: String,
+    /// `TOLLGATE_REFUND_KEY`: the secret that signs refund tokens, shared by every replica so a token
+    /// verifies on any of them. Several keys separated by commas or newlines: the first signs, all
+    /// verify (rotation: put the new key first, drop the old one once its tokens have expired).
+    pub refund_key: Secret,
+    /// `TOLLGATE_REFUND_KEY_FILE`: a file holding the refund keys (as [`Settings::refund_key`]; a
+    /// Kubernetes Secret mounted as a file). Used when `refund_key` is empty.
+    pub refund_key_file: String,
     /// `/top` and the denial log show callers' raw descriptor values (IP addresses, user ids) instead of
     /// their hashes. Off by default: those are personal data.
     pub show_caller_values: bool,
@@ -147,6 +154,7 @@ impl std::fmt::Debug for Settings {
             .field("redis_type", &self.redis_type)
             .field("redis_auth", &self.redis_auth)
             .field("redis_sentinel_auth", &self.redis_sentinel_auth)
+            .field("refund_key", &self.refund_key)
             .finish_non_exhaustive()
     }
 }
@@ -371,6 +379,8 @@ impl Default for Settings {
             tracing_service_name: "tollgate".into(),
             tracing_sampling_rate: 1.0,
             tracing_exporter_protocol: "grpc".into(),
+            refund_key: Secret::default(),
+            refund_key_file: String::new(),
             show_caller_values: false,
             worker_threads: 0,
         }

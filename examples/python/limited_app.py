@@ -99,7 +99,9 @@ class App(BaseHTTPRequestHandler):
             return self.reply(429, {"error": "no exports left today"}, [("Retry-After", str(seconds))])
         lease = tollgate.Acquire(pb.AcquireRequest(domain="api", descriptors=wanted), timeout=TIMEOUT)
         if not lease.acquired:
-            tollgate.Refund(pb.RefundRequest(domain="api", descriptors=wanted), timeout=TIMEOUT)
+            # The check's refund token is the proof of what it consumed: the only way to give it back.
+            tollgate.Refund(pb.RefundRequest(domain="api", descriptors=wanted,
+                                             refund_token=budget.refund_token), timeout=TIMEOUT)
             seconds = whole_seconds(lease.retry_after)
             return self.reply(429, {"error": "two exports already running"}, [("Retry-After", str(seconds))])
         try:
@@ -108,7 +110,8 @@ class App(BaseHTTPRequestHandler):
             tollgate.Release(pb.ReleaseRequest(domain="api", descriptors=wanted, lease_id=lease.lease_id),
                              timeout=TIMEOUT)
         if fail:
-            tollgate.Refund(pb.RefundRequest(domain="api", descriptors=wanted), timeout=TIMEOUT)
+            tollgate.Refund(pb.RefundRequest(domain="api", descriptors=wanted,
+                                             refund_token=budget.refund_token), timeout=TIMEOUT)
             return self.reply(502, {"error": "export failed; it did not count"}, [])
         self.reply(200, {"export": "ready"}, [])
 

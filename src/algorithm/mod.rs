@@ -152,6 +152,21 @@ impl Limit {
         }
     }
 
+    /// How long units consumed now can still affect a decision, in µs: a window (two for the sliding
+    /// window, whose previous window still weighs), or the time the bucket takes to refill from empty.
+    pub fn horizon_us(&self) -> u64 {
+        let window = self.window();
+        match self.algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingLog => window,
+            Algorithm::SlidingWindow => window.saturating_mul(2),
+            Algorithm::TokenBucket | Algorithm::Gcra => {
+                let per_unit = u128::from(window) * u128::from(self.burst.max(1));
+                let refill = per_unit.div_ceil(u128::from(self.requests.max(1)));
+                u64::try_from(refill).unwrap_or(u64::MAX)
+            }
+        }
+    }
+
     /// The window length actually used: `window_us`, with 0 read as 1 µs so that no
     /// division or modulo can panic.
     pub(crate) fn window(&self) -> u64 {

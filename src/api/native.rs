@@ -60,14 +60,20 @@ impl<S: Store> NativeApi<S> {
             results: verdict.statuses.iter().map(check_result).collect(),
             retry_after: retry_after.map(wire_duration),
             headers,
+            refund_token: verdict.refund_token.unwrap_or_default(),
         })
     }
 
-    /// `Refund`: give `cost` units back to every descriptor's limits.
+    /// `Refund`: give back what the Check that issued `refund_token` consumed (see [`Limiter::refund`]).
     pub async fn refund(&self, request: RefundRequest) -> Result<RefundResponse, LimiterError> {
         let verdict = self
             .limiter
-            .refund(&request.domain, &request.descriptors, request.cost)
+            .refund(
+                &request.domain,
+                &request.descriptors,
+                request.cost,
+                &request.refund_token,
+            )
             .await?;
         let results = verdict
             .statuses

@@ -81,6 +81,7 @@ pub fn status_of(error: LimiterError) -> Status {
         ErrorKind::Unavailable => Status::unavailable(message),
         ErrorKind::NotAtomic => Status::failed_precondition(message),
         ErrorKind::NotFound => Status::not_found(message),
+        ErrorKind::PermissionDenied => Status::permission_denied(message),
     }
 }
 

@@ -68,6 +68,8 @@ struct JsonCall {
     lease_id: String,
     #[serde(default, with = "humantime_serde")]
     ttl: Option<Duration>,
+    #[serde(default)]
+    refund_token: String,
 }
 
 impl JsonCall {
@@ -121,6 +123,7 @@ fn status_code(error: &LimiterError) -> StatusCode {
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::NotAtomic => StatusCode::PRECONDITION_FAILED,
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
     }
 }
 
@@ -156,6 +159,7 @@ async fn check(State(service): State<Arc<NativeApi<AnyStore>>>, body: Bytes) -> 
         "allowed": response.allowed,
         "results": response.results.iter().map(check_result).collect::<Vec<_>>(),
         "retry_after": response.retry_after.as_ref().map(duration_text),
+        "refund_token": Some(&response.refund_token).filter(|t| !t.is_empty()),
     });
     let mut headers: Vec<(String, String)> =
         response.headers.into_iter().map(|h| (h.name, h.value)).collect();
@@ -181,6 +185,7 @@ async fn refund(State(service): State<Arc<NativeApi<AnyStore>>>, body: Bytes) ->
     let request = native::RefundRequest {
         domain: call.domain.clone(),
         cost: call.cost,
+        refund_token: call.refund_token.clone(),
         descriptors: call.descriptors(),
     };
     let response = service.refund(request).await?;

@@ -220,6 +220,7 @@ impl<S: Store> Store for LocalCache<S> {
                 policy: batch.policy,
                 scope_len: batch.scope_len,
                 keep_together: batch.keep_together,
+                once: batch.once.clone(),
             };
             let answers = self.inner.apply(&sent).await?;
             for ((at, item), decision) in positions.into_iter().zip(&sent.items).zip(answers) {

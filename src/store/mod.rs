@@ -108,6 +108,21 @@ pub struct Batch {
     /// of one call, so every call on a key (consume, peek, refund, a per-call all-or-nothing) finds the
     /// same counter.
     pub keep_together: bool,
+    /// Under [`CommitPolicy::Refund`]: give back only what this refund token has not given back yet.
+    pub once: Option<RefundOnce>,
+}
+
+/// Single use of a refund token, enforced by the store in the same atomic step as the refund: each
+/// group (descriptor) of the batch is refunded only if `id` was never used on its key; the store then
+/// remembers it for `ttl_us`. A group refused that way gives nothing back and its decisions report
+/// `allowed: false`. (In Redis Cluster a batch may be split by slot; each descriptor is still
+/// refunded at most once, whichever call reaches its slot first.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundOnce {
+    /// The token's id (hex).
+    pub id: String,
+    /// How long the use must be remembered, in µs: until the token expires.
+    pub ttl_us: u64,
 }
 
 impl Batch {
@@ -118,6 +133,7 @@ impl Batch {
             policy,
             scope_len: 0,
             keep_together: false,
+            once: None,
         }
     }
 

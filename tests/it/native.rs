@@ -11,7 +11,8 @@ use tokio::task::JoinSet;
 use tollgate::clock::{Clock as _, ManualClock};
 use tollgate::proto::native::rate_limiter_client::RateLimiterClient;
 use tollgate::proto::native::{
-    AcquireRequest, CheckRequest, CheckResponse, Descriptor, Entry, Mode, RefundRequest, ReleaseRequest,
+    AcquireRequest, CheckRequest, CheckResponse, Descriptor, Entry, Mode, RefundRequest, RefundResponse,
+    ReleaseRequest,
 };
 use tonic::transport::Channel;
 
@@ -85,17 +86,35 @@ async fn check(
         .into_inner()
 }
 
-async fn refund(client: &mut RateLimiterClient<Channel>, d: Descriptor, cost: u64) -> u64 {
-    let response = client
-        .refund(RefundRequest {
-            domain: "app".to_owned(),
-            descriptors: vec![d],
-            cost,
-        })
-        .await
-        .expect("refund")
-        .into_inner();
-    response.results[0].remaining
+/// Refunds with `token`; what is left after it.
+async fn refund(client: &mut RateLimiterClient<Channel>, token: &str, d: Descriptor, cost: u64) -> u64 {
+    try_refund(client, token, d, cost).await.expect("refund").results[0].remaining
+}
+
+async fn try_refund(
+    client: &mut RateLimiterClient<Channel>,
+    token: &str,
+    d: Descriptor,
+    cost: u64,
+) -> Result<RefundResponse, tonic::Status> {
+    let request = RefundRequest {
+        domain: "app".to_owned(),
+        descriptors: vec![d],
+        cost,
+        refund_token: token.to_owned(),
+    };
+    client.refund(request).await.map(tonic::Response::into_inner)
+}
+
+/// A consuming check that must pass; its refund token.
+async fn consume(client: &mut RateLimiterClient<Channel>, d: Descriptor, cost: u64) -> String {
+    let answer = check(client, d, cost, Mode::Consume).await;
+    assert!(answer.allowed, "{answer:?}");
+    assert!(
+        !answer.refund_token.is_empty(),
+        "a check that consumed carries a token"
+    );
+    answer.refund_token
 }
 
 fn secs(d: Option<&prost_types::Duration>) -> f64 {
@@ -234,21 +253,94 @@ async fn refund_gives_back_what_a_failed_request_consumed() {
     for key in ["tokens", "gcra", "sliding", "log", "fixed"] {
         let limit = if key == "tokens" { 1000 } else { 100 };
         let d = || desc(key, "refund-me");
-        assert!(
-            check(&mut client, d(), limit, Mode::Consume).await.allowed,
-            "{key}"
-        );
+        let token = consume(&mut client, d(), limit).await;
         // (Not refused first: a refused fixed-window request still counts, as in envoyproxy/ratelimit.)
-        let after = refund(&mut client, d(), 10).await;
+        let after = refund(&mut client, &token, d(), 10).await;
         assert!((10..=11).contains(&after), "{key}: {after} left after the refund");
-        assert!(check(&mut client, d(), 10, Mode::Consume).await.allowed, "{key}");
+        let token = consume(&mut client, d(), 10).await;
         assert!(!check(&mut client, d(), 2, Mode::Consume).await.allowed, "{key}");
-        // A refund never raises the budget above the limit.
-        let capped = refund(&mut client, d(), 10 * limit).await;
-        assert!(capped <= limit, "{key}: {capped} > {limit}");
+        // A refund gives back at most what its check consumed (10), whatever it asks for. (On a fixed
+        // window the refused check of 2 counted.)
+        let capped = refund(&mut client, &token, d(), 10 * limit).await;
+        let expected = if key == "fixed" { 8 } else { 10 };
+        assert!(
+            (expected..=expected + 1).contains(&capped),
+            "{key}: {capped} left"
+        );
     }
-    // Refunding a key that holds nothing changes nothing.
-    assert_eq!(refund(&mut client, desc("fixed", "never-used"), 5).await, 100);
+    server.stop().await;
+}
+
+/// Only a genuine token restores budget, exactly once, for its own domain and descriptors, while it
+/// lives; a forged, missing, replayed, foreign or expired one is PERMISSION_DENIED and changes nothing.
+#[tokio::test]
+async fn refund_tokens_restore_only_what_was_consumed_once() {
+    // A manual clock: the token's expiry passes without waiting (the limiter dates tokens by it).
+    let clock = ManualClock::new(tollgate::clock::SystemClock.now_us());
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("app.yaml"), RULES).expect("write rules");
+    let server = TestServer::start_with_clock(dir, &[], Arc::new(clock.clone())).await;
+    server.wait_ready().await;
+    let mut client = RateLimiterClient::new(server.channel().await);
+    let d = || desc("tokens", "owner");
+    let token = consume(&mut client, d(), 600).await;
+    let peek = check(&mut client, d(), 0, Mode::Peek).await;
+    assert!(peek.refund_token.is_empty(), "a peek consumed nothing");
+    assert_eq!(peek.results[0].remaining, 400);
+    let denied = |r: Result<RefundResponse, tonic::Status>| {
+        let status = r.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+        status.message().to_owned()
+    };
+    // Missing, garbage, and a real token with one character changed.
+    denied(try_refund(&mut client, "", d(), 1).await);
+    denied(try_refund(&mut client, "not-a-token", d(), 1).await);
+    let mut forged = token.clone().into_bytes();
+    let at = forged.len() / 2;
+    forged[at] = if forged[at] == b'A' { b'B' } else { b'A' };
+    denied(try_refund(&mut client, &String::from_utf8(forged).expect("ascii"), d(), 1).await);
+    // Someone else's descriptor, or another domain, with this token.
+    denied(try_refund(&mut client, &token, desc("tokens", "victim"), 1).await);
+    let mut other_domain = RefundRequest {
+        domain: "elsewhere".into(),
+        descriptors: vec![d()],
+        cost: 1,
+        refund_token: token.clone(),
+    };
+    let status = client
+        .refund(other_domain.clone())
+        .await
+        .expect_err("other domain");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+    other_domain.domain = String::new();
+    assert_eq!(
+        client.refund(other_domain).await.expect_err("no domain").code(),
+        tonic::Code::PermissionDenied
+    );
+    assert_eq!(
+        check(&mut client, d(), 0, Mode::Peek).await.results[0].remaining,
+        400,
+        "nothing changed"
+    );
+    // The genuine one: a partial refund, once.
+    assert_eq!(refund(&mut client, &token, d(), 100).await, 500);
+    let replay = denied(try_refund(&mut client, &token, d(), 100).await);
+    assert!(replay.contains("already used"), "{replay}");
+    denied(try_refund(&mut client, &token, d(), 0).await);
+    assert_eq!(
+        check(&mut client, d(), 0, Mode::Peek).await.results[0].remaining,
+        500
+    );
+    // A refused check earns no token.
+    let refused = check(&mut client, d(), 501, Mode::Consume).await;
+    assert!(!refused.allowed && refused.refund_token.is_empty(), "{refused:?}");
+    // Cost 0 gives back all the token granted; an expired token gives back nothing.
+    let all = consume(&mut client, d(), 50).await;
+    let late = consume(&mut client, d(), 50).await;
+    assert_eq!(refund(&mut client, &all, d(), 0).await, 450);
+    clock.advance_us(4 * 3_600_000_000);
+    let expired = denied(try_refund(&mut client, &late, d(), 0).await);
+    assert!(expired.contains("expired"), "{expired}");
     server.stop().await;
 }
 
@@ -270,14 +362,12 @@ async fn refunds_racing_with_checks_never_admit_more_than_the_limit() {
                 let mut n = caller;
                 while refused_in_a_row < 3 {
                     n += 1;
-                    if check(&mut client, desc(key, "race"), 1, Mode::Consume)
-                        .await
-                        .allowed
-                    {
+                    let answer = check(&mut client, desc(key, "race"), 1, Mode::Consume).await;
+                    if answer.allowed {
                         refused_in_a_row = 0;
                         admitted.fetch_add(1, Ordering::SeqCst);
                         if n % 3 == 0 {
-                            refund(&mut client, desc(key, "race"), 1).await;
+                            refund(&mut client, &answer.refund_token, desc(key, "race"), 1).await;
                             refunded.fetch_add(1, Ordering::SeqCst);
                         }
                     } else {
@@ -616,13 +706,21 @@ async fn the_json_api_speaks_the_same_calls_with_429_and_retry_after() {
     let (status, _, body) = http_with_head(&server, "/v1/check", peek).await;
     assert_eq!((status, body["results"][0]["remaining"].as_u64()), (200, Some(0)));
     let tokens = r#"{"domain":"app","descriptors":[{"entries":[{"key":"tokens","value":"j"}]}],"cost":10}"#;
-    http_with_head(&server, "/v1/check", tokens).await;
-    let (status, _, body) = http_with_head(&server, "/v1/refund", tokens).await;
+    let (_, _, checked) = http_with_head(&server, "/v1/check", tokens).await;
+    let token = checked["refund_token"].as_str().expect("a refund token");
+    let refund = format!(
+        r#"{{"domain":"app","descriptors":[{{"entries":[{{"key":"tokens","value":"j"}}]}}],"refund_token":"{token}"}}"#
+    );
+    let (status, _, body) = http_with_head(&server, "/v1/refund", &refund).await;
     assert_eq!(
         (status, body["results"][0]["remaining"].as_u64()),
         (200, Some(1000)),
         "{body}"
     );
+    let (status, _, body) = http_with_head(&server, "/v1/refund", &refund).await;
+    assert_eq!(status, 403, "a token refunds once: {body}");
+    let (status, _, body) = http_with_head(&server, "/v1/refund", tokens).await;
+    assert_eq!(status, 403, "no token, no refund: {body}");
 
     let job =
         r#"{"domain":"app","descriptors":[{"entries":[{"key":"short_job","value":"h"}]}],"ttl":"200ms"}"#;
@@ -730,10 +828,10 @@ descriptors:
 #[tokio::test]
 async fn native_calls_count_in_the_same_metrics() {
     let (server, mut client) = start().await;
-    check(&mut client, desc("otp", "m"), 1, Mode::Consume).await;
+    let token = consume(&mut client, desc("otp", "m"), 1).await;
     check(&mut client, desc("otp", "m"), 5, Mode::Consume).await;
     check(&mut client, desc("otp", "m"), 1, Mode::Peek).await;
-    refund(&mut client, desc("otp", "m"), 1).await;
+    refund(&mut client, &token, desc("otp", "m"), 1).await;
     for _ in 0..7 {
         client
             .acquire(acquire_request("busy", "m", ""))
@@ -797,8 +895,12 @@ async fn absurd_costs_and_sizes_are_answered() {
             otp.results[0].remaining, 5,
             "{key}: the other descriptor consumed"
         );
-        let refunded = refund(&mut client, desc(key, "huge"), u64::MAX).await;
-        assert!(refunded <= limit, "{key}: {refunded}");
+        let token = consume(&mut client, desc(key, "huge"), 1).await;
+        let refunded = refund(&mut client, &token, desc(key, "huge"), u64::MAX).await;
+        assert_eq!(
+            refunded, limit,
+            "{key}: a refund of u64::MAX gives back the 1 consumed"
+        );
     }
     let many: Vec<Descriptor> = (0..16_385).map(|i| desc("tokens", &i.to_string())).collect();
     let error = client

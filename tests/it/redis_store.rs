@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tollgate::algorithm::{Algorithm, Decision, Limit};
+use tollgate::proto::native::rate_limiter_client::RateLimiterClient;
+use tollgate::proto::native::{CheckRequest, Descriptor, Entry, RefundRequest};
 use tollgate::proto::rls::RateLimitResponse;
 use tollgate::proto::rls::rate_limit_response::Code;
 use tollgate::store::lease::{AcquireRequest, LeaseItem, LeaseStore, ReleaseRequest};
@@ -95,6 +97,103 @@ async fn two_instances_share_counters() {
     );
     a.stop().await;
     b.stop().await;
+}
+
+/// A refund token issued by one instance verifies on another that shares `TOLLGATE_REFUND_KEY`, and
+/// 32 refunds with it racing over both instances give the units back exactly once.
+async fn a_token_refunds_once_across_instances(redis_env: &[(&str, &str)]) {
+    let mut env = vec![("TOLLGATE_REFUND_KEY", "0123456789abcdef0123456789abcdef-fleet")];
+    env.extend_from_slice(redis_env);
+    let text = rules(Algorithm::TokenBucket, 100);
+    let servers = Arc::new([start(&env, &text).await, start(&env, &text).await]);
+    let descriptors = || {
+        vec![
+            native_descriptor("k", "refund-race"),
+            native_descriptor("k", "other"),
+        ]
+    };
+    let mut client = RateLimiterClient::new(servers[0].channel().await);
+    let checked = client
+        .check(CheckRequest {
+            domain: "rd".into(),
+            descriptors: descriptors(),
+            cost: 40,
+            mode: 0,
+        })
+        .await
+        .expect("check")
+        .into_inner();
+    assert!(checked.allowed && !checked.refund_token.is_empty(), "{checked:?}");
+    let refunded = Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for caller in 0..32 {
+        let (servers, refunded) = (Arc::clone(&servers), Arc::clone(&refunded));
+        let token = checked.refund_token.clone();
+        tasks.spawn(async move {
+            let mut client = RateLimiterClient::new(servers[caller % 2].channel().await);
+            let request = RefundRequest {
+                domain: "rd".into(),
+                descriptors: descriptors(),
+                cost: 0,
+                refund_token: token,
+            };
+            match client.refund(request).await {
+                Ok(_) => {
+                    refunded.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(status) => assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}"),
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("caller");
+    }
+    assert_eq!(refunded.load(Ordering::SeqCst), 1, "one refund per token");
+    let peek = client
+        .check(CheckRequest {
+            domain: "rd".into(),
+            descriptors: descriptors(),
+            cost: 0,
+            mode: 1,
+        })
+        .await
+        .expect("peek")
+        .into_inner();
+    let left: Vec<u64> = peek.results.iter().map(|r| r.remaining).collect();
+    assert_eq!(
+        left,
+        [100, 100],
+        "40 consumed, 40 given back once, each descriptor"
+    );
+    let [a, b] = Arc::into_inner(servers).expect("tasks done");
+    a.stop().await;
+    b.stop().await;
+}
+
+fn native_descriptor(key: &str, value: &str) -> Descriptor {
+    Descriptor {
+        entries: vec![Entry {
+            key: key.into(),
+            value: value.into(),
+        }],
+        cost: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_racing_one_refund_token_refund_once() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    a_token_refunds_once_across_instances(&[("REDIS_URL", url.as_str())]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_racing_one_refund_token_refund_once_in_a_cluster() {
+    require_redis!();
+    let cluster = RedisCluster::start();
+    let addrs = cluster.addrs();
+    a_token_refunds_once_across_instances(&[("REDIS_URL", addrs.as_str()), ("REDIS_TYPE", "cluster")]).await;
 }
 
 /// 64 concurrent clients split over two instances against a limit of 100: exactly 100 pass.
@@ -416,6 +515,7 @@ async fn other_placements_miss_the_consumed_keys(url: &str, kind: &str) {
                 policy,
                 scope_len: scope.len(),
                 keep_together,
+                once: None,
             };
             let (peek, refund) = (CommitPolicy::Peek, CommitPolicy::Refund);
             let context = format!("{algorithm:?} {consume:?}");

@@ -32,7 +32,7 @@ use tollgate::store::lease::{AcquireRequest, LeaseItem, LeaseSlot, LeaseStore, R
 use tollgate::store::local_cache::LocalCache;
 use tollgate::store::memory::MemoryStore;
 use tollgate::store::redis::RedisStore;
-use tollgate::store::{Batch, BatchItem, CommitPolicy, Store};
+use tollgate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store};
 
 use crate::common::T0_US;
 use crate::common::redis::{RedisCluster, RedisServer, cli, connected_store};
@@ -287,6 +287,7 @@ fn batch(items: Vec<BatchItem>, policy: CommitPolicy) -> Batch {
         policy,
         scope_len: 0,
         keep_together: false,
+        once: None,
     }
 }
 
@@ -619,6 +620,41 @@ async fn refund_gives_back_what_was_consumed<B: Backend>(backend: &B) {
     }
 }
 
+/// A refund carrying a token's id gives each descriptor its cost back once: the same id again, in a
+/// later call, gives nothing and reports not allowed, while another id still refunds. A descriptor
+/// with several limits is claimed once for all of them.
+async fn a_refund_token_gives_each_descriptor_back_once<B: Backend>(backend: &B) {
+    for algorithm in Algorithm::ALL {
+        let context = format!("{algorithm:?}");
+        let (day, week) = (daily(algorithm), limit(algorithm, 5, 7 * DAY_US));
+        let items = |cost: u64| {
+            vec![
+                item("a", day, cost, 0),
+                item("a", week, cost, 0),
+                item("b", day, cost, 1),
+            ]
+        };
+        apply(backend, &batch(items(3), INDEPENDENT)).await;
+        let refund = |id: &str| Batch {
+            once: Some(RefundOnce {
+                id: id.to_owned(),
+                ttl_us: DAY_US,
+            }),
+            ..batch(items(2), REFUND)
+        };
+        let first = apply(backend, &refund("t1")).await;
+        assert_eq!(verdicts(&first), [(true, 4); 3], "{context}");
+        let replay = apply(backend, &refund("t1")).await;
+        assert_eq!(verdicts(&replay), [(false, 4); 3], "{context}: given back twice");
+        let other = apply(backend, &refund("t2")).await;
+        assert_eq!(
+            verdicts(&other),
+            [(true, 5); 3],
+            "{context}: another token refunds"
+        );
+    }
+}
+
 /// Refunds of one key in one batch apply in order (the second sees the first), each allowed with
 /// no retry.
 async fn refunds_of_one_key_apply_in_order<B: Backend>(backend: &B) {
@@ -923,6 +959,7 @@ contract_tests!(
     peek_decides_like_a_consuming_first_pass_and_writes_nothing,
     peek_ignores_the_settling_rules,
     peeks_and_refunds_find_what_consumptions_wrote,
+    a_refund_token_gives_each_descriptor_back_once,
     refund_gives_back_what_was_consumed,
     refunds_of_one_key_apply_in_order,
     refund_never_creates_or_revives_an_entry,

@@ -17,6 +17,7 @@ mod lease;
 
 pub use lease::MemoryLeases;
 
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -24,7 +25,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::algorithm::{self, Algorithm, Decision, Limit, State};
 use crate::clock::Clock;
-use crate::store::{Batch, BatchItem, CommitPolicy, Store, StoreError};
+use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store, StoreError};
 
 /// Number of independently locked tables. Enough that the runtime's worker threads rarely contend on
 /// one lock, few enough that a sweep walks them quickly.
@@ -37,6 +38,10 @@ pub struct MemoryStore {
     hasher: DefaultHashBuilder,
     clock: Arc<dyn Clock>,
     leases: MemoryLeases,
+    /// Refund tokens used, per descriptor key: `key NUL id` → until when to remember it (µs). Locked
+    /// after the shards, only by refunds carrying a token. Bounded by the refunds made with genuine
+    /// tokens within their lifetime; swept with the entries.
+    spent: Mutex<HashMap<String, u64>>,
 }
 
 #[derive(Debug)]
@@ -77,6 +82,7 @@ impl MemoryStore {
             hasher: DefaultHashBuilder::default(),
             leases: MemoryLeases::new(Arc::clone(&clock)),
             clock,
+            spent: Mutex::default(),
         }
     }
 
@@ -100,6 +106,12 @@ impl MemoryStore {
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_us();
         let mut dropped = self.leases.sweep();
+        {
+            let mut spent = self.spent.lock().unwrap_or_else(PoisonError::into_inner);
+            let before = spent.len();
+            spent.retain(|_, until| *until > now);
+            dropped += before - spent.len();
+        }
         for shard in self.shards.iter() {
             let mut table = lock(shard);
             let before = table.len();
@@ -125,7 +137,12 @@ impl MemoryStore {
 
     /// The synchronous heart of [`Store::apply`]: locks the batch's shards, then consumes, peeks or
     /// refunds as the policy says. Holding every lock for the whole batch is what makes it atomic.
-    fn apply_batch(&self, items: &[BatchItem], policy: CommitPolicy) -> Vec<Decision> {
+    fn apply_batch(
+        &self,
+        items: &[BatchItem],
+        policy: CommitPolicy,
+        once: Option<&RefundOnce>,
+    ) -> Vec<Decision> {
         let now = self.clock.now_us();
         let hashes: Vec<u64> = items.iter().map(|i| self.hash(i)).collect();
         let mut locked = self.lock_shards(&hashes);
@@ -139,7 +156,26 @@ impl MemoryStore {
                 rollback(&mut locked, items, &hashes, undo);
                 decisions
             }
-            CommitPolicy::Refund => give_back(&mut locked, items, &hashes, now),
+            CommitPolicy::Refund => match once {
+                None => give_back(&mut locked, items, &hashes, now),
+                Some(once) => {
+                    let mut spent = self.spent.lock().unwrap_or_else(PoisonError::into_inner);
+                    let claimed = claim(&mut spent, items, once, now);
+                    let owed: Vec<BatchItem> = items
+                        .iter()
+                        .zip(&claimed)
+                        .map(|(item, &mine)| BatchItem {
+                            cost: if mine { item.cost } else { 0 },
+                            ..item.clone()
+                        })
+                        .collect();
+                    let mut decisions = give_back(&mut locked, &owed, &hashes, now);
+                    for (decision, mine) in decisions.iter_mut().zip(claimed) {
+                        decision.allowed &= mine;
+                    }
+                    decisions
+                }
+            },
             CommitPolicy::Independent
             | CommitPolicy::AllOrNothing
             | CommitPolicy::StopIncrementWhenOverLimit => {
@@ -242,7 +278,7 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
-        Ok(self.apply_batch(&batch.items, batch.policy))
+        Ok(self.apply_batch(&batch.items, batch.policy, batch.once.as_ref()))
     }
 }
 
@@ -266,6 +302,26 @@ fn give_back(locked: &mut Locked<'_>, items: &[BatchItem], hashes: &[u64], now: 
         decisions.push(decision);
     }
     decisions
+}
+
+/// Claims `once` for every group (descriptor) of `items`: whether each item may be refunded, true
+/// for the groups whose key had not used this token yet (now recorded as used).
+fn claim(spent: &mut HashMap<String, u64>, items: &[BatchItem], once: &RefundOnce, now: u64) -> Vec<bool> {
+    let until = now.saturating_add(once.ttl_us);
+    let mut claimed = Vec::with_capacity(items.len());
+    for (at, item) in items.iter().enumerate() {
+        if at > 0 && items[at - 1].group == item.group {
+            claimed.push(claimed[at - 1]);
+            continue;
+        }
+        let marker = format!("{}\0{}", item.key, once.id);
+        let fresh = spent.get(&marker).is_none_or(|used_until| *used_until <= now);
+        if fresh {
+            spent.insert(marker, until);
+        }
+        claimed.push(fresh);
+    }
+    claimed
 }
 
 /// Whether some group has more than one item (only then can `Independent` need a second pass).
@@ -380,9 +436,9 @@ mod tests {
                 cost: 5,
                 group: 0,
             }];
-            store.apply_batch(&old, CommitPolicy::Independent);
+            store.apply_batch(&old, CommitPolicy::Independent, None);
             clock.advance_us(10_000_000);
-            store.apply_batch(&old, CommitPolicy::Refund);
+            store.apply_batch(&old, CommitPolicy::Refund, None);
             assert_eq!(store.len(), 1, "{algorithm:?}: the refund removed the entry");
             assert_eq!(store.sweep(), 1, "{algorithm:?}: the refund revived the entry");
             assert!(store.is_empty(), "{algorithm:?}");

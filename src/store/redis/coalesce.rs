@@ -114,7 +114,7 @@ impl RedisStore {
             offset = next_offset;
         }
         let result = self
-            .invoke_whole(&items, crate::store::CommitPolicy::Independent)
+            .invoke_whole(&items, crate::store::CommitPolicy::Independent, None)
             .await;
         match result {
             Ok(decisions) => {

@@ -68,6 +68,58 @@ pub fn slot(key: &str) -> u16 {
     crc16_xmodem(hash_tag(key.as_bytes())) % SLOTS
 }
 
+/// The key that records refund token `id` as used on `key` (see [`crate::store::RefundOnce`]). It lies
+/// in `key`'s cluster slot, so the claim and the refund are one script call, and its length does not
+/// grow with `key`: a tag chosen for that slot, a hash of `key`, the id.
+pub(crate) fn refund_marker(key: &str, id: &str) -> String {
+    let digest = blake3::hash(key.as_bytes());
+    let mut marker = String::with_capacity(64 + id.len());
+    marker.push('{');
+    marker.push_str(&SLOT_TAGS[usize::from(slot(key))]);
+    marker.push_str("}refund:");
+    for byte in &digest.as_bytes()[..8] {
+        marker.push(char::from(HEX[usize::from(byte >> 4)]));
+        marker.push(char::from(HEX[usize::from(byte & 15)]));
+    }
+    marker.push(':');
+    marker.push_str(id);
+    marker
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// For every cluster slot, a short hash tag that lands in it (found once, by counting in base 36:
+/// about 160,000 CRC16s, a few milliseconds).
+static SLOT_TAGS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+    let mut tags = vec![String::new(); usize::from(SLOTS)];
+    let mut missing = tags.len();
+    let mut n: u64 = 0;
+    while missing > 0 {
+        let tag = base36(n);
+        let at = usize::from(crc16_xmodem(tag.as_bytes()) % SLOTS);
+        if tags[at].is_empty() {
+            tags[at] = tag;
+            missing -= 1;
+        }
+        n += 1;
+    }
+    tags
+});
+
+fn base36(mut n: u64) -> String {
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(DIGITS[(n % 36) as usize]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap_or_default()
+}
+
 fn hash_tag(key: &[u8]) -> &[u8] {
     let Some(open) = key.iter().position(|&b| b == b'{') else {
         return key;
@@ -159,5 +211,24 @@ mod tests {
         assert_eq!(slot("foo{{bar}}zap"), crc16_xmodem(b"{bar") % SLOTS);
         assert_eq!(slot("foo{bar}{zap}"), slot("bar"));
         assert_eq!(slot("foo"), 12182);
+    }
+
+    #[test]
+    fn refund_markers_share_their_keys_slot_whatever_the_key() {
+        let long = "x".repeat(10_000);
+        for key in [
+            "pre:d_k_v_",
+            "{pre:d}_k_v_token_bucket_60s",
+            "a}b{",
+            "}{",
+            "",
+            long.as_str(),
+        ] {
+            let marker = refund_marker(key, "00ff");
+            assert_eq!(slot(&marker), slot(key), "{key:?} -> {marker}");
+            assert!(marker.len() < 64, "{marker}");
+        }
+        assert_ne!(refund_marker("a", "1"), refund_marker("b", "1"));
+        assert_ne!(refund_marker("a", "1"), refund_marker("a", "2"));
     }
 }

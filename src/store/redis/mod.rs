@@ -42,8 +42,8 @@ use tracing::Instrument as _;
 pub use keys::slot;
 pub use target::{RedisMode, RedisTarget, TargetError};
 
-use self::keys::{Placement, redis_key};
-use self::script::{BatchScript, ScriptItem, ScriptReply};
+use self::keys::{Placement, redis_key, refund_marker};
+use self::script::{BatchScript, Markers, ScriptItem, ScriptReply};
 use self::sentinel::{SentinelLink, suggests_failover};
 use super::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 use crate::algorithm::{Algorithm, Decision};
@@ -411,10 +411,12 @@ impl RedisStore {
         conn: &mut C,
         items: &[ScriptItem<'_>],
         policy: CommitPolicy,
+        markers: Option<Markers<'_>>,
     ) -> Result<Vec<Decision>, CallError> {
         let sent_at = self.clock.now_us();
         self.script_calls.fetch_add(1, Ordering::Relaxed);
-        let call = tokio::time::timeout(self.options.deadline, self.script.call(conn, items, policy));
+        let call = self.script.call_marked(conn, items, policy, markers);
+        let call = tokio::time::timeout(self.options.deadline, call);
         let reply = if crate::observe::telemetry::traces_enabled() && !tracing::Span::current().is_disabled()
         {
             // A child of the RPC span (the current span), named as the database semantic conventions
@@ -470,7 +472,29 @@ impl Store for Arc<RedisStore> {
             .iter()
             .map(|(key, item)| ScriptItem { key, ..*item })
             .collect();
-        self.invoke_whole(&items, batch.policy).await
+        let Some(once) = batch
+            .once
+            .as_ref()
+            .filter(|_| batch.policy == CommitPolicy::Refund)
+        else {
+            return self.invoke_whole(&items, batch.policy, None).await;
+        };
+        // Single use: one marker per descriptor (its items share it), in the slot of its key.
+        let mut names: Vec<String> = Vec::with_capacity(named.len());
+        for (at, (key, _)) in named.iter().enumerate() {
+            let shared = at > 0 && batch.items[at - 1].group == batch.items[at].group;
+            let name = match names.last() {
+                Some(previous) if shared => previous.clone(),
+                _ => refund_marker(key, &once.id),
+            };
+            names.push(name);
+        }
+        let keys: Vec<&str> = names.iter().map(String::as_str).collect();
+        let markers = Markers {
+            keys: &keys,
+            ttl_ms: once.ttl_us.div_ceil(1_000),
+        };
+        self.invoke_whole(&items, batch.policy, Some(markers)).await
     }
 }
 
@@ -496,15 +520,16 @@ impl RedisStore {
         &self,
         items: &[ScriptItem<'_>],
         policy: CommitPolicy,
+        markers: Option<Markers<'_>>,
     ) -> Result<Vec<Decision>, StoreError> {
         let Some(connections) = self.connections.load_full() else {
             return Err(StoreError::Unavailable("not connected to Redis yet".into()));
         };
         let result = match &*connections {
-            Connections::Cluster(conn) => self.apply_per_slot(conn, items, policy).await,
+            Connections::Cluster(conn) => self.apply_per_slot(conn, items, policy, markers).await,
             whole => {
                 let (mut conn, link) = whole.whole();
-                let result = self.invoke(&mut conn, items, policy).await;
+                let result = self.invoke(&mut conn, items, policy, markers).await;
                 refresh_if_moved(link, &result);
                 result
             }
@@ -517,6 +542,7 @@ impl RedisStore {
         conn: &ClusterConnection,
         items: &[ScriptItem<'_>],
         policy: CommitPolicy,
+        markers: Option<Markers<'_>>,
     ) -> Result<Vec<Decision>, CallError> {
         let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (at, item) in items.iter().enumerate() {
@@ -529,8 +555,17 @@ impl RedisStore {
         }
         let calls = by_slot.values().map(|positions| {
             let part: Vec<ScriptItem<'_>> = positions.iter().map(|&at| ScriptItem { ..items[at] }).collect();
+            // Each marker lies in its item's slot, so it travels with it.
+            let part_markers: Option<Vec<&str>> =
+                markers.map(|m| positions.iter().map(|&at| m.keys[at]).collect());
             let mut conn = conn.clone();
-            async move { self.invoke(&mut conn, &part, policy).await }
+            async move {
+                let markers = markers.zip(part_markers.as_deref()).map(|(m, keys)| Markers {
+                    keys,
+                    ttl_ms: m.ttl_ms,
+                });
+                self.invoke(&mut conn, &part, policy, markers).await
+            }
         });
         let answers = futures_util::future::try_join_all(calls).await?;
         let mut decisions = vec![Decision::default(); items.len()];

@@ -83,6 +83,17 @@ pub struct ScriptItem<'a> {
     pub ttl_secs: u64,
 }
 
+/// The single-use markers of a refund batch (see [`crate::store::RefundOnce`]): one Redis key per item,
+/// in its item's slot, sent after the items' keys; the script claims each with `SET NX PX ttl_ms` in
+/// the same call and refunds only the items whose marker it claimed.
+#[derive(Debug, Clone, Copy)]
+pub struct Markers<'a> {
+    /// One marker key per item, in batch order (items of one descriptor share theirs).
+    pub keys: &'a [&'a str],
+    /// How long a claimed marker lives, in ms (at least 1).
+    pub ttl_ms: u64,
+}
+
 /// The decisions of one script call and the Redis clock reading it used.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScriptReply {
@@ -226,13 +237,31 @@ impl BatchScript {
         items: &[ScriptItem<'_>],
         policy: CommitPolicy,
     ) -> redis::RedisResult<redis::Value> {
+        self.call_marked(conn, items, policy, None).await
+    }
+
+    /// [`BatchScript::call`] for a refund that claims `markers` (see [`Markers`]).
+    pub async fn call_marked<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        items: &[ScriptItem<'_>],
+        policy: CommitPolicy,
+        markers: Option<Markers<'_>>,
+    ) -> redis::RedisResult<redis::Value> {
         if self.functions.load(Ordering::Relaxed) {
             let mut fcall = redis::cmd("FCALL");
-            fcall.arg(&self.function).arg(items.len());
+            let marker_keys = markers.map_or(&[][..], |m| m.keys);
+            fcall.arg(&self.function).arg(items.len() + marker_keys.len());
             for item in items {
                 fcall.arg(item.key);
             }
+            for marker in marker_keys {
+                fcall.arg(*marker);
+            }
             fcall.arg(policy_code(policy)).arg(pack_items(items));
+            if let Some(markers) = markers {
+                fcall.arg(markers.ttl_ms.max(1));
+            }
             let mut loads = 0;
             loop {
                 match fcall.query_async(conn).await {
@@ -263,18 +292,29 @@ impl BatchScript {
                 }
             }
         }
-        self.invocation(items, policy).invoke_async(conn).await
+        self.invocation(items, policy, markers).invoke_async(conn).await
     }
 
     /// KEYS and ARGV of the EVAL form for one batch. [`redis::ScriptInvocation::invoke_async`] sends
     /// `EVALSHA` and, on `NOSCRIPT` (after a Redis restart or `SCRIPT FLUSH`), loads the script and
     /// retries once. [`BatchScript::call`] uses it only on servers without functions.
-    pub fn invocation(&self, items: &[ScriptItem<'_>], policy: CommitPolicy) -> redis::ScriptInvocation<'_> {
+    pub fn invocation(
+        &self,
+        items: &[ScriptItem<'_>],
+        policy: CommitPolicy,
+        markers: Option<Markers<'_>>,
+    ) -> redis::ScriptInvocation<'_> {
         let mut invocation = self.script.prepare_invoke();
         for item in items {
             invocation.key(item.key);
         }
+        for marker in markers.map_or(&[][..], |m| m.keys) {
+            invocation.key(*marker);
+        }
         invocation.arg(policy_code(policy)).arg(pack_items(items));
+        if let Some(markers) = markers {
+            invocation.arg(markers.ttl_ms.max(1));
+        }
         invocation
     }
 
