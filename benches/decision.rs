@@ -16,7 +16,7 @@ use arc_swap::ArcSwapOption;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tollgate::algorithm::Algorithm;
 use tollgate::clock::SystemClock;
-use tollgate::limiter::{LimitOverride, Limiter, LimiterOptions, RequestDescriptor};
+use tollgate::limiter::{LimitOverride, Limiter, LimiterOptions, Mode, RefundKeys, RequestDescriptor};
 use tollgate::rules::file::parse_file;
 use tollgate::rules::{CompileOptions, RuleSet, ValueHasher};
 use tollgate::store::memory::MemoryStore;
@@ -152,5 +152,40 @@ fn bench_decisions(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_matching, bench_decisions);
+/// The native API's consuming Check, which also mints a refund token, against Envoy's path on the same
+/// limiter (the difference is the token's cost); and verifying a token, which every Refund does first.
+fn bench_refund_tokens(c: &mut Criterion) {
+    let mut group = c.benchmark_group("refund_token");
+    group.throughput(Throughput::Elements(1));
+    let descriptors = users();
+    let limiter = limiter(Algorithm::TokenBucket);
+    let mut i = 0;
+    group.bench_function("envoy_decision", |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            let one = std::slice::from_ref(&descriptors[i]);
+            black_box(ready(limiter.should_rate_limit("bench", one, 1)).expect("decided"));
+        })
+    });
+    group.bench_function("native_check_with_token", |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            let one = std::slice::from_ref(&descriptors[i]);
+            let verdict = ready(limiter.check("bench", one, 1, Mode::Consume)).expect("decided");
+            black_box(verdict.refund_token.expect("a token"));
+        })
+    });
+    let keys = RefundKeys::new(b"0123456789abcdef0123456789abcdef", &[]).expect("randomness");
+    let one = std::slice::from_ref(&descriptors[0]);
+    group.bench_function("mint", |b| {
+        b.iter(|| black_box(keys.mint("bench", one, &[1], u64::MAX)))
+    });
+    let token = keys.mint("bench", one, &[1], u64::MAX);
+    group.bench_function("verify", |b| {
+        b.iter(|| black_box(keys.verify(&token, "bench", one, 0).expect("valid")))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_matching, bench_decisions, bench_refund_tokens);
 criterion_main!(benches);

@@ -100,6 +100,9 @@ struct BenchArgs {
     /// The server's Redis (`redis://host:port`), to report Redis commands per decision.
     #[arg(long)]
     redis_url: Option<String>,
+    /// Which API to load: Envoy's ShouldRateLimit, or Tollgate's native Check.
+    #[arg(long, value_enum, default_value = "envoy")]
+    api: crate::loadgen::Api,
 }
 
 #[derive(Debug, Args)]
@@ -219,6 +222,7 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
         connections: args.connections,
         duration: args.duration,
         redis_url: args.redis_url,
+        api: args.api,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let report = runtime.block_on(crate::loadgen::run(plan))?;

@@ -1,5 +1,6 @@
 //! `tollgate bench`: a closed-loop load generator for any Envoy RLS server (Tollgate or another), so
-//! throughput and latency are measured end to end, over real sockets, the way Envoy calls.
+//! throughput and latency are measured end to end, over real sockets, the way Envoy calls; or, with
+//! `--api native`, through Tollgate's own `tollgate.v1.RateLimiter/Check`, the way applications call.
 //!
 //! `concurrency` workers each keep one request in flight, spread over `connections` HTTP/2 connections.
 //! Each request carries one descriptor per `-d` template, with `{i}` replaced by a key index cycling
@@ -10,6 +11,8 @@ use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
 use crate::proto::descriptor::RateLimitDescriptor;
+use crate::proto::native;
+use crate::proto::native::rate_limiter_client::RateLimiterClient;
 use crate::proto::rls::RateLimitRequest;
 use crate::proto::rls::rate_limit_response::Code;
 use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
@@ -33,6 +36,65 @@ pub(crate) struct LoadPlan {
     pub(crate) duration: Duration,
     /// The Redis behind the server, to count the commands the run cost (optional).
     pub(crate) redis_url: Option<String>,
+    /// Which API to call.
+    pub(crate) api: Api,
+}
+
+/// The API a load run calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Api {
+    /// Envoy's `ShouldRateLimit`.
+    Envoy,
+    /// `tollgate.v1.RateLimiter/Check` (consuming; each allowed answer carries a refund token).
+    Native,
+}
+
+/// A client of either API.
+enum Caller {
+    Envoy(RateLimitServiceClient<Channel>),
+    Native(RateLimiterClient<Channel>),
+}
+
+impl Caller {
+    /// Decides one request; whether it was over the limit.
+    async fn decide(
+        &mut self,
+        domain: &str,
+        templates: &[Template],
+        key: u64,
+    ) -> Result<bool, tonic::Status> {
+        match self {
+            Caller::Envoy(client) => {
+                let response = client.should_rate_limit(request(domain, templates, key)).await?;
+                Ok(response.into_inner().overall_code == Code::OverLimit as i32)
+            }
+            Caller::Native(client) => {
+                let envoy = request(domain, templates, key);
+                let descriptors = envoy
+                    .descriptors
+                    .into_iter()
+                    .map(|d| native::Descriptor {
+                        entries: d
+                            .entries
+                            .into_iter()
+                            .map(|e| native::Entry {
+                                key: e.key,
+                                value: e.value,
+                            })
+                            .collect(),
+                        cost: None,
+                    })
+                    .collect();
+                let check = native::CheckRequest {
+                    domain: envoy.domain,
+                    descriptors,
+                    cost: 1,
+                    mode: native::Mode::Consume as i32,
+                };
+                Ok(!client.check(check).await?.into_inner().allowed)
+            }
+        }
+    }
 }
 
 /// What the run measured.
@@ -93,7 +155,11 @@ pub(crate) async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
     let deadline = start + plan.duration;
     let workers: Vec<_> = (0..plan.concurrency.max(1))
         .map(|worker| {
-            let client = RateLimitServiceClient::new(channels[worker % channels.len()].clone());
+            let channel = channels[worker % channels.len()].clone();
+            let client = match plan.api {
+                Api::Envoy => Caller::Envoy(RateLimitServiceClient::new(channel)),
+                Api::Native => Caller::Native(RateLimiterClient::new(channel)),
+            };
             let (templates, domain) = (templates.clone(), plan.domain.clone());
             let stride = plan.concurrency.max(1) as u64;
             tokio::spawn(work(
@@ -131,7 +197,7 @@ pub(crate) type Template = Vec<(String, String)>;
 /// One worker: requests back to back until the deadline. Returns (answered, over limit, errors) and
 /// the latency of every answered request.
 async fn work(
-    mut client: RateLimitServiceClient<Channel>,
+    mut client: Caller,
     domain: String,
     templates: Vec<Template>,
     first_key: u64,
@@ -143,16 +209,14 @@ async fn work(
     let mut latencies = Vec::new();
     let mut key = first_key;
     while Instant::now() < deadline {
-        let request = request(&domain, &templates, key % keys);
-        key += stride;
         let sent = Instant::now();
-        match client.should_rate_limit(request).await {
-            Ok(response) => {
+        let answer = client.decide(&domain, &templates, key % keys).await;
+        key += stride;
+        match answer {
+            Ok(over_limit) => {
                 latencies.push(sent.elapsed());
                 answered += 1;
-                if response.into_inner().overall_code == Code::OverLimit as i32 {
-                    over += 1;
-                }
+                over += u64::from(over_limit);
             }
             Err(_) => errors += 1,
         }
