@@ -11,6 +11,7 @@ Values that must fail the render are tried too.
 """
 
 import argparse
+import base64
 import os
 import pathlib
 import re
@@ -21,7 +22,7 @@ import tempfile
 import yaml
 
 RULES_DIR = "/etc/tollgate/rules"
-SECRET_NAME = re.compile(r"AUTH|PASSWORD|PASSWD|SECRET|TOKEN|HASH_KEY|CREDENTIAL", re.I)
+SECRET_NAME = re.compile(r"AUTH|PASSWORD|PASSWD|SECRET|TOKEN|HASH_KEY|REFUND_KEY(?!_FILE)|CREDENTIAL", re.I)
 URL_CREDENTIALS = re.compile(r"://[^/\s]*:[^/\s]*@")
 
 failures = []
@@ -242,6 +243,7 @@ MUST_FAIL = [
     ("url-with-password", "redis: {mode: single, url: 'redis://:hunter2@r:6379'}\n", "Secret"),
     ("secret-in-settings", "settings: {REDIS_AUTH: hunter2}\n", "REDIS_AUTH"),
     ("hash-key-in-settings", "settings: {HASH_KEY: hunter2}\n", "HASH_KEY"),
+    ("refund-key-in-settings", "settings: {REFUND_KEY: hunter2}\n", "REFUND_KEY"),
     ("worker-threads-in-settings", "settings: {WORKER_THREADS: 2}\n", "WORKER_THREADS"),
     ("worker-threads-zero", "workerThreads: 0\n", "workerThreads"),
     ("grace-below-drain", "drainPeriodSeconds: 30\nterminationGracePeriodSeconds: 30\n", "drainPeriodSeconds"),
@@ -290,6 +292,15 @@ def main():
         check("REDIS_URL" not in default.settings(), "defaults: REDIS_URL set on the embedded store")
         check("TOLLGATE_WORKER_THREADS" not in default.settings(), "defaults: TOLLGATE_WORKER_THREADS set (null keeps Tollgate's default)")
         check(default.tollgate_deployment()["spec"]["replicas"] == 1, "defaults: replicas is not 1")
+        # The refund key: a Secret of the chart's, mounted as the file TOLLGATE_REFUND_KEY_FILE names.
+        secrets = [s for s in default.of("Secret") if s["metadata"]["name"].endswith("-refund-key")]
+        check(len(secrets) == 1 and len(base64.b64decode(secrets[0]["data"]["refund-key"])) >= 32,
+              "defaults: no refund key Secret of at least 32 bytes")
+        volumes = {v["name"]: v for v in default.tollgate_deployment()["spec"]["template"]["spec"]["volumes"]}
+        check(volumes.get("refund-key", {}).get("secret", {}).get("secretName") == secrets[0]["metadata"]["name"]
+              if secrets else False, "defaults: the refund key Secret is not mounted")
+        check(default.settings().get("TOLLGATE_REFUND_KEY_FILE") == "/etc/tollgate/refund/refund-key",
+              "defaults: TOLLGATE_REFUND_KEY_FILE does not name the mounted key")
         ports = [p["name"] for s in default.of("Service") for p in s["spec"]["ports"]]
         check("debug" not in ports, "defaults: the debug port (/rlconfig, /top) is on a Service")
         rules_check(args, default, expect_ok=True)

@@ -88,6 +88,16 @@ print 4194304 as 4.194304e+06: whole numbers are printed as integers.
 {{- end }}
 
 {{/* Where the Redis CA Secret is mounted. */}}
+{{/* Where the refund key Secret is mounted. */}}
+{{- define "tollgate.refundKeyDir" -}}
+/etc/tollgate/refund
+{{- end }}
+
+{{/* The Secret holding the refund key(s): the operator's, or the one the chart creates. */}}
+{{- define "tollgate.refundKeySecret" -}}
+{{- .Values.refundKey.existingSecret | default (include "tollgate.suffixed" (dict "root" . "suffix" "refund-key")) }}
+{{- end }}
+
 {{- define "tollgate.redisTlsDir" -}}
 /etc/tollgate/redis-tls
 {{- end }}
@@ -164,7 +174,8 @@ check-config hook, so the hook validates the settings the pods will run with.
   "TOLLGATE_GRPC_ADDR" (printf "0.0.0.0:%d" (int .Values.ports.grpc))
   "TOLLGATE_HTTP_ADDR" (printf "0.0.0.0:%d" (int .Values.ports.http))
   "TOLLGATE_DEBUG_ADDR" (printf "0.0.0.0:%d" (int .Values.ports.debug))
-  "TOLLGATE_DRAIN_PERIOD" (printf "%ds" (int .Values.drainPeriodSeconds)) }}
+  "TOLLGATE_DRAIN_PERIOD" (printf "%ds" (int .Values.drainPeriodSeconds))
+  "TOLLGATE_REFUND_KEY_FILE" (printf "%s/%s" (include "tollgate.refundKeyDir" .) .Values.refundKey.key) }}
 {{- with .Values.workerThreads }}
 {{- $_ := set $env "TOLLGATE_WORKER_THREADS" (include "tollgate.envString" .) }}
 {{- end }}
