@@ -205,13 +205,16 @@ impl Serialize for Secret {
     }
 }
 
-/// `text` without the userinfo of any URL in it (`redis://user:password@host` → `redis://host`), for
-/// logs and errors. A Redis URL may carry a password; nothing that prints it may show that part.
+/// `text` (one address, or several separated by commas) with the userinfo of each replaced by `***`
+/// (`redis://user:password@host` → `redis://***@host`), for logs and errors. A Redis URL may carry a
+/// password; nothing that prints it may show that part.
 pub fn without_userinfo(text: &str) -> String {
     text.split(',')
         .map(|part| match (part.find("://"), part.rfind('@')) {
-            (Some(scheme), Some(at)) if at > scheme => format!("{}{}", &part[..scheme + 3], &part[at + 1..]),
-            (None, Some(at)) => part[at + 1..].to_owned(),
+            (Some(scheme), Some(at)) if at > scheme => {
+                format!("{}***@{}", &part[..scheme + 3], &part[at + 1..])
+            }
+            (None, Some(at)) => format!("***@{}", &part[at + 1..]),
             _ => part.to_owned(),
         })
         .collect::<Vec<_>>()
@@ -803,7 +806,7 @@ mod tests {
         for secret in ["hunter2", "pw2", "hunter3", "hunter4"] {
             assert!(!shown.contains(secret), "{secret} in {shown}");
         }
-        assert!(shown.contains("redis://redis:6379,other:6379"), "{shown}");
+        assert!(shown.contains("redis://***@redis:6379,***@other:6379"), "{shown}");
         assert_eq!(s.hash_key.expose(), "hunter4");
         let serialized = serde_json::to_string(&s).expect("serializes");
         assert!(!serialized.contains("hunter3") && !serialized.contains("hunter4"));

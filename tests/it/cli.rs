@@ -772,3 +772,199 @@ async fn the_redis_call_is_a_child_span_of_the_rpc() {
     assert_eq!(served.terminate().await, Some(0));
     receiver.abort();
 }
+
+/// Secrets in every place a deployment puts them. None may appear in any output or endpoint.
+const SECRETS: [&str; 5] = [
+    "urlpass-4b1f",
+    "authpass-8c2e",
+    "sentinelpass-9d3a",
+    "refundkey-5e7b-0123456789abcdef0123456789",
+    "hashkey-6f1c",
+];
+
+/// The environment of a deployment carrying every secret, plus `extra`.
+fn secret_env<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![
+        ("REDIS_AUTH", SECRETS[1]),
+        ("REDIS_SENTINEL_AUTH", SECRETS[2]),
+        ("TOLLGATE_REFUND_KEY", SECRETS[3]),
+        ("TOLLGATE_HASH_KEY", SECRETS[4]),
+        ("LOG_LEVEL", "trace"),
+    ];
+    for (name, value) in extra {
+        env.retain(|(n, _)| n != name);
+        env.push((name, value));
+    }
+    env
+}
+
+#[track_caller]
+fn assert_no_secret(place: &str, text: &str) {
+    for secret in SECRETS {
+        // A prefix too, so a truncated secret counts as a leak.
+        assert!(!text.contains(&secret[..10]), "{secret} in {place}:\n{text}");
+    }
+}
+
+/// A way `serve` fails to start: its name, the environment that causes it, what the error names.
+type FailedStart<'a> = (&'a str, Vec<(&'a str, &'a str)>, &'a str);
+
+/// Every startup failure of `serve` with secrets in REDIS_URL, REDIS_AUTH, REDIS_SENTINEL_AUTH, the
+/// refund key and the hash key fails with a message, and neither stdout nor stderr holds a secret.
+#[tokio::test]
+async fn secrets_never_reach_the_output_of_a_failed_start() {
+    let rules = rules_dir(&[(
+        "d.yaml",
+        "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )]);
+    let dir = rules.path().to_str().expect("utf-8 path");
+    let url = format!("redis://admin:{}@127.0.0.1:notaport", SECRETS[0]);
+    let good_url = format!("redis://admin:{}@127.0.0.1:1", SECRETS[0]);
+    let short_key = &SECRETS[3][..20];
+    // (case, extra environment, what the error must name)
+    let cases: [FailedStart<'_>; 8] = [
+        (
+            "bad port in REDIS_URL",
+            vec![("REDIS_URL", url.as_str())],
+            "redis://***@127.0.0.1:notaport",
+        ),
+        (
+            "unknown REDIS_TYPE",
+            vec![("REDIS_URL", good_url.as_str()), ("REDIS_TYPE", "ring")],
+            "ring",
+        ),
+        (
+            "sentinel over TLS",
+            vec![
+                ("REDIS_URL", "m,127.0.0.1:1"),
+                ("REDIS_TYPE", "sentinel"),
+                ("REDIS_TLS", "true"),
+            ],
+            "Sentinel",
+        ),
+        (
+            "a short refund key",
+            vec![("TOLLGATE_REFUND_KEY", short_key)],
+            "refund_key",
+        ),
+        (
+            "a missing CA file",
+            vec![
+                ("REDIS_URL", good_url.as_str()),
+                ("REDIS_TLS_CACERT", "/nonexistent/ca.pem"),
+            ],
+            "redis_tls_cacert",
+        ),
+        (
+            "an unknown algorithm",
+            vec![("TOLLGATE_DEFAULT_ALGORITHM", "leaky")],
+            "leaky",
+        ),
+        ("a bad boolean", vec![("SHADOW_MODE", "maybe")], "SHADOW_MODE"),
+        (
+            "a missing refund key file",
+            vec![
+                ("TOLLGATE_REFUND_KEY", ""),
+                ("TOLLGATE_REFUND_KEY_FILE", "/nonexistent/key"),
+            ],
+            "refund_key_file",
+        ),
+    ];
+    for (case, extra, named) in cases {
+        let env = secret_env(&extra);
+        let output = run(
+            &[
+                "serve",
+                "--config-dir",
+                dir,
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--http-addr",
+                "127.0.0.1:0",
+                "--debug-addr",
+                "127.0.0.1:0",
+            ],
+            &env,
+        )
+        .await;
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+        );
+        assert!(!output.status.success(), "{case}: started anyway:\n{stderr}");
+        assert!(
+            stderr.contains(named),
+            "{case}: the error does not name {named}:\n{stderr}"
+        );
+        assert_no_secret(&format!("{case}: stdout"), &stdout);
+        assert_no_secret(&format!("{case}: stderr"), &stderr);
+    }
+}
+
+/// A server running with every secret set (its Redis unreachable, logging at trace) shows none of them
+/// on any endpoint or in its log, and `check-config` shows none either.
+#[tokio::test]
+async fn secrets_never_reach_a_running_servers_endpoints_or_log() {
+    let rules = rules_dir(&[(
+        "d.yaml",
+        "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1, failure_mode: open}\n",
+    )]);
+    let dir = rules.path().to_str().expect("utf-8 path");
+    let url = format!("redis://admin:{}@127.0.0.1:1", SECRETS[0]);
+    let env = secret_env(&[("REDIS_URL", url.as_str())]);
+    let args = [
+        "serve",
+        "--config-dir",
+        dir,
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--debug-addr",
+        "127.0.0.1:0",
+    ];
+    let mut served = Served::start(&args, &env).await;
+    // A decision answered by the failure mode, so the store's error paths run too.
+    let answer = ask_user(served.grpc, "d", "someone").await;
+    assert_eq!(answer.overall_code, WireCode::Ok as i32);
+    for (port, path) in [
+        (served.http, "/healthcheck"),
+        (served.http, "/metrics"),
+        (served.debug, "/"),
+        (served.debug, "/rlconfig"),
+        (served.debug, "/metrics"),
+        (served.debug, "/top"),
+        (served.debug, "/config"),
+    ] {
+        let (_, body) = http(port, "GET", path, "").await;
+        assert_no_secret(path, &body);
+    }
+    let (_, body) = http(
+        served.http,
+        "POST",
+        "/json",
+        r#"{"domain":"d","descriptors":[{"entries":[{"key":"user","value":"x"}]}]}"#,
+    )
+    .await;
+    assert_no_secret("/json", &body);
+    let (_, body) = http(
+        served.http,
+        "POST",
+        "/v1/refund",
+        r#"{"domain":"d","descriptors":[{"entries":[{"key":"user","value":"x"}]}],"refund_token":"forged"}"#,
+    )
+    .await;
+    assert_no_secret("/v1/refund", &body);
+    tokio::time::sleep(Duration::from_millis(600)).await; // a readiness probe of the dead Redis or two
+    served.log.extend(served.stderr.try_iter());
+    let log = served.log.join("\n");
+    assert!(
+        log.contains("redis://***@127.0.0.1:1") || !log.contains("127.0.0.1:1"),
+        "{log}"
+    );
+    assert_no_secret("the log", &log);
+    served.terminate().await;
+    let output = run(&["check-config", dir], &env).await;
+    assert_no_secret("check-config", &String::from_utf8_lossy(&output.stdout));
+    assert_no_secret("check-config", &String::from_utf8_lossy(&output.stderr));
+}

@@ -14,6 +14,8 @@ use std::fmt;
 
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 
+use crate::settings::without_userinfo;
+
 /// A parsed Redis location, ready to connect.
 #[derive(Debug, Clone)]
 pub struct RedisTarget {
@@ -109,7 +111,7 @@ impl RedisTarget {
         };
         Ok(Self {
             mode,
-            described: format!("{shape} {}", redact(url)),
+            described: format!("{shape} {}", without_userinfo(url)),
         })
     }
 }
@@ -177,22 +179,9 @@ fn credentials(settings: redis::RedisConnectionInfo, auth: &str) -> redis::Redis
 
 fn bad(address: &str, reason: &str) -> TargetError {
     TargetError::BadAddress {
-        address: redact(address),
+        address: without_userinfo(address),
         reason: reason.to_owned(),
     }
-}
-
-/// Hides a password in `redis://user:password@host` forms.
-fn redact(url: &str) -> String {
-    url.split(',')
-        .map(|part| match (part.find("://"), part.rfind('@')) {
-            (Some(scheme), Some(at)) if at > scheme => {
-                format!("{}://***@{}", &part[..scheme], &part[at + 1..])
-            }
-            _ => part.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 #[cfg(test)]
@@ -285,6 +274,6 @@ mod tests {
         );
         let err = RedisTarget::parse("redis://u:pw@", "", "", "", "", false, false).expect_err("no host");
         assert!(!err.to_string().contains("pw"), "{err}");
-        assert_eq!(redact("redis://u:pw@h:1"), "redis://***@h:1");
+        assert_eq!(without_userinfo("redis://u:pw@h:1"), "redis://***@h:1");
     }
 }
