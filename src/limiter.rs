@@ -73,6 +73,11 @@ impl Default for LimiterOptions {
     }
 }
 
+/// Most entries one descriptor may carry. Envoy's descriptors hold a handful (one per action of a rate
+/// limit's action list); the cap bounds the storage key one descriptor can make, checked before any
+/// per-descriptor work.
+pub const MAX_ENTRIES: usize = 64;
+
 /// Default for [`LimiterOptions::max_descriptors`]. Envoy sends one descriptor per rate-limit action
 /// list, so real requests carry a handful; this only stops abuse, while leaving room for batch callers.
 pub const DEFAULT_MAX_DESCRIPTORS: usize = 16_384;
@@ -247,6 +252,14 @@ pub enum LimiterError {
         /// The configured maximum.
         max: usize,
     },
+    /// A descriptor with more entries than [`MAX_ENTRIES`].
+    #[error("descriptor {index}: {count} entries (at most {MAX_ENTRIES})")]
+    TooManyEntries {
+        /// Position of the descriptor in the request.
+        index: usize,
+        /// Entries in it.
+        count: usize,
+    },
     /// A limit override with an unknown unit (envoyproxy/ratelimit crashes on this).
     #[error("descriptor {index}: limit override has invalid unit {unit} (expected SECOND..YEAR)")]
     InvalidOverrideUnit {
@@ -309,6 +322,7 @@ impl LimiterError {
             LimiterError::EmptyDomain
             | LimiterError::NoDescriptors
             | LimiterError::TooManyDescriptors { .. }
+            | LimiterError::TooManyEntries { .. }
             | LimiterError::InvalidOverrideUnit { .. }
             | LimiterError::InvalidLeaseId
             | LimiterError::InvalidLeaseTtl
@@ -710,7 +724,7 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    fn validate<D>(&self, domain: &str, descriptors: &[D]) -> Result<(), LimiterError> {
+    fn validate<D: RequestDescriptor>(&self, domain: &str, descriptors: &[D]) -> Result<(), LimiterError> {
         if domain.is_empty() {
             return Err(LimiterError::EmptyDomain);
         }
@@ -721,6 +735,16 @@ impl<S: Store> Limiter<S> {
             return Err(LimiterError::TooManyDescriptors {
                 count: descriptors.len(),
                 max: self.options.max_descriptors,
+            });
+        }
+        if let Some((index, d)) = descriptors
+            .iter()
+            .enumerate()
+            .find(|(_, d)| d.entries().len() > MAX_ENTRIES)
+        {
+            return Err(LimiterError::TooManyEntries {
+                index,
+                count: d.entries().len(),
             });
         }
         Ok(())

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::envoy::EnvoyOptions;
 use crate::api::headers::{HeaderNames, HeaderOptions};
 use crate::clock::Clock;
+use crate::grpc::GrpcLimits;
 use crate::limiter::{Limiter, LimiterOptions, RefundKeys, RulesHandle};
 use crate::observe::health::Health;
 use crate::observe::metrics::Metrics;
@@ -120,6 +121,7 @@ pub async fn run(
         health: health.clone(),
         limiter: Arc::clone(&limiter),
         options: envoy.clone(),
+        max_body_bytes: settings.max_request_bytes,
     };
     // TCP_NODELAY, as on the gRPC port: `/json` and `/v1/*` answers must not wait for a delayed ACK.
     let http_listener = listeners.http.tap_io(|tcp| {
@@ -133,9 +135,18 @@ pub async fn run(
     let debug = axum::serve(listeners.debug, crate::http::debug_router(Arc::clone(&limiter)))
         .with_graceful_shutdown(async move { stopped.cancelled().await });
     let stopped = stop.clone();
-    let grpc = crate::grpc::serve(listeners.grpc, limiter, envoy, health_service, async move {
-        stopped.cancelled().await
-    });
+    let limits = GrpcLimits {
+        max_message_bytes: settings.max_request_bytes,
+        max_concurrent_streams: settings.grpc_max_concurrent_streams,
+    };
+    let grpc = crate::grpc::serve(
+        listeners.grpc,
+        limiter,
+        envoy,
+        limits,
+        health_service,
+        async move { stopped.cancelled().await },
+    );
 
     let drain = settings.drain_period;
     let trigger = stop.clone();

@@ -127,6 +127,11 @@ pub struct Settings {
     pub tracing_sampling_rate: f64,
     /// `TRACING_EXPORTER_PROTOCOL`: only `grpc` is built in.
     pub tracing_exporter_protocol: String,
+    /// Largest gRPC request message, in bytes; a larger one is refused with `RESOURCE_EXHAUSTED` before
+    /// it is decoded. Also the largest HTTP request body (`/json`, `/v1/*`), refused with 413.
+    pub max_request_bytes: usize,
+    /// HTTP/2 streams one gRPC connection may have open at once.
+    pub grpc_max_concurrent_streams: u32,
     /// `TOLLGATE_REFUND_KEY`: the secret that signs refund tokens, shared by every replica so a token
     /// verifies on any of them. Several keys separated by commas or newlines: the first signs, all
     /// verify (rotation: put the new key first, drop the old one once its tokens have expired).
@@ -382,6 +387,8 @@ impl Default for Settings {
             tracing_service_name: "tollgate".into(),
             tracing_sampling_rate: 1.0,
             tracing_exporter_protocol: "grpc".into(),
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            grpc_max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             refund_key: Secret::default(),
             refund_key_file: String::new(),
             show_caller_values: false,
@@ -399,6 +406,14 @@ pub const DEFAULT_REDIS_DEADLINE: Duration = Duration::from_millis(20);
 /// Default number of multiplexed connections to one Redis node. Each carries many requests in
 /// flight; two keep one slow reply from stalling everything behind it on one socket.
 pub const DEFAULT_REDIS_CONNECTIONS: usize = 2;
+
+/// Default for [`Settings::max_request_bytes`]: Envoy's requests are a few hundred bytes, and the
+/// native API's largest legitimate calls (thousands of descriptors) stay well below.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
+
+/// Default for [`Settings::grpc_max_concurrent_streams`]: far above what Envoy multiplexes on one
+/// connection under load, low enough that one client cannot make the server hold unbounded state.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1024;
 
 /// Default over-limit cache budget (envoyproxy/ratelimit's is 0, off): about 25,000 blocked keys.
 pub const DEFAULT_LOCAL_CACHE_BYTES: usize = 4 << 20;
@@ -466,6 +481,21 @@ impl Settings {
                 value: "0s".into(),
                 reason: "a deadline of zero would fail every request".into(),
             });
+        }
+        for (name, value) in [
+            ("max_request_bytes", self.max_request_bytes as u64),
+            (
+                "grpc_max_concurrent_streams",
+                u64::from(self.grpc_max_concurrent_streams),
+            ),
+        ] {
+            if value == 0 {
+                return Err(SettingsError::BadValue {
+                    name,
+                    value: "0".into(),
+                    reason: "a limit of zero would refuse every request".into(),
+                });
+            }
         }
         if !self.tracing_exporter_protocol.eq_ignore_ascii_case("grpc") {
             return Err(SettingsError::BadValue {

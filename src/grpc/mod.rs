@@ -3,6 +3,7 @@
 //! proto file).
 
 mod envoy_rls;
+mod limits;
 mod native;
 mod trace;
 
@@ -23,6 +24,7 @@ use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::store::Store;
 
 pub use envoy_rls::EnvoyRateLimitService;
+pub use limits::GrpcLimits;
 pub use native::NativeService;
 use trace::traced;
 
@@ -31,6 +33,7 @@ pub async fn serve<S: Store, H>(
     listener: TcpListener,
     limiter: Arc<Limiter<S>>,
     options: EnvoyOptions,
+    limits: GrpcLimits,
     health: HealthServer<H>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()>
@@ -39,13 +42,17 @@ where
 {
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
-    let native = RateLimiterServer::new(NativeService::new(Arc::clone(&limiter), options.headers.clone()));
-    let rls = RateLimitServiceServer::new(EnvoyRateLimitService::new(limiter, options));
+    let native = RateLimiterServer::new(NativeService::new(Arc::clone(&limiter), options.headers.clone()))
+        .max_decoding_message_size(limits.max_message_bytes);
+    let rls = RateLimitServiceServer::new(EnvoyRateLimitService::new(limiter, options))
+        .max_decoding_message_size(limits.max_message_bytes);
     Server::builder()
         // Envoy holds a few long-lived HTTP/2 connections; without keepalive a half-open one (a
         // vanished peer behind a NAT) would be noticed only when a request times out.
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .tcp_nodelay(true)
+        .max_concurrent_streams(Some(limits.max_concurrent_streams))
+        .layer(tower::layer::layer_fn(limits::ResourceExhausted))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -11,7 +11,7 @@ mod native_json;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -31,6 +31,8 @@ pub struct Admin {
     pub limiter: Arc<Limiter<AnyStore>>,
     /// The same response options as the gRPC service (headers, dynamic metadata).
     pub options: EnvoyOptions,
+    /// Largest request body read (`/json`, `/v1/*`); a larger one is refused with 413 unread.
+    pub max_body_bytes: usize,
 }
 
 /// The admin port's routes.
@@ -42,12 +44,14 @@ pub fn admin_router(admin: Admin) -> Router {
         Arc::clone(&admin.limiter),
         admin.options.headers.clone(),
     )));
+    let body_limit = DefaultBodyLimit::max(admin.max_body_bytes);
     Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/json", post(envoy_json::json))
         .with_state(Arc::new(admin))
         .merge(metrics)
         .merge(native)
+        .layer(body_limit)
 }
 
 /// The debug port's routes.

@@ -47,7 +47,11 @@ struct Conn {
 
 impl Conn {
     async fn start() -> Self {
-        let server = TestServer::start(FILES, &[]).await;
+        Self::start_with(&[]).await
+    }
+
+    async fn start_with(env: &[(&str, &str)]) -> Self {
+        let server = TestServer::start(FILES, env).await;
         let channel = server.channel().await;
         Self {
             client: RateLimitServiceClient::new(channel.clone())
@@ -187,9 +191,10 @@ async fn more_than_the_maximum_descriptors_is_invalid_argument() {
     c.still_alive_then_stop().await;
 }
 
+/// Above the default 1 MiB a message is refused unread; with a larger limit, megabyte values still work.
 #[tokio::test]
 async fn megabyte_values_are_answered_and_counted_apart() {
-    let mut c = Conn::start().await;
+    let mut c = Conn::start_with(&[("TOLLGATE_MAX_REQUEST_BYTES", "8388608")]).await;
     let base = "v".repeat(1 << 20);
     let a = format!("{base}a");
     let b = format!("{base}b");
@@ -366,12 +371,36 @@ async fn odd_but_valid_shapes_are_answered() {
     assert_eq!(r.statuses[2].limit_remaining, 1);
     let r = c.ok(wire_request("no-such-domain", &[&[("user", "a")]])).await;
     assert_eq!(r.overall_code, OK);
-    // A very deep descriptor.
+    // A very deep descriptor: refused before any work on it (at most 64 entries, see below).
     let deep: Vec<(String, String)> = (0..5_000).map(|i| (format!("k{i}"), "v".to_owned())).collect();
     let deep: Vec<(&str, &str)> = deep.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let r = c.ok(wire_request("hostile", &[&deep])).await;
+    let status = c.refused(wire_request("hostile", &[&deep])).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    c.still_alive_then_stop().await;
+}
+
+/// A message above TOLLGATE_MAX_REQUEST_BYTES (1 MiB by default) is RESOURCE_EXHAUSTED, as gRPC's own
+/// servers answer, before it is decoded; a descriptor with more than 64 entries is INVALID_ARGUMENT.
+#[tokio::test]
+async fn oversized_messages_and_descriptors_are_refused() {
+    let mut c = Conn::start().await;
+    let big = "v".repeat(1 << 20);
+    let status = c.refused(wire_request("hostile", &[&[("user", &big)]])).await;
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let just_under = "v".repeat((1 << 20) - 64);
+    assert_eq!(
+        c.ok(wire_request("hostile", &[&[("user", &just_under)]]))
+            .await
+            .overall_code,
+        OK
+    );
+    let names: Vec<String> = (0..65).map(|i| format!("k{i}")).collect();
+    let entries: Vec<(&str, &str)> = names.iter().map(|k| (k.as_str(), "v")).collect();
+    let status = c.refused(wire_request("hostile", &[&entries])).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("65 entries"), "{status:?}");
+    let r = c.ok(wire_request("hostile", &[&entries[..64]])).await;
     assert_eq!(r.overall_code, OK);
-    assert!(r.statuses[0].current_limit.is_none());
     c.still_alive_then_stop().await;
 }
 

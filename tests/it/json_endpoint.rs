@@ -97,3 +97,19 @@ async fn snake_case_names_string_integers_and_headers() {
     assert_eq!(parse(&text)["statuses"][0]["currentLimit"]["unit"], "MINUTE");
     server.stop().await;
 }
+
+/// Request bodies on the HTTP port have the same cap as gRPC messages (TOLLGATE_MAX_REQUEST_BYTES,
+/// 1 MiB by default): a larger one is 413, on `/json` and on the native API's `/v1/*`, and the server
+/// answers normally afterwards.
+#[tokio::test]
+async fn bodies_above_the_cap_are_413() {
+    let server = TestServer::start(&[("web.yaml", RULES)], &[]).await;
+    let huge = body("web", &"u".repeat(1 << 20));
+    for path in ["/json", "/v1/check", "/v1/refund"] {
+        let (status, text) = http(server.http, "POST", path, &huge).await;
+        assert_eq!(status, 413, "{path}: {text}");
+    }
+    let (status, text) = http(server.http, "POST", "/json", &body("web", &"u".repeat(1000))).await;
+    assert_eq!(status, 200, "{text}");
+    server.stop().await;
+}

@@ -1,0 +1,76 @@
+//! The gRPC listener's transport bounds: the largest request message it decodes and the streams one
+//! connection may have open at once (see [`GrpcLimits`]).
+//!
+//! tonic refuses a message above the limit from its 5-byte frame header, before reading or decoding
+//! the body, but answers `OUT_OF_RANGE`; gRPC's own servers (grpc-go, grpc-java) answer
+//! `RESOURCE_EXHAUSTED`, which is what clients and dashboards expect for "too big".
+//! [`ResourceExhausted`] rewrites exactly that answer and nothing else.
+
+use std::task::{Context, Poll};
+
+use futures_util::TryFutureExt as _;
+use futures_util::future::MapOk;
+use tonic::codegen::http::{HeaderValue, Request, Response};
+
+use crate::settings::{DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_REQUEST_BYTES};
+
+/// Bounds on what one client can make the gRPC listener hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcLimits {
+    /// Largest request message decoded; a larger one is `RESOURCE_EXHAUSTED`.
+    pub max_message_bytes: usize,
+    /// HTTP/2 streams one connection may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for GrpcLimits {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+        }
+    }
+}
+
+/// Answers tonic's "decoded message length too large" (`OUT_OF_RANGE`) as `RESOURCE_EXHAUSTED`.
+#[derive(Debug, Clone)]
+pub(crate) struct ResourceExhausted<S>(pub(crate) S);
+
+impl<S, B, R> tower::Service<Request<B>> for ResourceExhausted<S>
+where
+    S: tower::Service<Request<B>, Response = Response<R>>,
+{
+    type Response = Response<R>;
+    type Error = S::Error;
+    type Future = MapOk<S::Future, fn(Response<R>) -> Response<R>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        self.0
+            .call(request)
+            .map_ok(rewrite as fn(Response<R>) -> Response<R>)
+    }
+}
+
+/// gRPC status codes, as the `grpc-status` header carries them.
+const OUT_OF_RANGE: &str = "11";
+const RESOURCE_EXHAUSTED: &str = "8";
+
+/// The start of tonic's message for an oversized request, percent-encoded as `grpc-message` carries it.
+const TOO_LARGE: &str = "Error,%20decoded%20message%20length%20too%20large";
+
+fn rewrite<R>(mut response: Response<R>) -> Response<R> {
+    let headers = response.headers_mut();
+    let oversized = headers.get("grpc-status").is_some_and(|s| s == OUT_OF_RANGE)
+        && headers
+            .get("grpc-message")
+            .and_then(|m| m.to_str().ok())
+            .is_some_and(|m| m.starts_with(TOO_LARGE));
+    if oversized {
+        headers.insert("grpc-status", HeaderValue::from_static(RESOURCE_EXHAUSTED));
+    }
+    response
+}
