@@ -773,6 +773,22 @@ async fn the_redis_call_is_a_child_span_of_the_rpc() {
     receiver.abort();
 }
 
+/// `serve` of the rules in `dir`, every listener on a free loopback port.
+fn serve_on_free_ports(dir: &str) -> [&str; 9] {
+    let any = "127.0.0.1:0";
+    [
+        "serve",
+        "--config-dir",
+        dir,
+        "--grpc-addr",
+        any,
+        "--http-addr",
+        any,
+        "--debug-addr",
+        any,
+    ]
+}
+
 /// Secrets in every place a deployment puts them. None may appear in any output or endpoint.
 const SECRETS: [&str; 5] = [
     "urlpass-4b1f",
@@ -872,21 +888,7 @@ async fn secrets_never_reach_the_output_of_a_failed_start() {
     ];
     for (case, extra, named) in cases {
         let env = secret_env(&extra);
-        let output = run(
-            &[
-                "serve",
-                "--config-dir",
-                dir,
-                "--grpc-addr",
-                "127.0.0.1:0",
-                "--http-addr",
-                "127.0.0.1:0",
-                "--debug-addr",
-                "127.0.0.1:0",
-            ],
-            &env,
-        )
-        .await;
+        let output = run(&serve_on_free_ports(dir), &env).await;
         let (stdout, stderr) = (
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr),
@@ -912,18 +914,7 @@ async fn secrets_never_reach_a_running_servers_endpoints_or_log() {
     let dir = rules.path().to_str().expect("utf-8 path");
     let url = format!("redis://admin:{}@127.0.0.1:1", SECRETS[0]);
     let env = secret_env(&[("REDIS_URL", url.as_str())]);
-    let args = [
-        "serve",
-        "--config-dir",
-        dir,
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--http-addr",
-        "127.0.0.1:0",
-        "--debug-addr",
-        "127.0.0.1:0",
-    ];
-    let mut served = Served::start(&args, &env).await;
+    let mut served = Served::start(&serve_on_free_ports(dir), &env).await;
     // A decision answered by the failure mode, so the store's error paths run too.
     let answer = ask_user(served.grpc, "d", "someone").await;
     assert_eq!(answer.overall_code, WireCode::Ok as i32);

@@ -54,6 +54,17 @@ async fn start() -> (TestServer, RateLimiterClient<Channel>) {
     (server, client)
 }
 
+/// A server whose embedded store and refund tokens read a manual clock (Redis keeps its own).
+async fn start_with_manual_clock() -> (TestServer, RateLimiterClient<Channel>, ManualClock) {
+    let clock = ManualClock::new(tollgate::clock::SystemClock.now_us());
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("app.yaml"), RULES).expect("write rules");
+    let server = TestServer::start_with_clock(dir, &[], Arc::new(clock.clone())).await;
+    server.wait_ready().await;
+    let client = RateLimiterClient::new(server.channel().await);
+    (server, client, clock)
+}
+
 fn desc(key: &str, value: &str) -> Descriptor {
     Descriptor {
         entries: vec![Entry {
@@ -276,12 +287,7 @@ async fn refund_gives_back_what_a_failed_request_consumed() {
 #[tokio::test]
 async fn refund_tokens_restore_only_what_was_consumed_once() {
     // A manual clock: the token's expiry passes without waiting (the limiter dates tokens by it).
-    let clock = ManualClock::new(tollgate::clock::SystemClock.now_us());
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("app.yaml"), RULES).expect("write rules");
-    let server = TestServer::start_with_clock(dir, &[], Arc::new(clock.clone())).await;
-    server.wait_ready().await;
-    let mut client = RateLimiterClient::new(server.channel().await);
+    let (server, mut client, clock) = start_with_manual_clock().await;
     let d = || desc("tokens", "owner");
     let token = consume(&mut client, d(), 600).await;
     let peek = check(&mut client, d(), 0, Mode::Peek).await;
@@ -517,12 +523,7 @@ async fn leases_cap_work_in_flight_and_release_frees_a_slot() {
 async fn a_lease_whose_client_died_expires_after_its_ttl() {
     // On the embedded store the server reads a manual clock, so the TTL passes without waiting; Redis
     // keeps its own clock, and there the test waits it out.
-    let clock = ManualClock::new(tollgate::clock::SystemClock.now_us());
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("app.yaml"), RULES).expect("write rules");
-    let server = TestServer::start_with_clock(dir, &[], Arc::new(clock.clone())).await;
-    server.wait_ready().await;
-    let mut client = RateLimiterClient::new(server.channel().await);
+    let (server, mut client, clock) = start_with_manual_clock().await;
     {
         // This client takes both slots and vanishes without releasing.
         let mut doomed = RateLimiterClient::new(server.channel().await);
