@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Before/after: two Tollgate binaries (say, main and a change) under the same load, in alternating turns,
+# on the embedded store and on one Redis, through Envoy's API and the native one.
+#
+#   scripts/bench-ab.sh /path/to/tollgate-before /path/to/tollgate-after
+#
+# Each turn starts the server fresh (Redis flushed), warms it up for 1 s, then runs the AFTER binary's
+# `tollgate bench` (64 in flight, 10,000 keys, DURATION, default 10s; --api envoy and native) against
+# it. ROUNDS (default 2) rounds. Only the ratios between turns of one run mean much: on a shared 2-core
+# host run-to-run noise is several per cent. Needs redis-server, redis-cli and python3 on PATH.
+set -euo pipefail
+before="$1"
+after="$2"
+rounds="${ROUNDS:-2}"
+duration="${DURATION:-10s}"
+work="$(mktemp -d)"
+server=""
+cleanup() {
+  [ -n "$server" ] && kill "$server" 2>/dev/null || true
+  redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+redis_port="$(free_port)"
+redis-server --port "$redis_port" --save '' --appendonly no --daemonize yes --logfile "$work/redis.log"
+until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
+mkdir -p "$work/rules"
+cat > "$work/rules/bench.yaml" <<'RULES'
+domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1000000000, algorithm: token_bucket}
+RULES
+
+turn() { # name binary store api
+  local name="$1" binary="$2" store="$3" api="$4" port
+  port="$(free_port)"
+  redis-cli -p "$redis_port" flushall >/dev/null
+  local redis_url=""
+  [ "$store" = redis ] && redis_url="127.0.0.1:$redis_port"
+  REDIS_URL="$redis_url" "$binary" serve --config-dir "$work/rules" --grpc-addr "127.0.0.1:$port" \
+    --http-addr "127.0.0.1:$(free_port)" --debug-addr "127.0.0.1:$(free_port)" >"$work/server.log" 2>&1 &
+  server=$!
+  sleep 1.5
+  "$after" bench --addr "http://127.0.0.1:$port" --domain bench -d 'user=w-{i}' --keys 100 \
+    --concurrency 8 --duration 1s --api "$api" >/dev/null 2>&1
+  printf '%-7s %-7s %-7s ' "$name" "$store" "$api"
+  "$after" bench --addr "http://127.0.0.1:$port" --domain bench -d 'user=u-{i}' --keys 10000 \
+    --concurrency 64 --duration "$duration" --api "$api" 2>&1 \
+    | grep -E 'decisions|errors|latency' | tr -s ' ' | tr '\n' ' '
+  echo
+  kill "$server"
+  wait "$server" 2>/dev/null || true
+  server=""
+}
+
+for round in $(seq "$rounds"); do
+  for store in memory redis; do
+    for api in envoy native; do
+      turn before "$before" "$store" "$api"
+      turn after "$after" "$store" "$api"
+    done
+  done
+done
