@@ -28,7 +28,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::observe::denial_log::DenialLog;
 use crate::observe::metrics::Metrics;
 use crate::observe::offenders::TopOffenders;
-use crate::rules::file::{FailureMode, Unit};
+use crate::rules::file::{FailureMode, Unit, sliding_log_too_large};
 use crate::rules::{DescriptorEntry, Rate, Rule, RuleLimit, RuleSet, ValueHasher};
 use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store, StoreError};
 
@@ -252,6 +252,14 @@ pub enum LimiterError {
         /// The configured maximum.
         max: usize,
     },
+    /// A limit override the rules file format would refuse (a sliding log over its cap).
+    #[error("descriptor {index}: limit override: {reason}")]
+    InvalidOverride {
+        /// Position of the descriptor in the request.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A descriptor with more entries than [`MAX_ENTRIES`].
     #[error("descriptor {index}: {count} entries (at most {MAX_ENTRIES})")]
     TooManyEntries {
@@ -323,6 +331,7 @@ impl LimiterError {
             | LimiterError::NoDescriptors
             | LimiterError::TooManyDescriptors { .. }
             | LimiterError::TooManyEntries { .. }
+            | LimiterError::InvalidOverride { .. }
             | LimiterError::InvalidOverrideUnit { .. }
             | LimiterError::InvalidLeaseId
             | LimiterError::InvalidLeaseTtl
@@ -764,13 +773,13 @@ impl<S: Store> Limiter<S> {
                 index,
                 unit: over.unit,
             })?;
-            let rate = Rate::new(
-                over.requests_per_unit,
-                unit,
-                1,
-                self.options.default_algorithm,
-                None,
-            );
+            let algorithm = self.options.default_algorithm;
+            if algorithm == Algorithm::SlidingLog
+                && let Some(reason) = sliding_log_too_large(over.requests_per_unit, "the override")
+            {
+                return Err(LimiterError::InvalidOverride { index, reason });
+            }
+            let rate = Rate::new(over.requests_per_unit, unit, 1, algorithm, None);
             domain.raw_key(descriptor.entries(), &self.hasher, &mut key);
             let limit = RuleLimit {
                 name: None,

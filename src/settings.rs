@@ -475,12 +475,20 @@ impl Settings {
                 reason: "only redis is supported (memcache is not)".into(),
             });
         }
-        if self.redis_deadline.is_zero() {
-            return Err(SettingsError::BadValue {
-                name: "redis_deadline",
-                value: "0s".into(),
-                reason: "a deadline of zero would fail every request".into(),
-            });
+        // A zero here would fail every request or spin (an interval of zero panics in the reload task);
+        // the drain period may be zero (no drain).
+        for (name, value) in [
+            ("redis_deadline", self.redis_deadline),
+            ("redis_connect_timeout", self.redis_connect_timeout),
+            ("reload_interval", self.reload_interval),
+        ] {
+            if value.is_zero() {
+                return Err(SettingsError::BadValue {
+                    name,
+                    value: "0s".into(),
+                    reason: "must be longer than zero".into(),
+                });
+            }
         }
         for (name, value) in [
             ("max_request_bytes", self.max_request_bytes as u64),
@@ -863,5 +871,22 @@ mod tests {
         assert!(err.to_string().contains("x-custom"), "{err}");
         let err = Settings::load_from(None, &env(&[("LOG_FORMAT", "xml")]), &[]).expect_err("bad format");
         assert!(err.to_string().contains("xml"), "{err}");
+    }
+
+    #[test]
+    fn zero_durations_are_refused_by_name() {
+        for name in [
+            "TOLLGATE_RELOAD_INTERVAL",
+            "TOLLGATE_REDIS_DEADLINE",
+            "TOLLGATE_REDIS_CONNECT_TIMEOUT",
+        ] {
+            let err = Settings::load_from(None, &env(&[(name, "0s")]), &[]).expect_err(name);
+            let setting = name.trim_start_matches("TOLLGATE_").to_ascii_lowercase();
+            assert!(err.to_string().contains(&setting), "{name}: {err}");
+        }
+        let err = Settings::load_from(None, &env(&[("TOLLGATE_RELOAD_INTERVAL", "-1s")]), &[]);
+        assert!(err.is_err(), "negative durations do not parse");
+        let ok = Settings::load_from(None, &env(&[("TOLLGATE_DRAIN_PERIOD", "0s")]), &[]);
+        assert!(ok.is_ok(), "no drain is a choice");
     }
 }

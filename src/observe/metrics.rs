@@ -21,14 +21,20 @@ use std::time::Duration;
 
 use crate::store::StoreCounters;
 
-/// A monotonically increasing count.
+/// A monotonically increasing count that saturates at `u64::MAX` instead of wrapping: a wrap would read
+/// as a counter reset to Prometheus, and hit counts add request costs, which a caller chooses.
 #[derive(Debug, Default)]
 pub struct Counter(AtomicU64);
 
 impl Counter {
-    /// Adds `n`.
+    /// Adds `n`, saturating.
     pub fn add(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
+        // One atomic add on the hot path; only an addition that overflowed pays for the fix-up. A
+        // reader racing that fix-up may see the wrapped value once; every later add keeps it at MAX.
+        let before = self.0.fetch_add(n, Ordering::Relaxed);
+        if before.checked_add(n).is_none() {
+            self.0.store(u64::MAX, Ordering::Relaxed);
+        }
     }
 
     /// The current value.
@@ -325,6 +331,17 @@ fn escape(value: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn counters_saturate_instead_of_wrapping() {
+        let counter = Counter::default();
+        counter.add(u64::MAX - 1);
+        counter.add(5);
+        assert_eq!(counter.get(), u64::MAX);
+        counter.add(1);
+        assert_eq!(counter.get(), u64::MAX, "stays saturated");
+    }
+
     use super::*;
 
     #[test]

@@ -11,6 +11,7 @@ use crate::algorithm::Algorithm;
 use crate::observe::metrics::Metrics;
 use crate::rules::file::{
     ConfigError, DescriptorConfig, DomainConfig, LimitPolicy, RateLimitConfig, ValueMatch,
+    sliding_log_too_large,
 };
 
 /// Settings that shape compilation but live outside the rules files.
@@ -150,7 +151,7 @@ impl Context<'_> {
         let limits: Vec<RuleLimit> = d
             .rate_limits
             .iter()
-            .map(|rl| self.limit(rl))
+            .map(|rl| self.limit(rl, path))
             .collect::<Result<_, _>>()?;
         // Limits of one node are told apart in the store by algorithm and window; two equal ones (for
         // example an unset algorithm and the default named explicitly) would share one counter.
@@ -179,7 +180,7 @@ impl Context<'_> {
         Ok(Some(rule))
     }
 
-    fn limit(&self, config: &RateLimitConfig) -> Result<RuleLimit, ConfigError> {
+    fn limit(&self, config: &RateLimitConfig, path: &str) -> Result<RuleLimit, ConfigError> {
         let rate = match &config.policy {
             LimitPolicy::Unlimited => None,
             LimitPolicy::Limited(spec) => {
@@ -190,6 +191,16 @@ impl Context<'_> {
                     })?,
                     None => self.options.default_algorithm,
                 };
+                // The file was validated without knowing the default algorithm; the cap holds for it too.
+                if algorithm == Algorithm::SlidingLog
+                    && let Some(message) =
+                        sliding_log_too_large(spec.requests_per_unit, &format!("descriptor '{path}'"))
+                {
+                    return Err(ConfigError::Invalid {
+                        file: self.file.to_owned(),
+                        message,
+                    });
+                }
                 Some(Rate::new(
                     spec.requests_per_unit,
                     spec.unit,

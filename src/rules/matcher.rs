@@ -76,16 +76,13 @@ impl Domain {
     }
 
     /// Appends the storage key of a descriptor that bypasses matching (a request limit override): raw
-    /// values, as envoyproxy/ratelimit keys them, except that over-long values are hashed.
+    /// entry keys and values, as envoyproxy/ratelimit keys them, except that over-long ones are hashed
+    /// (nothing from the request makes a key component longer than [`MAX_RAW_VALUE_IN_KEY`]).
     pub fn raw_key<E: DescriptorEntry>(&self, entries: &[E], hasher: &ValueHasher, key: &mut String) {
         for entry in entries {
-            key.push_str(entry.key());
+            push_bounded(key, entry.key(), hasher);
             key.push('_');
-            if entry.value().len() > MAX_RAW_VALUE_IN_KEY {
-                hasher.append_hash(key, entry.value());
-            } else {
-                key.push_str(entry.value());
-            }
+            push_bounded(key, entry.value(), hasher);
             key.push('_');
         }
     }
@@ -107,10 +104,19 @@ impl Level {
         key.push('_');
         match &node.shared_key_value {
             Some(pattern) => key.push_str(pattern),
-            None if group.hash || value.len() > MAX_RAW_VALUE_IN_KEY => hasher.append_hash(key, &value),
-            None => key.push_str(&value),
+            None if group.hash => hasher.append_hash(key, &value),
+            None => push_bounded(key, &value, hasher),
         }
         key.push('_');
         Some(node)
+    }
+}
+
+/// Appends `text` to a storage key as it is, or hashed when longer than [`MAX_RAW_VALUE_IN_KEY`].
+fn push_bounded(key: &mut String, text: &str, hasher: &ValueHasher) {
+    if text.len() > MAX_RAW_VALUE_IN_KEY {
+        hasher.append_hash(key, text);
+    } else {
+        key.push_str(text);
     }
 }

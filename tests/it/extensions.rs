@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use tollgate::algorithm::Algorithm;
-use tollgate::limiter::{Code, LimiterOptions};
+use tollgate::limiter::{Code, LimitOverride, LimiterError, LimiterOptions};
 use tollgate::rules::ValueHasher;
+use tollgate::rules::file::Unit;
 
 use crate::common::{Harness, assert_status, d, duration_until_reset, rules};
 
@@ -304,5 +305,65 @@ fn more_than_sixty_four_limits_on_one_key_are_refused_by_name() {
     assert!(
         error.to_string().contains("many.yaml") && error.to_string().contains("at most 64"),
         "{error}"
+    );
+}
+
+/// The sliding log's cap (one entry per request) holds however the algorithm is chosen: named in the
+/// file, taken from `TOLLGATE_DEFAULT_ALGORITHM`, or applied to a request's limit override.
+#[tokio::test]
+async fn the_sliding_log_cap_holds_for_the_default_algorithm_and_for_overrides() {
+    let yaml =
+        "domain: log\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 200000}\n";
+    let domain = tollgate::rules::file::parse_file("log.yaml", yaml).expect("valid without an algorithm");
+    let options = tollgate::rules::CompileOptions {
+        default_algorithm: Algorithm::SlidingLog,
+    };
+    let error = tollgate::rules::RuleSet::compile(&[domain], options).expect_err("over the cap");
+    assert!(
+        error.to_string().contains("log.yaml")
+            && error.to_string().contains("MAX_SLIDING_LOG_REQUESTS_PER_UNIT"),
+        "{error}"
+    );
+    let small =
+        "domain: log\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n";
+    let options = LimiterOptions {
+        default_algorithm: Algorithm::SlidingLog,
+        ..LimiterOptions::default()
+    };
+    let h = Harness::with_options(&[small], options);
+    let mut over = d(&[("k", "v")]);
+    over.limit = Some(LimitOverride {
+        requests_per_unit: 200_000,
+        unit: Unit::Hour as i32,
+    });
+    let error = h.try_check("log", &[over], 0).await.expect_err("over the cap");
+    assert!(
+        matches!(error, LimiterError::InvalidOverride { index: 0, .. }),
+        "{error}"
+    );
+}
+
+/// Nothing from a request makes a storage-key component longer than 256 bytes: an override's entry
+/// key and value are hashed beyond that, as matched values are.
+#[test]
+fn override_keys_stay_bounded_whatever_the_entry_key() {
+    let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    let domain = tollgate::rules::file::parse_file("d.yaml", yaml).expect("valid");
+    let options = tollgate::rules::CompileOptions::default();
+    let rules = tollgate::rules::RuleSet::compile(&[domain], options).expect("compiles");
+    let domain = rules.domain("d").expect("domain d");
+    let hasher = ValueHasher::new("test");
+    let (long_key, long_value) = ("k".repeat(3 << 20), "v".repeat(3 << 20));
+    let mut key = String::from("d_");
+    domain.raw_key(&[(long_key.as_str(), long_value.as_str())], &hasher, &mut key);
+    assert!(key.len() < 2 * 64 + 8, "{} bytes", key.len());
+    let mut other = String::from("d_");
+    domain.raw_key(&[(long_key.as_str(), "w")], &hasher, &mut other);
+    assert_ne!(key, other, "hashed components still tell values apart");
+    let mut short = String::from("d_");
+    domain.raw_key(&[("user", "alice")], &hasher, &mut short);
+    assert_eq!(
+        short, "d_user_alice_",
+        "short ones stay as envoyproxy/ratelimit writes them"
     );
 }

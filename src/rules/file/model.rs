@@ -12,6 +12,19 @@ use std::collections::BTreeMap;
 /// also the per-key memory bound; larger limits should use `sliding_window` or `gcra`.
 pub const MAX_SLIDING_LOG_REQUESTS_PER_UNIT: u32 = 100_000;
 
+/// Why `requests_per_unit` is too large for a sliding log of `what` (a descriptor path, or a request's
+/// override), or `None` when it fits. One text for every way an algorithm is chosen: named in a rules
+/// file, taken from `TOLLGATE_DEFAULT_ALGORITHM`, or applied to a request's limit override.
+pub fn sliding_log_too_large(requests_per_unit: u32, what: &str) -> Option<String> {
+    (requests_per_unit > MAX_SLIDING_LOG_REQUESTS_PER_UNIT).then(|| {
+        format!(
+            "sliding_log keeps one entry per request: requests_per_unit {requests_per_unit} in {what} \
+             exceeds MAX_SLIDING_LOG_REQUESTS_PER_UNIT ({MAX_SLIDING_LOG_REQUESTS_PER_UNIT}); \
+             use sliding_window or gcra"
+        )
+    })
+}
+
 /// Algorithm names accepted in `algorithm:` (always stored lowercase).
 pub const ALGORITHMS: [&str; 5] = [
     "fixed_window",

@@ -12,8 +12,8 @@ use ipnet::IpNet;
 use super::decode::{RawConcurrency, RawDescriptor, RawLimit, RawRoot};
 use super::model::{
     ALGORITHMS, BURST_ALGORITHMS, ConcurrencyConfig, DEFAULT_LEASE_TTL, DescriptorConfig, DomainConfig,
-    FailureMode, IpPrefix, LimitPolicy, LimitSpec, MAX_IN_FLIGHT, MAX_LEASE_TTL,
-    MAX_SLIDING_LOG_REQUESTS_PER_UNIT, Normalize, RateLimitConfig, Unit, ValueMatch,
+    FailureMode, IpPrefix, LimitPolicy, LimitSpec, MAX_IN_FLIGHT, MAX_LEASE_TTL, Normalize, RateLimitConfig,
+    Unit, ValueMatch, sliding_log_too_large,
 };
 
 pub(super) fn build(raw: RawRoot, file: &str) -> Result<DomainConfig, String> {
@@ -299,14 +299,10 @@ fn build_spec(l: &RawLimit, unit: Unit, path: &str) -> Result<LimitSpec, String>
             ));
         }
     }
-    if algorithm.as_deref() == Some("sliding_log") && l.requests_per_unit > MAX_SLIDING_LOG_REQUESTS_PER_UNIT
+    if algorithm.as_deref() == Some("sliding_log")
+        && let Some(message) = sliding_log_too_large(l.requests_per_unit, &format!("descriptor '{path}'"))
     {
-        return Err(format!(
-            "sliding_log keeps one entry per request: requests_per_unit {} in descriptor '{path}' \
-             exceeds MAX_SLIDING_LOG_REQUESTS_PER_UNIT ({MAX_SLIDING_LOG_REQUESTS_PER_UNIT}); \
-             use sliding_window or gcra",
-            l.requests_per_unit
-        ));
+        return Err(message);
     }
     Ok(LimitSpec {
         unit,
