@@ -1,11 +1,12 @@
 //! Loading rules, at startup and whenever the rules directory changes.
 //!
-//! The directory is polled: every [`Reloader::interval`] the reloader hashes the contents of every rules
-//! file; when the hash changes it re-reads and validates the whole set and swaps it in atomically. Polling
-//! the contents (not watching inodes) notices every way a file can change — a Kubernetes ConfigMap's
-//! `..data` symlink swap, an in-place write, a rename into place, a delete — with no platform-specific
-//! watcher to lose events, at the cost of reading a few kilobytes once a second. A broken set keeps the
-//! old rules running and logs the file and reason; counters are untouched either way.
+//! The directory is polled: every [`Reloader::interval`] the reloader reads every rules file once and
+//! hashes the contents. A changed hash is loaded only when the next poll reads the very same contents:
+//! a file caught half-written (still valid YAML, with rules missing) is never loaded, at the cost of
+//! one poll of delay. Polling the contents (not watching inodes) notices every way a file can change —
+//! a Kubernetes ConfigMap's `..data` symlink swap, an in-place write, a rename into place, a delete —
+//! with no platform-specific watcher to lose events. A broken set keeps the old rules running and logs
+//! the file and reason; counters are untouched either way.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,37 +14,32 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::file::{self, ConfigError};
+use super::file::{ConfigError, Snapshot};
 use super::{CompileOptions, RuleSet};
 use crate::limiter::RulesHandle;
 use crate::observe::health::Health;
 use crate::observe::metrics::Metrics;
 
 /// Loads and compiles every rules file below `dir`, each rule's counters taken from (and kept in)
-/// `metrics`. The one load path: `tollgate check-config`, startup and every reload go through it.
+/// `metrics`. `tollgate check-config` and startup go through it; a reload compiles a [`Snapshot`] it
+/// has already read.
 pub fn load_rules(
     dir: &Path,
     merge_domains: bool,
     options: CompileOptions,
     metrics: &Metrics,
 ) -> Result<RuleSet, ConfigError> {
-    let domains = file::load_dir(dir, merge_domains)?;
-    RuleSet::compile_with_metrics(&domains, options, metrics)
+    compile(&Snapshot::read(dir)?, merge_domains, options, metrics)
 }
 
-/// A content hash of the rules files below `dir` (the loaded rules' version).
-pub fn fingerprint(dir: &Path) -> Result<String, ConfigError> {
-    let mut hasher = blake3::Hasher::new();
-    for path in file::rule_files(dir)? {
-        let bytes = std::fs::read(&path).map_err(|source| ConfigError::Io {
-            dir: path.display().to_string(),
-            source,
-        })?;
-        hasher.update(path.to_string_lossy().as_bytes());
-        hasher.update(&(bytes.len() as u64).to_le_bytes());
-        hasher.update(&bytes);
-    }
-    Ok(hasher.finalize().to_hex()[..16].to_owned())
+fn compile(
+    snapshot: &Snapshot,
+    merge_domains: bool,
+    options: CompileOptions,
+    metrics: &Metrics,
+) -> Result<RuleSet, ConfigError> {
+    let domains = snapshot.parse(merge_domains)?;
+    RuleSet::compile_with_metrics(&domains, options, metrics)
 }
 
 /// Keeps the loaded rules in step with the rules directory.
@@ -64,8 +60,13 @@ pub struct Reloader {
 impl Reloader {
     /// Loads the rules once, publishing them on success. Returns the version loaded.
     pub fn load_into(&self, rules: &RulesHandle) -> Result<String, ConfigError> {
-        let version = fingerprint(&self.dir)?;
-        let set = load_rules(&self.dir, self.merge_domains, self.options, &self.metrics)?;
+        self.publish(&Snapshot::read(&self.dir)?, rules)
+    }
+
+    /// Compiles `snapshot` and swaps it in; returns its version.
+    fn publish(&self, snapshot: &Snapshot, rules: &RulesHandle) -> Result<String, ConfigError> {
+        let version = snapshot.fingerprint();
+        let set = compile(snapshot, self.merge_domains, self.options, &self.metrics)?;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -75,7 +76,7 @@ impl Reloader {
         Ok(version)
     }
 
-    /// Polls until `stop` is cancelled, reloading on every change.
+    /// Polls until `stop` is cancelled, reloading a change once two polls in a row read it.
     pub async fn run(
         self,
         rules: RulesHandle,
@@ -85,22 +86,33 @@ impl Reloader {
     ) {
         let mut ticker = tokio::time::interval(self.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A changed version seen once, waiting for the next poll to confirm it.
+        let mut pending: Option<String> = None;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = ticker.tick() => {}
             }
-            let current = match fingerprint(&self.dir) {
-                Ok(current) => current,
+            let snapshot = match Snapshot::read(&self.dir) {
+                Ok(snapshot) => snapshot,
                 Err(error) => {
                     tracing::error!(%error, "cannot read rules directory; keeping the loaded rules");
                     continue;
                 }
             };
-            if version.as_deref() == Some(current.as_str()) {
-                continue;
+            let current = snapshot.fingerprint();
+            match step(version.as_deref(), pending.as_deref(), &current) {
+                Step::Unchanged => {
+                    pending = None;
+                    continue;
+                }
+                Step::Wait => {
+                    pending = Some(current);
+                    continue;
+                }
+                Step::Load => pending = None,
             }
-            match self.load_into(&rules) {
+            match self.publish(&snapshot, &rules) {
                 Ok(loaded) => {
                     version = Some(loaded);
                     health.set_rules_loaded(true).await;
@@ -113,5 +125,44 @@ impl Reloader {
                 }
             }
         }
+    }
+}
+
+/// What a poll does with the version it read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// The loaded version: nothing to do.
+    Unchanged,
+    /// A change seen for the first time (maybe a file caught mid-write): look again next poll.
+    Wait,
+    /// The same change on two polls in a row: load it.
+    Load,
+}
+
+fn step(loaded: Option<&str>, pending: Option<&str>, current: &str) -> Step {
+    if loaded == Some(current) {
+        Step::Unchanged
+    } else if pending == Some(current) {
+        Step::Load
+    } else {
+        Step::Wait
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Step, step};
+
+    #[test]
+    fn a_change_loads_only_when_two_polls_in_a_row_read_it() {
+        assert_eq!(step(Some("a"), None, "a"), Step::Unchanged);
+        assert_eq!(step(Some("a"), None, "b"), Step::Wait, "first sight of b");
+        assert_eq!(step(Some("a"), Some("b"), "b"), Step::Load, "b again");
+        // A half-written file, then the finished one: neither loads on first sight.
+        assert_eq!(step(Some("a"), Some("half"), "full"), Step::Wait);
+        assert_eq!(step(Some("a"), Some("full"), "full"), Step::Load);
+        // Reverted before it was confirmed: nothing to load.
+        assert_eq!(step(Some("a"), Some("b"), "a"), Step::Unchanged);
+        assert_eq!(step(None, None, "a"), Step::Wait);
     }
 }

@@ -11,37 +11,69 @@ use super::model::DomainConfig;
 use super::parse_text;
 use super::validate::{Siblings, final_key};
 
-/// See [`super::load_dir`].
-pub(crate) fn load_dir(dir: &Path, merge_domains: bool) -> Result<Vec<DomainConfig>, ConfigError> {
-    let mut files = Vec::new();
-    let mut seen = Seen::default();
-    collect(dir, &mut files, &mut seen)?;
+/// Every rules file below a directory, read once: what a load parses and what a reload compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// (path, contents), in the order the files are loaded.
+    files: Vec<(PathBuf, Vec<u8>)>,
+}
 
-    let mut domains: BTreeMap<String, DomainConfig> = BTreeMap::new();
-    for path in files {
-        let file = path.display().to_string();
-        let invalid = |message: String| ConfigError::Invalid {
-            file: file.clone(),
-            message,
-        };
-        let bytes = fs::read(&path).map_err(|e| invalid(format!("cannot read file: {e}")))?;
-        let text = String::from_utf8(bytes)
-            .map_err(|e| invalid(format!("error loading config file: invalid UTF-8: {e}")))?;
-        let config = parse_text(&file, &text).map_err(invalid)?;
-        match domains.entry(config.domain.clone()) {
-            Entry::Vacant(slot) => {
-                slot.insert(config);
-            }
-            Entry::Occupied(_) if !merge_domains => {
-                return Err(invalid(format!(
-                    "duplicate domain '{}' in config file",
-                    config.domain
-                )));
-            }
-            Entry::Occupied(mut slot) => merge(slot.get_mut(), config).map_err(invalid)?,
-        }
+impl Snapshot {
+    /// Reads every rules file below `dir` (see [`super::load_dir`] for which).
+    pub fn read(dir: &Path) -> Result<Self, ConfigError> {
+        let mut paths = Vec::new();
+        collect(dir, &mut paths, &mut Seen::default())?;
+        let files = paths
+            .into_iter()
+            .map(|path| match fs::read(&path) {
+                Ok(bytes) => Ok((path, bytes)),
+                Err(e) => Err(ConfigError::Invalid {
+                    file: path.display().to_string(),
+                    message: format!("cannot read file: {e}"),
+                }),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { files })
     }
-    Ok(domains.into_values().collect())
+
+    /// A content hash of the files (names and bytes): the rules' version.
+    pub fn fingerprint(&self) -> String {
+        let mut hasher = blake3::Hasher::new();
+        for (path, bytes) in &self.files {
+            hasher.update(path.to_string_lossy().as_bytes());
+            hasher.update(&(bytes.len() as u64).to_le_bytes());
+            hasher.update(bytes);
+        }
+        hasher.finalize().to_hex()[..16].to_owned()
+    }
+
+    /// Parses and validates the files into one config per domain (sorted by domain).
+    pub fn parse(&self, merge_domains: bool) -> Result<Vec<DomainConfig>, ConfigError> {
+        let mut domains: BTreeMap<String, DomainConfig> = BTreeMap::new();
+        for (path, bytes) in &self.files {
+            let file = path.display().to_string();
+            let invalid = |message: String| ConfigError::Invalid {
+                file: file.clone(),
+                message,
+            };
+            let text = std::str::from_utf8(bytes)
+                .map_err(|e| invalid(format!("error loading config file: invalid UTF-8: {e}")))?;
+            let config = parse_text(&file, text).map_err(invalid)?;
+            match domains.entry(config.domain.clone()) {
+                Entry::Vacant(slot) => {
+                    slot.insert(config);
+                }
+                Entry::Occupied(_) if !merge_domains => {
+                    return Err(invalid(format!(
+                        "duplicate domain '{}' in config file",
+                        config.domain
+                    )));
+                }
+                Entry::Occupied(mut slot) => merge(slot.get_mut(), config).map_err(invalid)?,
+            }
+        }
+        Ok(domains.into_values().collect())
+    }
 }
 
 /// Append `extra`'s top-level descriptors to `base`, applying the sibling checks across files
@@ -351,11 +383,4 @@ mod tests {
         let e = load_err(tmp.path(), false);
         assert!(e.contains("error loading config file: invalid UTF-8"), "{e}");
     }
-}
-
-/// See [`super::rule_files`].
-pub(crate) fn rule_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
-    let mut files = Vec::new();
-    collect(dir, &mut files, &mut Seen::default())?;
-    Ok(files)
 }

@@ -31,6 +31,8 @@
 
 mod decode;
 mod load;
+
+pub use load::Snapshot;
 mod model;
 mod validate;
 mod yaml;
@@ -85,12 +87,7 @@ pub fn parse_file(file: &str, text: &str) -> Result<DomainConfig, ConfigError> {
 /// checked for duplicates across files. An empty directory yields `Ok(vec![])`; a missing one
 /// an [`ConfigError::Io`].
 pub fn load_dir(dir: &std::path::Path, merge_domains: bool) -> Result<Vec<DomainConfig>, ConfigError> {
-    load::load_dir(dir, merge_domains)
-}
-
-/// Every rules file below `dir`, in the order [`load_dir`] reads them (for change detection).
-pub fn rule_files(dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>, ConfigError> {
-    load::rule_files(dir)
+    Snapshot::read(dir)?.parse(merge_domains)
 }
 
 /// Parses, structurally validates, decodes and semantically validates one file's text, in Go's order
