@@ -181,7 +181,7 @@ impl Metrics {
     pub fn render(&self, store: StoreCounters) -> String {
         let mut out = String::with_capacity(4096);
         self.render_rules(&mut out);
-        let counters: [(&str, &str, u64); 11] = [
+        let counters: [(&str, &str, u64); 13] = [
             (
                 "ratelimit_service_config_load_success",
                 "Rule sets loaded.",
@@ -226,6 +226,16 @@ impl Metrics {
                 "tollgate_redis_script_calls_total",
                 "Script calls made to Redis (fewer than batches when concurrent requests share calls).",
                 store.redis_script_calls,
+            ),
+            (
+                "tollgate_redis_queue_full_total",
+                "Requests answered by their failure mode at once because too many already waited for Redis.",
+                store.redis_queue_full,
+            ),
+            (
+                "tollgate_redis_abandoned_total",
+                "Requests never sent to Redis because their caller had stopped waiting.",
+                store.redis_abandoned,
             ),
             (
                 "tollgate_store_errors_total",
@@ -358,6 +368,8 @@ mod tests {
             local_cache_hits: 7,
             redis_batches: 40,
             redis_script_calls: 3,
+            redis_queue_full: 2,
+            redis_abandoned: 1,
         });
         assert!(
             text.contains("ratelimit_service_rate_limit_total_hits{domain=\"api\",key1=\"user\"} 5"),
@@ -367,6 +379,8 @@ mod tests {
         assert!(text.contains("tollgate_local_cache_hits_total 7"));
         assert!(text.contains("tollgate_redis_batches_total 40"));
         assert!(text.contains("tollgate_redis_script_calls_total 3"));
+        assert!(text.contains("tollgate_redis_queue_full_total 2"));
+        assert!(text.contains("tollgate_redis_abandoned_total 1"));
     }
 
     #[test]

@@ -84,6 +84,9 @@ pub enum StoreError {
     /// The store did not answer within the per-call deadline.
     #[error("store did not answer within {0:?}")]
     Timeout(std::time::Duration),
+    /// Too many requests already wait for the store: this one was not queued.
+    #[error("store overloaded: too many requests waiting for it")]
+    Overloaded,
 }
 
 impl StoreError {
@@ -171,6 +174,10 @@ pub struct StoreCounters {
     pub redis_batches: u64,
     /// Script calls made to Redis. Fewer than batches when concurrent requests share calls.
     pub redis_script_calls: u64,
+    /// Requests refused because the queue of requests waiting for Redis was full.
+    pub redis_queue_full: u64,
+    /// Queued requests never sent because their caller had given up waiting.
+    pub redis_abandoned: u64,
 }
 
 impl AnyStore {
@@ -182,6 +189,8 @@ impl AnyStore {
                 local_cache_hits: cache.hits(),
                 redis_batches: cache.inner().batches(),
                 redis_script_calls: cache.inner().script_calls(),
+                redis_queue_full: cache.inner().queue_full(),
+                redis_abandoned: cache.inner().abandoned(),
             },
         }
     }

@@ -14,7 +14,7 @@ use tollgate::proto::rls::rate_limit_response::Code;
 use tollgate::store::lease::{AcquireRequest, LeaseItem, LeaseStore, ReleaseRequest};
 use tollgate::store::{Batch, BatchItem, CommitPolicy, Store};
 
-use crate::common::redis::{RedisCluster, RedisSentinel, RedisServer, command_calls, connected_store};
+use crate::common::redis::{RedisCluster, RedisSentinel, RedisServer, cli, command_calls, connected_store};
 use crate::common::{TestServer, http, wire_request};
 use crate::require_redis;
 
@@ -191,9 +191,84 @@ async fn two_instances_racing_one_refund_token_refund_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_racing_one_refund_token_refund_once_in_a_cluster() {
     require_redis!();
+    // The two descriptors' keys lie in different slots: the refund is two script calls.
+    assert_ne!(
+        tollgate::store::redis::slot("{rd_k_refund-race_}token_bucket_3600s"),
+        tollgate::store::redis::slot("{rd_k_other_}token_bucket_3600s")
+    );
     let cluster = RedisCluster::start();
     let addrs = cluster.addrs();
     a_token_refunds_once_across_instances(&[("REDIS_URL", addrs.as_str()), ("REDIS_TYPE", "cluster")]).await;
+}
+
+/// Redis stalls (`DEBUG SLEEP`) while requests keep coming, each answered by its rule's failure mode at
+/// its deadline. Requests queued behind the stuck calls whose callers gave up are never sent: after
+/// the stall, Redis's counter holds exactly the requests that were sent, no ghost hit from the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_whose_callers_gave_up_are_never_sent() {
+    require_redis!();
+    let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    let url = redis.url();
+    let env = [
+        ("REDIS_URL", url.as_str()),
+        ("TOLLGATE_REDIS_DEADLINE", "150ms"),
+        ("LOCAL_CACHE_SIZE_IN_BYTES", "0"),
+    ];
+    let server = TestServer::start(&[("rd.yaml", &rules(Algorithm::FixedWindow, 1_000_000))], &env).await;
+    let port = redis.port;
+    let sleeper = std::thread::spawn(move || {
+        let reply = cli(port, &["DEBUG", "SLEEP", "1.5"]);
+        assert_eq!(reply.trim(), "OK", "DEBUG SLEEP ran");
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let server = Arc::new(server);
+    let mut asked = tokio::task::JoinSet::new();
+    // Four requests one after another: four calls, each holding one of the four in-flight slots while
+    // Redis sleeps. Then 120 at once, queued behind them.
+    for at in 0..124 {
+        let server = Arc::clone(&server);
+        asked.spawn(async move {
+            let started = Instant::now();
+            let answer = ask(&server, &[&[("open", "stalled")]])
+                .await
+                .expect("failure mode answers");
+            assert_eq!(answer.overall_code, Code::Ok as i32, "open");
+            started.elapsed()
+        });
+        if at < 4 {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+    }
+    while let Some(waited) = asked.join_next().await {
+        let waited = waited.expect("caller");
+        assert!(
+            waited < Duration::from_millis(1000),
+            "answered at its deadline, not Redis's: {waited:?}"
+        );
+    }
+    sleeper.join().expect("DEBUG SLEEP ends");
+    // Let the stuck calls finish and the queue drain.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, text) = http(server.http, "GET", "/metrics", "").await;
+    let metric = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{name} in {text}"))
+    };
+    let abandoned = metric("tollgate_redis_abandoned_total");
+    let keys = cli(port, &["--scan", "--pattern", "rd_open_stalled_*"]);
+    let key = keys.lines().next().expect("the counter exists");
+    let counted: u64 = cli(port, &["GET", key]).trim().parse().expect("a count");
+    assert!(
+        abandoned > 0,
+        "some requests waited in the queue past their deadline"
+    );
+    assert_eq!(
+        counted + abandoned,
+        124,
+        "Redis counted exactly the requests that were sent"
+    );
+    Arc::into_inner(server).expect("callers done").stop().await;
 }
 
 /// 64 concurrent clients split over two instances against a limit of 100: exactly 100 pass.

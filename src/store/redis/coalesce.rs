@@ -10,14 +10,27 @@
 //! Only [`CommitPolicy::Independent`] batches are coalesced: for them, one call over the concatenated
 //! items is exactly the requests applied one after another (the script settles each group on its
 //! own, and a later item sees an earlier item's effect), so nothing about their meaning changes. Every
-//! other policy acts on a whole batch and is sent alone. Each request keeps its own deadline, counted
-//! from when it was queued.
+//! other policy acts on a whole batch and is sent alone.
+//!
+//! Bounds, so that a slow or dead Redis cannot make Tollgate hold unbounded work, nor count what it
+//! answered as if Redis were down ("ghost hits"):
+//! - the queue holds at most [`QUEUE_CAPACITY`] requests; a request that finds it full is not queued
+//!   and gets its rules' failure mode at once ([`StoreError::Overloaded`]);
+//! - a request whose caller has given up (its deadline passed, or it went away) before a call could
+//!   carry it is never sent;
+//! - a call carries at most [`MAX_ITEMS_PER_CALL`] items (a larger request goes alone, and waits for
+//!   the next call rather than inflating one already full);
+//! - a call holds its slot until Redis answers, or [`CALL_TIMEOUT`] passes and the connection is
+//!   deemed dead: a slow Redis gets no more concurrent calls than [`CALLS_IN_FLIGHT`].
 //!
 //! [`CommitPolicy::Independent`]: crate::store::CommitPolicy::Independent
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::RedisStore;
 use super::script::ScriptItem;
@@ -31,62 +44,124 @@ const CALLS_IN_FLIGHT: usize = 4;
 /// Most items one coalesced call carries, bounding the time one call holds Redis.
 const MAX_ITEMS_PER_CALL: usize = 512;
 
+/// Most requests waiting for a call. At tens of thousands of decisions per second a healthy Redis
+/// drains this in well under a deadline; a full queue means Redis is not keeping up, and waiting
+/// longer would only answer later what the failure mode answers now.
+pub(super) const QUEUE_CAPACITY: usize = 4096;
+
+/// How long a coalesced call may wait for Redis's answer, holding its slot, before the connection is
+/// deemed dead. Far above any healthy call; callers stopped waiting long before (their own deadline).
+pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// One queued request: its items with their Redis keys, and where its decisions go.
 pub(super) struct Pending {
     /// Each item's key and the item (whose `key` field points at it when the call is made).
     pub(super) named: Vec<(String, ScriptItem<'static>)>,
     /// The request's answer.
     pub(super) reply: oneshot::Sender<Result<Vec<Decision>, StoreError>>,
+    /// When the caller stops waiting: past it, the request is never sent.
+    pub(super) deadline: Instant,
+}
+
+impl Pending {
+    /// Whether nobody waits for this request's answer any more.
+    fn abandoned(&self) -> bool {
+        self.reply.is_closed() || Instant::now() >= self.deadline
+    }
 }
 
 /// The queue in front of the script calls.
 #[derive(Debug)]
 pub(super) struct Coalescer {
-    queue: mpsc::UnboundedSender<Pending>,
+    queue: mpsc::Sender<Pending>,
+    counts: Arc<Counts>,
+}
+
+/// What the bounds turned away.
+#[derive(Debug, Default)]
+pub(super) struct Counts {
+    /// Requests refused because the queue was full.
+    pub(super) queue_full: AtomicU64,
+    /// Requests dropped unsent because their caller had given up.
+    pub(super) abandoned: AtomicU64,
 }
 
 impl Coalescer {
     /// Starts the task that drains the queue into calls; it ends when the store is dropped.
     pub(super) fn start(store: Weak<RedisStore>) -> Self {
-        let (queue, pending) = mpsc::unbounded_channel();
-        tokio::spawn(drain(store, pending));
-        Self { queue }
+        let (queue, pending) = mpsc::channel(QUEUE_CAPACITY);
+        let counts = Arc::new(Counts::default());
+        tokio::spawn(drain(store, pending, Arc::clone(&counts)));
+        Self { queue, counts }
     }
 
-    /// Queues a request; the answer arrives on the returned receiver.
+    /// What the bounds turned away so far.
+    pub(super) fn counts(&self) -> &Counts {
+        &self.counts
+    }
+
+    /// Queues a request that the caller waits for until `deadline`; the answer arrives on the returned
+    /// receiver. A full queue refuses it at once.
     pub(super) fn submit(
         &self,
         named: Vec<(String, ScriptItem<'static>)>,
-    ) -> oneshot::Receiver<Result<Vec<Decision>, StoreError>> {
+        deadline: Instant,
+    ) -> Result<oneshot::Receiver<Result<Vec<Decision>, StoreError>>, StoreError> {
         let (reply, answer) = oneshot::channel();
-        // The drain task lives as long as the store, so the queue is open; if it ever were not, the
-        // dropped `reply` tells the caller.
-        let _ = self.queue.send(Pending { named, reply });
-        answer
+        match self.queue.try_send(Pending {
+            named,
+            reply,
+            deadline,
+        }) {
+            Ok(()) => Ok(answer),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.counts.queue_full.fetch_add(1, Ordering::Relaxed);
+                Err(StoreError::Overloaded)
+            }
+            // The drain task lives as long as the store; if it ever did not, say so.
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                Err(StoreError::Unavailable("the coalescing queue is closed".into()))
+            }
+        }
     }
 }
 
-/// Takes a free call slot, then everything queued (up to [`MAX_ITEMS_PER_CALL`]), and sends it as one
-/// call.
-async fn drain(store: Weak<RedisStore>, mut pending: mpsc::UnboundedReceiver<Pending>) {
+/// Takes a free call slot, then what is queued (up to [`MAX_ITEMS_PER_CALL`] items, skipping requests
+/// nobody waits for), and sends it as one call that keeps the slot until Redis answers.
+async fn drain(store: Weak<RedisStore>, mut pending: mpsc::Receiver<Pending>, counts: Arc<Counts>) {
     let slots = Arc::new(Semaphore::new(CALLS_IN_FLIGHT));
+    // A request that did not fit the previous call: it opens the next one.
+    let mut carried: Option<Pending> = None;
     loop {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             return;
         };
-        let Some(first) = pending.recv().await else {
-            return;
+        let mut next = match carried.take() {
+            Some(request) => Some(request),
+            None => pending.recv().await,
         };
-        let mut items = first.named.len();
-        let mut group = vec![first];
-        while items < MAX_ITEMS_PER_CALL {
-            match pending.try_recv() {
-                Ok(next) => {
-                    items += next.named.len();
-                    group.push(next);
-                }
-                Err(_) => break,
+        if next.is_none() {
+            return;
+        }
+        let mut group = Vec::new();
+        let mut items = 0;
+        while let Some(request) = next.take() {
+            if request.abandoned() {
+                counts.abandoned.fetch_add(1, Ordering::Relaxed);
+            } else if items > 0 && items + request.named.len() > MAX_ITEMS_PER_CALL {
+                carried = Some(request);
+                break;
+            } else {
+                items += request.named.len();
+                group.push(request);
             }
+            if items >= MAX_ITEMS_PER_CALL {
+                break;
+            }
+            next = pending.try_recv().ok();
+        }
+        if group.is_empty() {
+            continue;
         }
         let Some(store) = store.upgrade() else {
             return;
@@ -114,7 +189,12 @@ impl RedisStore {
             offset = next_offset;
         }
         let result = self
-            .invoke_whole(&items, crate::store::CommitPolicy::Independent, None)
+            .invoke_whole(
+                &items,
+                crate::store::CommitPolicy::Independent,
+                None,
+                CALL_TIMEOUT,
+            )
             .await;
         match result {
             Ok(decisions) => {

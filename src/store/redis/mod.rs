@@ -316,6 +316,16 @@ impl RedisStore {
         self.batches.load(Ordering::Relaxed)
     }
 
+    /// Requests refused because the queue of requests waiting for a coalesced call was full.
+    pub fn queue_full(&self) -> u64 {
+        self.coalescer.counts().queue_full.load(Ordering::Relaxed)
+    }
+
+    /// Queued requests never sent because their caller had given up waiting.
+    pub fn abandoned(&self) -> u64 {
+        self.coalescer.counts().abandoned.load(Ordering::Relaxed)
+    }
+
     /// Script calls made so far; with coalescing, fewer than [`RedisStore::batches`].
     pub fn script_calls(&self) -> u64 {
         self.script_calls.load(Ordering::Relaxed)
@@ -412,11 +422,12 @@ impl RedisStore {
         items: &[ScriptItem<'_>],
         policy: CommitPolicy,
         markers: Option<Markers<'_>>,
+        timeout: Duration,
     ) -> Result<Vec<Decision>, CallError> {
         let sent_at = self.clock.now_us();
         self.script_calls.fetch_add(1, Ordering::Relaxed);
         let call = self.script.call_marked(conn, items, policy, markers);
-        let call = tokio::time::timeout(self.options.deadline, call);
+        let call = tokio::time::timeout(timeout, call);
         let reply = if crate::observe::telemetry::traces_enabled() && !tracing::Span::current().is_disabled()
         {
             // A child of the RPC span (the current span), named as the database semantic conventions
@@ -461,8 +472,9 @@ impl Store for Arc<RedisStore> {
         self.batches.fetch_add(1, Ordering::Relaxed);
         let named = self.script_items(batch);
         if self.coalesces(batch) {
-            let answer = self.coalescer.submit(named);
-            return match tokio::time::timeout(self.options.deadline, answer).await {
+            let deadline = tokio::time::Instant::now() + self.options.deadline;
+            let answer = self.coalescer.submit(named, deadline)?;
+            return match tokio::time::timeout_at(deadline, answer).await {
                 Ok(Ok(result)) => result,
                 Ok(Err(_)) => Err(StoreError::Unavailable("the coalesced call was dropped".into())),
                 Err(_) => Err(StoreError::Timeout(self.options.deadline)),
@@ -477,7 +489,9 @@ impl Store for Arc<RedisStore> {
             .as_ref()
             .filter(|_| batch.policy == CommitPolicy::Refund)
         else {
-            return self.invoke_whole(&items, batch.policy, None).await;
+            return self
+                .invoke_whole(&items, batch.policy, None, self.options.deadline)
+                .await;
         };
         // Single use: one marker per descriptor (its items share it), in the slot of its key.
         let mut names: Vec<String> = Vec::with_capacity(named.len());
@@ -494,7 +508,8 @@ impl Store for Arc<RedisStore> {
             keys: &keys,
             ttl_ms: once.ttl_us.div_ceil(1_000),
         };
-        self.invoke_whole(&items, batch.policy, Some(markers)).await
+        self.invoke_whole(&items, batch.policy, Some(markers), self.options.deadline)
+            .await
     }
 }
 
@@ -521,15 +536,16 @@ impl RedisStore {
         items: &[ScriptItem<'_>],
         policy: CommitPolicy,
         markers: Option<Markers<'_>>,
+        timeout: Duration,
     ) -> Result<Vec<Decision>, StoreError> {
         let Some(connections) = self.connections.load_full() else {
             return Err(StoreError::Unavailable("not connected to Redis yet".into()));
         };
         let result = match &*connections {
-            Connections::Cluster(conn) => self.apply_per_slot(conn, items, policy, markers).await,
+            Connections::Cluster(conn) => self.apply_per_slot(conn, items, policy, markers, timeout).await,
             whole => {
                 let (mut conn, link) = whole.whole();
-                let result = self.invoke(&mut conn, items, policy, markers).await;
+                let result = self.invoke(&mut conn, items, policy, markers, timeout).await;
                 refresh_if_moved(link, &result);
                 result
             }
@@ -543,6 +559,7 @@ impl RedisStore {
         items: &[ScriptItem<'_>],
         policy: CommitPolicy,
         markers: Option<Markers<'_>>,
+        timeout: Duration,
     ) -> Result<Vec<Decision>, CallError> {
         let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (at, item) in items.iter().enumerate() {
@@ -553,8 +570,36 @@ impl RedisStore {
             // placed in one slot (see keys.rs).
             return Err(CallError::CrossSlot);
         }
-        let calls = by_slot.values().map(|positions| {
-            let part: Vec<ScriptItem<'_>> = positions.iter().map(|&at| ScriptItem { ..items[at] }).collect();
+        let mut decisions = vec![Decision::default(); items.len()];
+        let mut slots: Vec<&Vec<usize>> = by_slot.values().collect();
+        if let Some(markers) = markers.filter(|_| slots.len() > 1) {
+            // A refund token over several slots: one script per slot cannot claim it for all of them
+            // at once, so the slot of the first descriptor goes first, every item there claiming the
+            // first descriptor's marker. Of two callers racing on one token exactly one wins that
+            // claim; the loser is told the token is spent before it touches any other slot. (The
+            // other slots' own markers still keep each descriptor refunded once.)
+            let first_at = slots.iter().position(|p| p.contains(&0)).unwrap_or(0);
+            let first = slots.remove(first_at);
+            let shared: Vec<&str> = first.iter().map(|_| markers.keys[0]).collect();
+            let marked = Markers {
+                keys: &shared,
+                ttl_ms: markers.ttl_ms,
+            };
+            let part: Vec<ScriptItem<'_>> = first.iter().map(|&at| items[at]).collect();
+            let answer = self
+                .invoke(&mut conn.clone(), &part, policy, Some(marked), timeout)
+                .await?;
+            let claimed = answer.iter().any(|d| d.allowed);
+            for (&at, decision) in first.iter().zip(answer) {
+                decisions[at] = decision;
+            }
+            if !claimed {
+                // Spent: the other slots are not asked; their items report "not refunded".
+                return Ok(decisions);
+            }
+        }
+        let calls = slots.iter().map(|positions| {
+            let part: Vec<ScriptItem<'_>> = positions.iter().map(|&at| items[at]).collect();
             // Each marker lies in its item's slot, so it travels with it.
             let part_markers: Option<Vec<&str>> =
                 markers.map(|m| positions.iter().map(|&at| m.keys[at]).collect());
@@ -564,12 +609,11 @@ impl RedisStore {
                     keys,
                     ttl_ms: m.ttl_ms,
                 });
-                self.invoke(&mut conn, &part, policy, markers).await
+                self.invoke(&mut conn, &part, policy, markers, timeout).await
             }
         });
         let answers = futures_util::future::try_join_all(calls).await?;
-        let mut decisions = vec![Decision::default(); items.len()];
-        for (positions, answer) in by_slot.values().zip(answers) {
+        for (positions, answer) in slots.iter().zip(answers) {
             for (&at, decision) in positions.iter().zip(answer) {
                 decisions[at] = decision;
             }
