@@ -291,6 +291,7 @@ def main():
             check(not default.of(kind), f"defaults: {kind} rendered although off by default")
         check("REDIS_URL" not in default.settings(), "defaults: REDIS_URL set on the embedded store")
         check("TOLLGATE_WORKER_THREADS" not in default.settings(), "defaults: TOLLGATE_WORKER_THREADS set (null keeps Tollgate's default)")
+        check("TOLLGATE_MEMORY_MAX_KEYS" not in default.settings(), "defaults: TOLLGATE_MEMORY_MAX_KEYS set without a memory limit")
         check(default.tollgate_deployment()["spec"]["replicas"] == 1, "defaults: replicas is not 1")
         # The refund key: a Secret of the chart's, mounted as the file TOLLGATE_REFUND_KEY_FILE names.
         secrets = [s for s in default.of("Secret") if s["metadata"]["name"].endswith("-refund-key")]
@@ -316,6 +317,9 @@ def main():
         check(len(pdb) == 1 and pdb[0]["spec"].get("maxUnavailable") == 1, "monitoring: PDB is not maxUnavailable 1")
         check(len(monitoring.of("ServiceMonitor")) == 1, "monitoring: no ServiceMonitor")
         check(monitoring.of("HorizontalPodAutoscaler"), "monitoring: no HPA")
+        # 512Mi limit: (512 - 64) MiB at 300 bytes a key.
+        keys = monitoring.settings().get("TOLLGATE_MEMORY_MAX_KEYS")
+        check(keys == str((512 - 64) * 1048576 // 300), f"monitoring: TOLLGATE_MEMORY_MAX_KEYS={keys!r} for a 512Mi limit")
         threads = monitoring.settings().get("TOLLGATE_WORKER_THREADS")
         check(threads == "2", f"monitoring: workerThreads 2 rendered as TOLLGATE_WORKER_THREADS={threads!r}")
         check(len(monitoring.of("NetworkPolicy")) == 2, "monitoring: expected NetworkPolicies for Tollgate and the dev Redis")

@@ -187,7 +187,10 @@ fn build_store(
     }
     let Some(target) = redis_target(settings)? else {
         tracing::info!("no REDIS_URL: counting in the embedded store (one instance only)");
-        return Ok(AnyStore::Memory(MemoryStore::new(clock)));
+        return Ok(AnyStore::Memory(MemoryStore::with_max_keys(
+            clock,
+            settings.memory_max_keys,
+        )));
     };
     let options = RedisOptions {
         target,
@@ -384,20 +387,42 @@ fn redis_tls_certificates(settings: &Settings) -> Result<Option<redis::TlsCertif
     )
 }
 
+/// Sweeps the embedded store every [`SWEEP_INTERVAL`] off the runtime's threads (one shard locked at a
+/// time, so no request waits on more than one shard's sweep), and says once a minute when the key cap
+/// made it evict.
 async fn sweep(limiter: Arc<Limiter<AnyStore>>, stop: CancellationToken) {
-    let AnyStore::Memory(store) = limiter.store() else {
+    if !matches!(limiter.store(), AnyStore::Memory(_)) {
         return;
-    };
+    }
     let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
+    let (mut reported, mut last_report) = (0, tokio::time::Instant::now());
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let dropped = store.sweep();
+        let swept = Arc::clone(&limiter);
+        let dropped = tokio::task::spawn_blocking(move || match swept.store() {
+            AnyStore::Memory(store) => (store.sweep(), store.evictions()),
+            AnyStore::Redis(_) => (0, 0),
+        })
+        .await;
+        let Ok((dropped, evictions)) = dropped else {
+            continue;
+        };
         tracing::trace!(dropped, "swept expired state");
+        if evictions > reported && last_report.elapsed() >= EVICTION_LOG_INTERVAL {
+            tracing::warn!(
+                evicted = evictions - reported,
+                "the embedded store is full (TOLLGATE_MEMORY_MAX_KEYS): live keys were evicted"
+            );
+            (reported, last_report) = (evictions, tokio::time::Instant::now());
+        }
     }
 }
+
+/// Evictions are logged at most this often.
+const EVICTION_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How often the heaviest callers are summarised in the log.
 const OFFENDER_LOG_INTERVAL: Duration = Duration::from_secs(60);

@@ -127,6 +127,9 @@ pub struct Settings {
     pub tracing_sampling_rate: f64,
     /// `TRACING_EXPORTER_PROTOCOL`: only `grpc` is built in.
     pub tracing_exporter_protocol: String,
+    /// `TOLLGATE_MEMORY_MAX_KEYS`: most entries the embedded store holds; beyond, consuming requests
+    /// evict the entries that least affect decisions (counted in `tollgate_memory_evictions_total`).
+    pub memory_max_keys: usize,
     /// Largest gRPC request message, in bytes; a larger one is refused with `RESOURCE_EXHAUSTED` before
     /// it is decoded. Also the largest HTTP request body (`/json`, `/v1/*`), refused with 413.
     pub max_request_bytes: usize,
@@ -387,6 +390,7 @@ impl Default for Settings {
             tracing_service_name: "tollgate".into(),
             tracing_sampling_rate: 1.0,
             tracing_exporter_protocol: "grpc".into(),
+            memory_max_keys: DEFAULT_MEMORY_MAX_KEYS,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             grpc_max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             refund_key: Secret::default(),
@@ -406,6 +410,10 @@ pub const DEFAULT_REDIS_DEADLINE: Duration = Duration::from_millis(20);
 /// Default number of multiplexed connections to one Redis node. Each carries many requests in
 /// flight; two keep one slow reply from stalling everything behind it on one socket.
 pub const DEFAULT_REDIS_CONNECTIONS: usize = 2;
+
+/// Default for [`Settings::memory_max_keys`]: a few hundred bytes a key at most (measured, see
+/// docs/performance.md), so the default keeps the embedded store well under 256 MiB.
+pub const DEFAULT_MEMORY_MAX_KEYS: usize = 640_000;
 
 /// Default for [`Settings::max_request_bytes`]: Envoy's requests are a few hundred bytes, and the
 /// native API's largest legitimate calls (thousands of descriptors) stay well below.
@@ -492,6 +500,7 @@ impl Settings {
         }
         for (name, value) in [
             ("max_request_bytes", self.max_request_bytes as u64),
+            ("memory_max_keys", self.memory_max_keys as u64),
             (
                 "grpc_max_concurrent_streams",
                 u64::from(self.grpc_max_concurrent_streams),

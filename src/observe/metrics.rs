@@ -181,7 +181,7 @@ impl Metrics {
     pub fn render(&self, store: StoreCounters) -> String {
         let mut out = String::with_capacity(4096);
         self.render_rules(&mut out);
-        let counters: [(&str, &str, u64); 13] = [
+        let counters: [(&str, &str, u64); 14] = [
             (
                 "ratelimit_service_config_load_success",
                 "Rule sets loaded.",
@@ -236,6 +236,11 @@ impl Metrics {
                 "tollgate_redis_abandoned_total",
                 "Requests never sent to Redis because their caller had stopped waiting.",
                 store.redis_abandoned,
+            ),
+            (
+                "tollgate_memory_evictions_total",
+                "Entries the embedded store evicted to stay within TOLLGATE_MEMORY_MAX_KEYS.",
+                store.memory_evictions,
             ),
             (
                 "tollgate_store_errors_total",
@@ -370,6 +375,7 @@ mod tests {
             redis_script_calls: 3,
             redis_queue_full: 2,
             redis_abandoned: 1,
+            memory_evictions: 9,
         });
         assert!(
             text.contains("ratelimit_service_rate_limit_total_hits{domain=\"api\",key1=\"user\"} 5"),
@@ -381,6 +387,7 @@ mod tests {
         assert!(text.contains("tollgate_redis_script_calls_total 3"));
         assert!(text.contains("tollgate_redis_queue_full_total 2"));
         assert!(text.contains("tollgate_redis_abandoned_total 1"));
+        assert!(text.contains("tollgate_memory_evictions_total 9"));
     }
 
     #[test]

@@ -178,19 +178,25 @@ pub struct StoreCounters {
     pub redis_queue_full: u64,
     /// Queued requests never sent because their caller had given up waiting.
     pub redis_abandoned: u64,
+    /// Entries the embedded store evicted to stay within its key cap.
+    pub memory_evictions: u64,
 }
 
 impl AnyStore {
     /// The store's counters.
     pub fn counters(&self) -> StoreCounters {
         match self {
-            AnyStore::Memory(_) => StoreCounters::default(),
+            AnyStore::Memory(store) => StoreCounters {
+                memory_evictions: store.evictions(),
+                ..StoreCounters::default()
+            },
             AnyStore::Redis(cache) => StoreCounters {
                 local_cache_hits: cache.hits(),
                 redis_batches: cache.inner().batches(),
                 redis_script_calls: cache.inner().script_calls(),
                 redis_queue_full: cache.inner().queue_full(),
                 redis_abandoned: cache.inner().abandoned(),
+                memory_evictions: 0,
             },
         }
     }

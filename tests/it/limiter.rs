@@ -159,8 +159,9 @@ fn item(key: String, cost: u64) -> BatchItem {
 #[tokio::test]
 async fn a_million_distinct_keys_are_dropped_once_they_cannot_matter() {
     let clock = ManualClock::new(T0_US);
-    let store = MemoryStore::new(Arc::new(clock.clone()));
     const KEYS: usize = 1_000_000;
+    // Room for all of them: this is about the sweep, not the key cap.
+    let store = MemoryStore::with_max_keys(Arc::new(clock.clone()), 2 * KEYS);
     for i in 0..KEYS {
         let decisions = store
             .apply(&Batch::new(

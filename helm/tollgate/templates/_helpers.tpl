@@ -88,6 +88,28 @@ print 4194304 as 4.194304e+06: whole numbers are printed as integers.
 {{- end }}
 
 {{/* Where the Redis CA Secret is mounted. */}}
+{{/*
+The embedded store's key cap from the container's memory limit, when there is one: 300 bytes a key
+(measured under churn, with the table's slack) after 64 MiB for everything else, at least 10,000.
+Empty without a limit (Tollgate's default, 640,000 keys, fits 256 MiB).
+*/}}
+{{- define "tollgate.memoryMaxKeys" -}}
+{{- $limit := toString (((.Values.resources).limits).memory | default "") }}
+{{- $units := dict "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "K" 1000 "M" 1000000 "G" 1000000000 }}
+{{- $bytes := 0 }}
+{{- range $suffix, $factor := $units }}
+{{- if and (eq $bytes 0) (hasSuffix $suffix $limit) (regexMatch "^[0-9]+$" (trimSuffix $suffix $limit)) }}
+{{- $bytes = mul (trimSuffix $suffix $limit | int64) $factor }}
+{{- end }}
+{{- end }}
+{{- if and (eq $bytes 0) (regexMatch "^[0-9]+$" $limit) }}
+{{- $bytes = $limit | int64 }}
+{{- end }}
+{{- if gt $bytes 0 }}
+{{- max 10000 (div (sub $bytes 67108864) 300) | toString }}
+{{- end }}
+{{- end }}
+
 {{/* Where the refund key Secret is mounted. */}}
 {{- define "tollgate.refundKeyDir" -}}
 /etc/tollgate/refund
@@ -176,6 +198,9 @@ check-config hook, so the hook validates the settings the pods will run with.
   "TOLLGATE_DEBUG_ADDR" (printf "0.0.0.0:%d" (int .Values.ports.debug))
   "TOLLGATE_DRAIN_PERIOD" (printf "%ds" (int .Values.drainPeriodSeconds))
   "TOLLGATE_REFUND_KEY_FILE" (printf "%s/%s" (include "tollgate.refundKeyDir" .) .Values.refundKey.key) }}
+{{- with include "tollgate.memoryMaxKeys" . }}
+{{- $_ := set $env "TOLLGATE_MEMORY_MAX_KEYS" . }}
+{{- end }}
 {{- with .Values.workerThreads }}
 {{- $_ := set $env "TOLLGATE_WORKER_THREADS" (include "tollgate.envString" .) }}
 {{- end }}

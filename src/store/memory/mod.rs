@@ -11,7 +11,13 @@
 //!
 //! Memory stays bounded under key churn: each entry records the instant after which its state can no
 //! longer change a decision ([`algorithm::expires_at_us`]); expired entries are ignored on lookup and
-//! removed by [`MemoryStore::sweep`], which the server runs periodically.
+//! removed by [`MemoryStore::sweep`], which the server runs periodically, one shard at a time.
+//!
+//! And it stays bounded under attack: a store holds at most `max_keys` entries (an even share per
+//! shard). A consuming batch that must add a key to a full shard first evicts the entry that least
+//! affects decisions among a sample of the shard: an expired one if there is one, else the one whose
+//! state stops mattering soonest (a bucket nearly refilled, a window nearly over). Each eviction is
+//! counted ([`MemoryStore::evictions`]). Peeks and refunds never evict: they must not change the store.
 
 mod lease;
 
@@ -19,6 +25,7 @@ pub use lease::MemoryLeases;
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
@@ -38,6 +45,10 @@ pub struct MemoryStore {
     hasher: DefaultHashBuilder,
     clock: Arc<dyn Clock>,
     leases: MemoryLeases,
+    /// Most entries a shard holds (its share of `max_keys`).
+    shard_cap: usize,
+    /// Entries evicted to make room so far.
+    evictions: AtomicU64,
     /// Refund tokens used, per descriptor key: `key NUL id` → until when to remember it (µs). Locked
     /// after the shards, only by refunds carrying a token. Bounded by the refunds made with genuine
     /// tokens within their lifetime; swept with the entries.
@@ -61,6 +72,22 @@ impl Entry {
     }
 }
 
+pub use crate::settings::DEFAULT_MEMORY_MAX_KEYS as DEFAULT_MAX_KEYS;
+
+/// Entries looked at to pick one to evict: enough that the victim is close to the shard's least
+/// useful, few enough to cost far less than the decision that needs the room.
+const EVICTION_SAMPLE: usize = 16;
+
+/// What one pass over a batch does with the states it changes.
+enum Pass<'u> {
+    /// Keeps them.
+    Commit,
+    /// Keeps them, recording the previous states for a rollback should the batch settle.
+    Record(&'u mut Vec<Option<State>>),
+    /// A peek: records them for the rollback that always follows, and never evicts.
+    Peek(&'u mut Vec<Option<State>>),
+}
+
 /// Locked shards of one batch, in ascending shard order.
 struct Locked<'a> {
     guards: Vec<(usize, MutexGuard<'a, HashTable<Entry>>)>,
@@ -74,16 +101,28 @@ impl Locked<'_> {
 }
 
 impl MemoryStore {
-    /// An empty store reading time from `clock`.
+    /// An empty store reading time from `clock`, holding at most [`DEFAULT_MAX_KEYS`] entries.
     pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self::with_max_keys(clock, DEFAULT_MAX_KEYS)
+    }
+
+    /// An empty store holding at most `max_keys` entries (rounded up to a multiple of [`SHARDS`]).
+    pub fn with_max_keys(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         let shards = (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect();
         Self {
             shards,
             hasher: DefaultHashBuilder::default(),
             leases: MemoryLeases::new(Arc::clone(&clock)),
             clock,
+            shard_cap: max_keys.div_ceil(SHARDS).max(1),
+            evictions: AtomicU64::new(0),
             spent: Mutex::default(),
         }
+    }
+
+    /// Entries evicted so far to stay within the key cap.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
     }
 
     /// The concurrency leases.
@@ -152,7 +191,7 @@ impl MemoryStore {
                 // themselves are the overlay that lets a repeated key see the first item's effect.
                 let costs: Vec<u64> = items.iter().map(|i| i.cost).collect();
                 let mut undo = Vec::with_capacity(items.len());
-                let decisions = self.run(&mut locked, items, &hashes, &costs, now, Some(&mut undo));
+                let decisions = self.run(&mut locked, items, &hashes, &costs, now, Pass::Peek(&mut undo));
                 rollback(&mut locked, items, &hashes, undo);
                 decisions
             }
@@ -197,19 +236,17 @@ impl MemoryStore {
         let costs: Vec<u64> = items.iter().map(|i| i.cost).collect();
         let may_settle = policy != CommitPolicy::Independent || has_shared_group(items);
         let mut undo = Vec::with_capacity(if may_settle { items.len() } else { 0 });
-        let first = self.run(
-            locked,
-            items,
-            hashes,
-            &costs,
-            now,
-            may_settle.then_some(&mut undo),
-        );
+        let pass = if may_settle {
+            Pass::Record(&mut undo)
+        } else {
+            Pass::Commit
+        };
+        let first = self.run(locked, items, hashes, &costs, now, pass);
         let Some(settled) = settled_costs(items, &first, policy) else {
             return first;
         };
         rollback(locked, items, hashes, undo);
-        let second = self.run(locked, items, hashes, &settled, now, None);
+        let second = self.run(locked, items, hashes, &settled, now, Pass::Commit);
         first
             .iter()
             .zip(second)
@@ -232,7 +269,7 @@ impl MemoryStore {
         hashes: &[u64],
         costs: &[u64],
         now: u64,
-        mut undo: Option<&mut Vec<Option<State>>>,
+        mut pass: Pass<'_>,
     ) -> Vec<Decision> {
         let mut decisions = Vec::with_capacity(items.len());
         for ((item, hash), cost) in items.iter().zip(hashes).zip(costs) {
@@ -242,18 +279,30 @@ impl MemoryStore {
                 .filter(|e| e.expires_at_us > now);
             let previous = entry.as_ref().map(|e| &e.state);
             let (decision, next) = algorithm::decide(&item.limit, previous, now, *cost);
-            if let Some(undo) = undo.as_deref_mut() {
+            if let Pass::Record(undo) | Pass::Peek(undo) = &mut pass {
                 undo.push(previous.cloned());
             }
             if *cost > 0 {
-                self.store(table, *hash, item, &item.limit, next);
+                // A peek's writes are undone; it must not evict anyone to make them.
+                let may_evict = !matches!(pass, Pass::Peek(_));
+                self.store(table, *hash, item, &item.limit, next, may_evict, now);
             }
             decisions.push(decision);
         }
         decisions
     }
 
-    fn store(&self, table: &mut HashTable<Entry>, hash: u64, item: &BatchItem, limit: &Limit, state: State) {
+    #[allow(clippy::too_many_arguments)] // one call site, each argument a different thing
+    fn store(
+        &self,
+        table: &mut HashTable<Entry>,
+        hash: u64,
+        item: &BatchItem,
+        limit: &Limit,
+        state: State,
+        may_evict: bool,
+        now: u64,
+    ) {
         let expires_at_us = algorithm::expires_at_us(limit, &state);
         match table.find_mut(hash, |e| e.is(item)) {
             Some(entry) => {
@@ -261,6 +310,9 @@ impl MemoryStore {
                 entry.expires_at_us = expires_at_us;
             }
             None => {
+                if may_evict && table.len() >= self.shard_cap {
+                    self.evict_one(table, now);
+                }
                 let entry = Entry {
                     key: item.key.clone(),
                     algorithm: limit.algorithm,
@@ -272,6 +324,31 @@ impl MemoryStore {
                     self.hasher.hash_one((&e.key, e.window_us, e.algorithm))
                 });
             }
+        }
+    }
+}
+
+impl MemoryStore {
+    /// Removes the entry of `table` that least affects decisions among a sample: an expired one, else
+    /// the one whose state stops mattering soonest.
+    fn evict_one(&self, table: &mut HashTable<Entry>, now: u64) {
+        // Buckets are ordered by hash, so the first occupied ones are a fair sample of the keys. An
+        // expired entry (expiry <= now) ranks as now, before every live one.
+        let victim = table
+            .iter()
+            .take(EVICTION_SAMPLE)
+            .min_by_key(|e| e.expires_at_us.max(now))
+            .map(|e| (e.key.clone(), e.window_us, e.algorithm));
+        let Some((key, window_us, algorithm)) = victim else {
+            return;
+        };
+        let hash = self.hasher.hash_one((&key, window_us, algorithm));
+        let found = table.find_entry(hash, |e| {
+            e.window_us == window_us && e.algorithm == algorithm && e.key == key
+        });
+        if let Ok(entry) = found {
+            entry.remove();
+            self.evictions.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -443,5 +520,87 @@ mod tests {
             assert_eq!(store.sweep(), 1, "{algorithm:?}: the refund revived the entry");
             assert!(store.is_empty(), "{algorithm:?}");
         }
+    }
+
+    fn one(key: String, window_us: u64) -> [BatchItem; 1] {
+        [BatchItem {
+            key,
+            limit: Limit {
+                algorithm: Algorithm::TokenBucket,
+                requests: 5,
+                window_us,
+                burst: 5,
+            },
+            cost: 1,
+            group: 0,
+        }]
+    }
+
+    /// A flood of distinct keys never takes the store past its cap: consuming batches evict, and
+    /// every eviction is counted.
+    #[test]
+    fn a_flood_of_keys_stays_within_the_cap() {
+        let clock = ManualClock::new(1_000_000_000);
+        let store = MemoryStore::with_max_keys(Arc::new(clock), 640);
+        for i in 0..20_000 {
+            store.apply_batch(
+                &one(format!("caller-{i}"), 3_600_000_000),
+                CommitPolicy::Independent,
+                None,
+            );
+        }
+        assert!(store.len() <= 640, "{} entries", store.len());
+        assert_eq!(store.evictions(), 20_000 - store.len() as u64);
+    }
+
+    /// Expired entries go before live ones: with every shard full of expired state, new keys evict
+    /// only expired entries, and a live key inserted meanwhile keeps its count.
+    #[test]
+    fn expired_state_is_evicted_before_live_state() {
+        let clock = ManualClock::new(1_000_000_000);
+        let store = MemoryStore::with_max_keys(Arc::new(clock.clone()), 64 * 16);
+        for i in 0..5_000 {
+            store.apply_batch(
+                &one(format!("short-{i}"), 1_000_000),
+                CommitPolicy::Independent,
+                None,
+            );
+        }
+        clock.advance_us(10_000_000); // every short-lived state has expired
+        let live = one("live".to_owned(), 3_600_000_000);
+        store.apply_batch(&live, CommitPolicy::Independent, None);
+        // About 3 new keys a shard: each shard still holds expired entries to evict first.
+        for i in 0..200 {
+            store.apply_batch(
+                &one(format!("new-{i}"), 3_600_000_000),
+                CommitPolicy::Independent,
+                None,
+            );
+        }
+        let check = [BatchItem {
+            cost: 0,
+            ..live[0].clone()
+        }];
+        let left = store.apply_batch(&check, CommitPolicy::Independent, None)[0].remaining;
+        assert_eq!(left, 4, "the live key kept its state");
+    }
+
+    /// A peek never evicts: it must not change the store, even when full.
+    #[test]
+    fn peeks_never_evict() {
+        let clock = ManualClock::new(1_000_000_000);
+        let store = MemoryStore::with_max_keys(Arc::new(clock), 64);
+        for i in 0..1_000 {
+            store.apply_batch(
+                &one(format!("caller-{i}"), 3_600_000_000),
+                CommitPolicy::Independent,
+                None,
+            );
+        }
+        let (entries, evictions) = (store.len(), store.evictions());
+        for i in 0..1_000 {
+            store.apply_batch(&one(format!("peek-{i}"), 3_600_000_000), CommitPolicy::Peek, None);
+        }
+        assert_eq!((store.len(), store.evictions()), (entries, evictions));
     }
 }
