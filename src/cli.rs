@@ -200,6 +200,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         });
     let telemetry =
         crate::observe::telemetry::init(&settings.log_level, settings.log_format, traces.as_ref())?;
+    // Read before the logger started: said now, so they reach the log.
+    for warning in &settings.warnings {
+        tracing::warn!("{warning}");
+    }
     runtime.block_on(async {
         let served = async {
             let listeners = crate::server::Listeners::bind(&settings).await?;

@@ -145,6 +145,10 @@ pub struct Settings {
     /// `/top` and the denial log show callers' raw descriptor values (IP addresses, user ids) instead of
     /// their hashes. Off by default: those are personal data.
     pub show_caller_values: bool,
+    /// What loading noticed and did not refuse (ignored variables and the like), to be logged once the
+    /// logger runs: settings are read before it starts.
+    #[serde(skip)]
+    pub warnings: Vec<String>,
     /// Runtime worker threads; 0 means one per CPU minus one, at least one (see [`Settings::workers`]).
     pub worker_threads: usize,
 }
@@ -396,6 +400,7 @@ impl Default for Settings {
             refund_key: Secret::default(),
             refund_key_file: String::new(),
             show_caller_values: false,
+            warnings: Vec::new(),
             worker_threads: 0,
         }
     }
@@ -462,16 +467,21 @@ impl Settings {
         if let Some(file) = file {
             builder = builder.add_source(File::from(file).format(FileFormat::Yaml).required(true));
         }
-        builder = builder.add_source(GoEnvironment::from(env)?).add_source(
-            Environment::with_prefix("TOLLGATE")
-                .source(Some(native_env(env)))
-                .try_parsing(true),
-        );
+        let mut warnings = Vec::new();
+        go_unsupported(env, &mut warnings)?;
+        builder = builder
+            .add_source(GoEnvironment::from(env, &mut warnings)?)
+            .add_source(
+                Environment::with_prefix("TOLLGATE")
+                    .source(Some(native_env(env, &mut warnings)))
+                    .try_parsing(true),
+            );
         for (name, value) in flags {
             builder = builder.set_override(*name, value.as_str())?;
         }
-        let settings: Settings = builder.build()?.try_deserialize()?;
+        let mut settings: Settings = builder.build()?.try_deserialize()?;
         settings.validate()?;
+        settings.warnings = warnings;
         Ok(settings)
     }
 
@@ -600,7 +610,7 @@ const GO_BOOLS: &[&str] = &[
 ];
 
 impl GoEnvironment {
-    fn from(env: &HashMap<String, String>) -> Result<Self, SettingsError> {
+    fn from(env: &HashMap<String, String>, warnings: &mut Vec<String>) -> Result<Self, SettingsError> {
         let origin = "environment".to_owned();
         let mut values = Map::new();
         let mut put = |key: &str, kind: ValueKind| {
@@ -619,7 +629,7 @@ impl GoEnvironment {
             ("HOST", "PORT", "http_addr", "0.0.0.0"),
             ("DEBUG_HOST", "DEBUG_PORT", "debug_addr", "0.0.0.0"),
         ] {
-            if let Some(addr) = host_port(env, host, port, default_host) {
+            if let Some(addr) = host_port(env, host, port, default_host, warnings) {
                 put(ours, ValueKind::String(addr));
             }
         }
@@ -647,7 +657,7 @@ impl Source for GoEnvironment {
 /// refused: Kubernetes injects `TOLLGATE_PORT`, `TOLLGATE_SERVICE_HOST`… into every pod of a namespace
 /// with a Service named `tollgate`, and that must not stop the server from starting. (A settings file,
 /// written on purpose, still refuses unknown keys.)
-fn native_env(env: &HashMap<String, String>) -> HashMap<String, String> {
+fn native_env(env: &HashMap<String, String>, warnings: &mut Vec<String>) -> HashMap<String, String> {
     let known: Vec<String> = match serde_json::to_value(Settings::default()) {
         Ok(serde_json::Value::Object(fields)) => fields
             .keys()
@@ -655,30 +665,157 @@ fn native_env(env: &HashMap<String, String>) -> HashMap<String, String> {
             .collect(),
         _ => Vec::new(),
     };
-    env.iter()
-        .filter(|(k, _)| k.starts_with("TOLLGATE_") && k.as_str() != SETTINGS_FILE_ENV)
-        .filter(|(k, _)| {
-            let setting = known.contains(k);
-            if !setting {
-                tracing::warn!(variable = %k, "ignoring an environment variable that is not a Tollgate setting");
-            }
-            setting
-        })
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+    let mut names: Vec<&String> = env
+        .keys()
+        .filter(|k| k.starts_with("TOLLGATE_") && k.as_str() != SETTINGS_FILE_ENV)
+        .collect();
+    names.sort();
+    let mut native = HashMap::new();
+    for name in names {
+        if known.contains(name) {
+            native.insert(name.clone(), env[name].clone());
+        } else {
+            warnings.push(format!("ignoring {name}: not a Tollgate setting"));
+        }
+    }
+    native
+}
+
+/// envoyproxy/ratelimit settings Tollgate does not implement whose being ignored would weaken limits or
+/// security: startup stops, naming them.
+const GO_REFUSED: &[(&str, &str)] = &[
+    (
+        "GRPC_SERVER_USE_TLS",
+        "TLS on the gRPC listener is not supported yet: clients expecting TLS would get plaintext",
+    ),
+    (
+        "GRPC_CLIENT_TLS_CACERT",
+        "client certificates on the gRPC listener are not supported yet: any client could connect",
+    ),
+    (
+        "GRPC_CLIENT_TLS_SAN",
+        "client certificates on the gRPC listener are not supported yet: any client could connect",
+    ),
+    (
+        "GRPC_UDS",
+        "gRPC on a unix socket is not supported: clients would find nothing there",
+    ),
+    (
+        "CONFIG_TYPE",
+        "only FILE: rules over xDS are not supported yet, so the rules Envoy Gateway pushes would never arrive",
+    ),
+];
+
+/// envoyproxy/ratelimit settings (or prefixes of families) Tollgate accepts and ignores, with what
+/// happens instead; each present one is a warning at startup.
+const GO_IGNORED: &[(&str, &str)] = &[
+    ("GRPC_MAX_CONNECTION_AGE", "gRPC connections are not aged out"),
+    ("GRPC_SERVER_TLS_", "the gRPC listener serves plaintext"),
+    ("CONFIG_GRPC_XDS_", "rules come from the rules directory"),
+    ("XDS_CLIENT_", "rules come from the rules directory"),
+    (
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "the rules directory must load at startup",
+    ),
+    (
+        "USE_STATSD",
+        "no statsd: metrics are Prometheus text at /metrics on the HTTP and debug ports",
+    ),
+    ("STATSD_", "no statsd: metrics are at /metrics"),
+    ("USE_DOG_STATSD", "no statsd: metrics are at /metrics"),
+    ("EXTRA_TAGS", "no statsd: metrics are at /metrics"),
+    ("STATS_FLUSH_INTERVAL", "metrics are read when scraped"),
+    ("DISABLE_STATS", "metrics are always served at /metrics"),
+    (
+        "USE_PROMETHEUS",
+        "metrics are at /metrics on the HTTP and debug ports, not on PROMETHEUS_ADDR",
+    ),
+    (
+        "PROMETHEUS_",
+        "metrics are at /metrics on the HTTP and debug ports",
+    ),
+    (
+        "RUNTIME_WATCH_ROOT",
+        "every change to the rules directory reloads",
+    ),
+    ("RUNTIME_IGNOREDOTFILES", "dot-files are always ignored"),
+    (
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "Tollgate does not start unless its rules load",
+    ),
+    (
+        "REDIS_PIPELINE_",
+        "concurrent requests share script calls instead",
+    ),
+    (
+        "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+        "one script call per slot, all in parallel",
+    ),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        "readiness pings Redis every 500 ms",
+    ),
+    (
+        "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+        "connections are multiplexed: no pool runs empty",
+    ),
+    (
+        "REDIS_STARTUP_",
+        "Tollgate starts at once and connects to Redis in the background",
+    ),
+    ("REDIS_PERSECOND_", "one Redis serves every unit"),
+    ("MEMCACHE_", "there is no memcache backend"),
+    ("TRACING_SERVICE_NAMESPACE", "not set on spans"),
+    ("TRACING_SERVICE_INSTANCE_ID", "not set on spans"),
+];
+
+/// Refuses the unimplemented envoyproxy/ratelimit settings that would weaken limits or security if
+/// ignored, and notes the others as warnings. Nothing is ignored in silence.
+fn go_unsupported(env: &HashMap<String, String>, warnings: &mut Vec<String>) -> Result<(), SettingsError> {
+    for (name, reason) in GO_REFUSED {
+        let Some(value) = env.get(*name).filter(|v| !v.trim().is_empty()) else {
+            continue;
+        };
+        let harmless = match *name {
+            "GRPC_SERVER_USE_TLS" => !parse_go_bool(name, value)?,
+            "CONFIG_TYPE" => value.eq_ignore_ascii_case("FILE"),
+            _ => false,
+        };
+        if !harmless {
+            return Err(SettingsError::BadValue {
+                name,
+                value: value.clone(),
+                reason: (*reason).to_owned(),
+            });
+        }
+    }
+    let mut names: Vec<&String> = env.keys().collect();
+    names.sort();
+    for name in names {
+        if let Some((_, instead)) = GO_IGNORED.iter().find(|(known, _)| name.starts_with(known)) {
+            warnings.push(format!("ignoring {name}: {instead}"));
+        }
+    }
+    Ok(())
 }
 
 /// Environment variable naming the settings file (read by the command line, not a setting itself).
 pub const SETTINGS_FILE_ENV: &str = "TOLLGATE_SETTINGS_FILE";
 
 /// `HOST` and `PORT` style pairs: either one alone overrides only its half of the default address.
-fn host_port(env: &HashMap<String, String>, host: &str, port: &str, default_host: &str) -> Option<String> {
+fn host_port(
+    env: &HashMap<String, String>,
+    host: &str,
+    port: &str,
+    default_host: &str,
+    warnings: &mut Vec<String>,
+) -> Option<String> {
     // Kubernetes service links set `<SERVICE>_PORT=tcp://10.0.0.1:8081` for a Service named `grpc` (or
     // the like); that is not a port number, and envoyproxy/ratelimit's meaning must not be read into it.
     let p = env.get(port).filter(|p| {
         let numeric = p.parse::<u16>().is_ok();
         if !numeric {
-            tracing::warn!(variable = port, value = %p, "ignoring a port variable that is not a number");
+            warnings.push(format!("ignoring {port}={p:?}: not a port number"));
         }
         numeric
     });
@@ -897,5 +1034,44 @@ mod tests {
         assert!(err.is_err(), "negative durations do not parse");
         let ok = Settings::load_from(None, &env(&[("TOLLGATE_DRAIN_PERIOD", "0s")]), &[]);
         assert!(ok.is_ok(), "no drain is a choice");
+    }
+
+    #[test]
+    fn unimplemented_go_settings_are_refused_or_warned_never_silent() {
+        for (name, value) in [
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_CLIENT_TLS_CACERT", "/ca.pem"),
+            ("GRPC_UDS", "/tmp/rl.sock"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ] {
+            let err = Settings::load_from(None, &env(&[(name, value)]), &[]).expect_err(name);
+            assert!(err.to_string().contains(name), "{err}");
+        }
+        for (name, value) in [("GRPC_SERVER_USE_TLS", "false"), ("CONFIG_TYPE", "file")] {
+            Settings::load_from(None, &env(&[(name, value)]), &[]).expect("the Go default is harmless");
+        }
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("USE_STATSD", "true"),
+                ("REDIS_PERSECOND_URL", "r2:6379"),
+                ("TOLLGATE_NOT_A_SETTING", "x"),
+                ("GRPC_PORT", "tcp://10.0.0.1:8081"),
+            ]),
+            &[],
+        )
+        .expect("loads");
+        for expected in [
+            "USE_STATSD",
+            "REDIS_PERSECOND_URL",
+            "TOLLGATE_NOT_A_SETTING",
+            "GRPC_PORT",
+        ] {
+            assert!(
+                s.warnings.iter().any(|w| w.contains(expected)),
+                "{expected} not in {:?}",
+                s.warnings
+            );
+        }
     }
 }

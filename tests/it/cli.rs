@@ -838,7 +838,17 @@ async fn secrets_never_reach_the_output_of_a_failed_start() {
     let good_url = format!("redis://admin:{}@127.0.0.1:1", SECRETS[0]);
     let short_key = &SECRETS[3][..20];
     // (case, extra environment, what the error must name)
-    let cases: [FailedStart<'_>; 8] = [
+    let cases: [FailedStart<'_>; 10] = [
+        (
+            "TLS expected on the gRPC listener",
+            vec![("GRPC_SERVER_USE_TLS", "true")],
+            "GRPC_SERVER_USE_TLS",
+        ),
+        (
+            "rules over xDS",
+            vec![("CONFIG_TYPE", "GRPC_XDS_SOTW")],
+            "CONFIG_TYPE",
+        ),
         (
             "bad port in REDIS_URL",
             vec![("REDIS_URL", url.as_str())],
@@ -958,4 +968,25 @@ async fn secrets_never_reach_a_running_servers_endpoints_or_log() {
     let output = run(&["check-config", dir], &env).await;
     assert_no_secret("check-config", &String::from_utf8_lossy(&output.stdout));
     assert_no_secret("check-config", &String::from_utf8_lossy(&output.stderr));
+}
+
+/// Settings read before the logger starts still reach the log: an ignored envoyproxy/ratelimit setting
+/// and an unknown TOLLGATE_ variable are each a warning naming them.
+#[tokio::test]
+async fn ignored_settings_are_warned_about_in_the_log() {
+    let rules = rules_dir(&[(
+        "d.yaml",
+        "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )]);
+    let dir = rules.path().to_str().expect("utf-8 path");
+    let env = [("USE_STATSD", "true"), ("TOLLGATE_NOT_A_SETTING", "1")];
+    let served = Served::start(&serve_on_free_ports(dir), &env).await;
+    let log = served.log.join("\n");
+    for name in ["USE_STATSD", "TOLLGATE_NOT_A_SETTING"] {
+        assert!(
+            log.contains(&format!("ignoring {name}")),
+            "{name} not warned about:\n{log}"
+        );
+    }
+    served.terminate().await;
 }
