@@ -43,6 +43,11 @@ pub struct LimiterOptions {
     pub cache_key_prefix: String,
     /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
     pub stop_increment_when_over_limit: bool,
+    /// Every domain's keys are placed together, as an `all_or_nothing` domain's are (in Redis Cluster,
+    /// one hash slot per domain). Set where `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` meets Redis
+    /// Cluster: one script must see every descriptor of a request to leave the allowed ones untouched
+    /// when another is over its limit.
+    pub keep_domains_together: bool,
     /// `SHADOW_MODE`: the overall code is always OK (statuses still tell the truth).
     pub global_shadow_mode: bool,
     /// `QUOTA_MODE`: every descriptor is in quota mode.
@@ -63,6 +68,7 @@ impl Default for LimiterOptions {
         Self {
             cache_key_prefix: String::new(),
             stop_increment_when_over_limit: false,
+            keep_domains_together: false,
             global_shadow_mode: false,
             global_quota_mode: false,
             default_algorithm: Algorithm::FixedWindow,
@@ -677,7 +683,7 @@ impl<S: Store> Limiter<S> {
         });
         let placement = Placement {
             scope_len,
-            keep_together: domain_rules.all_or_nothing(),
+            keep_together: domain_rules.all_or_nothing() || self.options.keep_domains_together,
         };
         let decisions = self.decide(&mut targets, policy, placement, once).await?;
         // Peeks and refunds are not hits: they neither count in the rule's stats nor make offenders.

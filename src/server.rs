@@ -103,11 +103,22 @@ pub async fn run(
             stop.clone(),
         ));
     }
+    let mut options = limiter_options(&settings, algorithm);
+    if settings.stop_cache_key_increment_when_overlimit && store.is_cluster() {
+        // Exact rather than racy: one script call sees every descriptor of a request.
+        options.keep_domains_together = true;
+        tracing::warn!(
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT on Redis Cluster: each domain's counters live in one \
+             hash slot (keys tagged {{prefix+domain}}), so a request over one limit leaves its other \
+             descriptors untouched; these keys are not envoyproxy/ratelimit's and a domain's load is on \
+             one master"
+        );
+    }
     let limiter = Limiter::new(
         Arc::clone(&rules),
         store,
         ValueHasher::new(settings.hash_key.expose()),
-        limiter_options(&settings, algorithm),
+        options,
     )
     .with_metrics(metrics);
     let keys = refund_keys(&settings)?.or_else(RefundKeys::random);
@@ -287,6 +298,7 @@ fn limiter_options(settings: &Settings, algorithm: crate::algorithm::Algorithm) 
     LimiterOptions {
         cache_key_prefix: settings.cache_key_prefix.clone(),
         stop_increment_when_over_limit: settings.stop_cache_key_increment_when_overlimit,
+        keep_domains_together: false,
         global_shadow_mode: settings.shadow_mode,
         global_quota_mode: settings.quota_mode,
         default_algorithm: algorithm,

@@ -72,8 +72,9 @@ pub enum CommitPolicy {
 /// `failure_mode_deny` decide).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    /// A per-call all-or-nothing request whose keys live in several Redis Cluster slots: it cannot be
-    /// decided atomically. Setting `all_or_nothing: true` on the domain places its keys in one slot.
+    /// A per-call all-or-nothing request (or any batch that settles across descriptors) whose keys live
+    /// in several Redis Cluster slots: it cannot be decided atomically. Setting `all_or_nothing: true`
+    /// on the domain places its keys in one slot.
     #[error(
         "all-or-nothing across Redis Cluster slots is not atomic; set all_or_nothing: true on the domain"
     )]
@@ -199,6 +200,13 @@ impl AnyStore {
                 memory_evictions: 0,
             },
         }
+    }
+}
+
+impl AnyStore {
+    /// Whether counters live in a Redis Cluster (where one script call reaches one hash slot).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, AnyStore::Redis(cache) if cache.inner().is_cluster())
     }
 }
 

@@ -560,9 +560,10 @@ async fn other_placements_miss_the_consumed_keys(url: &str, kind: &str) {
         }
     };
     let hour = 3_600_000_000;
+    // On a cluster, STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT keeps a domain's keys together.
     let policies = [
         (CommitPolicy::Independent, false),
-        (CommitPolicy::StopIncrementWhenOverLimit, false),
+        (CommitPolicy::StopIncrementWhenOverLimit, store.is_cluster()),
         (CommitPolicy::AllOrNothing, true),
     ];
     for algorithm in Algorithm::ALL {
@@ -716,6 +717,85 @@ async fn redis_cluster_counts_exactly_across_slots() {
     }
     server.stop().await;
     exact_admission(&env).await;
+}
+
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` on Redis Cluster is exact: the descriptors of one request
+/// would land in different slots (their envoyproxy/ratelimit keys do), yet one over its limit leaves the
+/// others untouched, because every domain's keys are kept in one slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_increment_on_a_cluster_leaks_no_increment_across_slots() {
+    require_redis!();
+    let cluster = RedisCluster::start();
+    let addrs = cluster.addrs();
+    let values: Vec<String> = (0..8).map(|i| format!("caller-{i}")).collect();
+    let go_slots: std::collections::BTreeSet<u16> = values
+        .iter()
+        .map(|v| tollgate::store::redis::slot(&format!("rd_k_{v}_0")))
+        .collect();
+    assert!(go_slots.len() > 1, "the values must spread over slots");
+    let env = [
+        ("REDIS_URL", addrs.as_str()),
+        ("REDIS_TYPE", "cluster"),
+        ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+    ];
+    let server = start(&env, &rules(Algorithm::FixedWindow, 2)).await;
+    // The last value at its limit.
+    let last = values.last().expect("values").as_str();
+    for _ in 0..2 {
+        ask(&server, &[&[("k", last)]]).await.expect("answer");
+    }
+    let entries: Vec<[(&str, &str); 1]> = values.iter().map(|v| [("k", v.as_str())]).collect();
+    let request: Vec<&[(&str, &str)]> = entries.iter().map(|e| &e[..]).collect();
+    for _ in 0..3 {
+        let r = ask(&server, &request).await.expect("answer");
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+    }
+    // None of the others was incremented by the three refused requests.
+    for value in &values[..values.len() - 1] {
+        let r = ask(&server, &[&[("k", value)]]).await.expect("answer");
+        assert_eq!(r.statuses[0].limit_remaining, 1, "{value}: {r:?}");
+    }
+    server.stop().await;
+}
+
+/// The store's side of it: a batch that settles across descriptors but spans slots cannot be decided
+/// by one script, so it is refused rather than half applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_refuses_to_settle_across_slots() {
+    require_redis!();
+    let cluster = RedisCluster::start();
+    let (store, stop) = connected_store(&cluster.addrs(), "cluster").await;
+    let limit = Limit {
+        algorithm: Algorithm::FixedWindow,
+        requests: 5,
+        window_us: 3_600_000_000,
+        burst: 5,
+    };
+    let items: Vec<BatchItem> = ["alpha", "beta", "gamma", "delta"]
+        .iter()
+        .zip(0..)
+        .map(|(value, group)| BatchItem {
+            key: format!("rd_k_{value}_"),
+            limit,
+            cost: 1,
+            group,
+        })
+        .collect();
+    for policy in [
+        CommitPolicy::StopIncrementWhenOverLimit,
+        CommitPolicy::AllOrNothing,
+    ] {
+        let batch = Batch::new(items.clone(), policy);
+        assert_eq!(
+            store.apply(&batch).await,
+            Err(tollgate::store::StoreError::CrossSlot),
+            "{policy:?}"
+        );
+    }
+    for node in &cluster.nodes {
+        assert_eq!(node.cli(&["DBSIZE"]).trim(), "0", "nothing written");
+    }
+    stop.cancel();
 }
 
 /// envoyproxy/ratelimit's `REDIS_SENTINEL_AUTH`: the sentinels' own password, apart from the master's.

@@ -66,6 +66,12 @@ pub trait Backend {
     /// Counter entries the store holds (bodies that count entries take no leases). Redis holds no
     /// expired key; the embedded store holds its expired entries until a sweep.
     async fn entries(&self) -> usize;
+
+    /// Whether batches are split per Redis Cluster slot: then a batch that settles across
+    /// descriptors must keep its keys together (the limiter sees to it), or it is refused.
+    fn splits_by_slot(&self) -> bool {
+        false
+    }
 }
 
 /// The embedded store, alone or behind the local cache, on a manual clock.
@@ -203,6 +209,10 @@ impl Drop for Redis {
 
 impl Backend for Redis {
     type Store = Arc<RedisStore>;
+
+    fn splits_by_slot(&self) -> bool {
+        self.store.is_cluster()
+    }
 
     fn store(&self) -> &Arc<RedisStore> {
         &self.store
@@ -561,7 +571,7 @@ async fn peek_ignores_the_settling_rules<B: Backend>(backend: &B) {
 async fn peeks_and_refunds_find_what_consumptions_wrote<B: Backend>(backend: &B) {
     let policies = [
         (INDEPENDENT, false),
-        (CommitPolicy::StopIncrementWhenOverLimit, false),
+        (CommitPolicy::StopIncrementWhenOverLimit, backend.splits_by_slot()),
         (CommitPolicy::AllOrNothing, true),
     ];
     for algorithm in Algorithm::ALL {

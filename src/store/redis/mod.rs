@@ -18,6 +18,7 @@
 //! Connections are redis-rs multiplexed connections: one socket carries many requests in flight, so a
 //! checkout pool only adds waiting (see the README's design notes for the measurements).
 
+mod clock_offset;
 mod coalesce;
 mod keys;
 mod lease;
@@ -29,7 +30,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -42,6 +43,7 @@ use tracing::Instrument as _;
 pub use keys::slot;
 pub use target::{RedisMode, RedisTarget, TargetError};
 
+use self::clock_offset::ClockOffsets;
 use self::keys::{Placement, redis_key, refund_marker};
 use self::script::{BatchScript, Markers, ScriptItem, ScriptReply};
 use self::sentinel::{SentinelLink, suggests_failover};
@@ -179,8 +181,8 @@ pub struct RedisStore {
     connections: ArcSwapOption<Connections>,
     script: BatchScript,
     clock: Arc<dyn Clock>,
-    /// Redis clock minus local clock, in µs, from the latest reply.
-    offset_us: AtomicI64,
+    /// Redis clock minus local clock (per node in a cluster), from the replies.
+    offsets: ClockOffsets,
     jitter_hasher: hashbrown::DefaultHashBuilder,
     /// Batches applied (one per request that reached Redis).
     batches: AtomicU64,
@@ -207,13 +209,14 @@ impl RedisStore {
         // redis-rs builds its TLS configs on rustls' process-wide provider; another install (a second
         // store in tests) is a no-op.
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let cluster = matches!(options.target.mode, RedisMode::Cluster(_));
         let store = Arc::new_cyclic(|store| Self {
             coalescer: coalesce::Coalescer::start(store.clone()),
             options,
             connections: ArcSwapOption::empty(),
             script: BatchScript::new(),
             clock,
-            offset_us: AtomicI64::new(0),
+            offsets: ClockOffsets::new(cluster),
             jitter_hasher: hashbrown::DefaultHashBuilder::default(),
             batches: AtomicU64::new(0),
             script_calls: AtomicU64::new(0),
@@ -311,6 +314,11 @@ impl RedisStore {
         }
     }
 
+    /// Whether the target is a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.options.target.mode, RedisMode::Cluster(_))
+    }
+
     /// Batches applied so far (one per request that reached Redis).
     pub fn batches(&self) -> u64 {
         self.batches.load(Ordering::Relaxed)
@@ -359,17 +367,10 @@ impl RedisStore {
         result
     }
 
-    /// The local estimate of the Redis clock, in µs since the epoch.
-    fn redis_now_us(&self) -> u64 {
-        let local = i128::from(self.clock.now_us());
-        let offset = i128::from(self.offset_us.load(Ordering::Relaxed));
-        u64::try_from((local + offset).max(0)).unwrap_or(u64::MAX)
-    }
-
     /// Each item's Redis key, and the item as the script sees it (its `key` left empty: the caller
     /// points it at the name when the call is made).
     fn script_items(&self, batch: &Batch) -> Vec<(String, ScriptItem<'static>)> {
-        let now = self.redis_now_us();
+        let local_us = self.clock.now_us();
         let items = &batch.items;
         items
             .iter()
@@ -384,8 +385,13 @@ impl RedisStore {
                 };
                 let fixed = item.limit.algorithm == Algorithm::FixedWindow;
                 let window = item.limit.window_us.max(1);
-                let window_start_us = if fixed { now / window * window } else { 0 };
-                let key = redis_key(&item.key, &item.limit, window_start_us, placement);
+                let (key, window_start_us) = if fixed {
+                    self.offsets.name_window(local_us, window, |start| {
+                        redis_key(&item.key, &item.limit, start, placement)
+                    })
+                } else {
+                    (redis_key(&item.key, &item.limit, 0, placement), 0)
+                };
                 let ttl_secs = if fixed {
                     window.div_ceil(1_000_000) + self.jitter(&key)
                 } else {
@@ -416,9 +422,11 @@ impl RedisStore {
         }
     }
 
+    /// One script call. `slot`: the cluster slot every item lies in (`None` off a cluster).
     async fn invoke<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
+        slot: Option<u16>,
         items: &[ScriptItem<'_>],
         policy: CommitPolicy,
         markers: Option<Markers<'_>>,
@@ -447,17 +455,8 @@ impl RedisStore {
         let reply = reply.map_err(|_| CallError::Timeout)?.map_err(CallError::Redis)?;
         let ScriptReply { now_us, decisions } =
             BatchScript::decode(reply, items.len()).map_err(CallError::Reply)?;
-        self.track_offset(sent_at, now_us);
+        self.offsets.record(slot, sent_at, self.clock.now_us(), now_us);
         Ok(decisions)
-    }
-
-    /// Records the Redis clock offset, assuming the script ran half-way through the round trip.
-    fn track_offset(&self, sent_at_us: u64, redis_now_us: u64) {
-        let received = self.clock.now_us();
-        let midpoint = i128::from(sent_at_us) + (i128::from(received) - i128::from(sent_at_us)) / 2;
-        let offset = i128::from(redis_now_us) - midpoint;
-        self.offset_us
-            .store(i64::try_from(offset).unwrap_or(0), Ordering::Relaxed);
     }
 }
 
@@ -545,7 +544,9 @@ impl RedisStore {
             Connections::Cluster(conn) => self.apply_per_slot(conn, items, policy, markers, timeout).await,
             whole => {
                 let (mut conn, link) = whole.whole();
-                let result = self.invoke(&mut conn, items, policy, markers, timeout).await;
+                let result = self
+                    .invoke(&mut conn, None, items, policy, markers, timeout)
+                    .await;
                 refresh_if_moved(link, &result);
                 result
             }
@@ -565,21 +566,26 @@ impl RedisStore {
         for (at, item) in items.iter().enumerate() {
             by_slot.entry(slot(item.key)).or_default().push(at);
         }
-        if policy == CommitPolicy::AllOrNothing && by_slot.len() > 1 {
-            // One script per slot cannot refuse together; only an all_or_nothing domain's keys are
-            // placed in one slot (see keys.rs).
+        let settles_across = matches!(
+            policy,
+            CommitPolicy::AllOrNothing | CommitPolicy::StopIncrementWhenOverLimit
+        );
+        if settles_across && by_slot.len() > 1 {
+            // One script per slot cannot settle together; only a domain whose keys are kept together
+            // (all_or_nothing, or every domain under STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT) has
+            // them in one slot (see keys.rs).
             return Err(CallError::CrossSlot);
         }
         let mut decisions = vec![Decision::default(); items.len()];
-        let mut slots: Vec<&Vec<usize>> = by_slot.values().collect();
+        let mut slots: Vec<(u16, &Vec<usize>)> = by_slot.iter().map(|(&slot, at)| (slot, at)).collect();
         if let Some(markers) = markers.filter(|_| slots.len() > 1) {
             // A refund token over several slots: one script per slot cannot claim it for all of them
             // at once, so the slot of the first descriptor goes first, every item there claiming the
             // first descriptor's marker. Of two callers racing on one token exactly one wins that
             // claim; the loser is told the token is spent before it touches any other slot. (The
             // other slots' own markers still keep each descriptor refunded once.)
-            let first_at = slots.iter().position(|p| p.contains(&0)).unwrap_or(0);
-            let first = slots.remove(first_at);
+            let first_at = slots.iter().position(|(_, p)| p.contains(&0)).unwrap_or(0);
+            let (first_slot, first) = slots.remove(first_at);
             let shared: Vec<&str> = first.iter().map(|_| markers.keys[0]).collect();
             let marked = Markers {
                 keys: &shared,
@@ -587,7 +593,14 @@ impl RedisStore {
             };
             let part: Vec<ScriptItem<'_>> = first.iter().map(|&at| items[at]).collect();
             let answer = self
-                .invoke(&mut conn.clone(), &part, policy, Some(marked), timeout)
+                .invoke(
+                    &mut conn.clone(),
+                    Some(first_slot),
+                    &part,
+                    policy,
+                    Some(marked),
+                    timeout,
+                )
                 .await?;
             let claimed = answer.iter().any(|d| d.allowed);
             for (&at, decision) in first.iter().zip(answer) {
@@ -598,7 +611,7 @@ impl RedisStore {
                 return Ok(decisions);
             }
         }
-        let calls = slots.iter().map(|positions| {
+        let calls = slots.iter().map(|&(slot, positions)| {
             let part: Vec<ScriptItem<'_>> = positions.iter().map(|&at| items[at]).collect();
             // Each marker lies in its item's slot, so it travels with it.
             let part_markers: Option<Vec<&str>> =
@@ -609,11 +622,12 @@ impl RedisStore {
                     keys,
                     ttl_ms: m.ttl_ms,
                 });
-                self.invoke(&mut conn, &part, policy, markers, timeout).await
+                self.invoke(&mut conn, Some(slot), &part, policy, markers, timeout)
+                    .await
             }
         });
         let answers = futures_util::future::try_join_all(calls).await?;
-        for (positions, answer) in slots.iter().zip(answers) {
+        for ((_, positions), answer) in slots.iter().zip(answers) {
             for (&at, decision) in positions.iter().zip(answer) {
                 decisions[at] = decision;
             }
