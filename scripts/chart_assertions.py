@@ -293,6 +293,8 @@ def main():
         check("TOLLGATE_WORKER_THREADS" not in default.settings(), "defaults: TOLLGATE_WORKER_THREADS set (null keeps Tollgate's default)")
         check("TOLLGATE_MEMORY_MAX_KEYS" not in default.settings(), "defaults: TOLLGATE_MEMORY_MAX_KEYS set without a memory limit")
         check(default.tollgate_deployment()["spec"]["replicas"] == 1, "defaults: replicas is not 1")
+        fleet = default.settings().get("TOLLGATE_FLEET_SIZE")
+        check(fleet == "1", f"defaults: TOLLGATE_FLEET_SIZE={fleet!r}, not replicaCount (1)")
         # The refund key: a Secret of the chart's, mounted as the file TOLLGATE_REFUND_KEY_FILE names.
         secrets = [s for s in default.of("Secret") if s["metadata"]["name"].endswith("-refund-key")]
         check(len(secrets) == 1 and len(base64.b64decode(secrets[0]["data"]["refund-key"])) >= 32,
@@ -320,6 +322,8 @@ def main():
         # 512Mi limit: (512 - 64) MiB at 300 bytes a key.
         keys = monitoring.settings().get("TOLLGATE_MEMORY_MAX_KEYS")
         check(keys == str((512 - 64) * 1048576 // 300), f"monitoring: TOLLGATE_MEMORY_MAX_KEYS={keys!r} for a 512Mi limit")
+        fleet = monitoring.settings().get("TOLLGATE_FLEET_SIZE")
+        check(fleet == "6", f"monitoring: TOLLGATE_FLEET_SIZE={fleet!r}, not the HPA's maxReplicas (6)")
         threads = monitoring.settings().get("TOLLGATE_WORKER_THREADS")
         check(threads == "2", f"monitoring: workerThreads 2 rendered as TOLLGATE_WORKER_THREADS={threads!r}")
         check(len(monitoring.of("NetworkPolicy")) == 2, "monitoring: expected NetworkPolicies for Tollgate and the dev Redis")

@@ -6,12 +6,14 @@
 //! one batch; turn the store's decisions into per-descriptor statuses, applying shadow mode and quota
 //! mode; compute the overall code.
 
+mod fallback;
 mod leases;
 pub mod refund_token;
 
 pub use leases::{LeaseStatus, LeaseVerdict, MAX_LEASE_ID_LEN, ReleaseStatus};
 pub use refund_token::{RefundKeys, TokenError};
 
+use fallback::LocalFallback;
 use refund_token::Grant;
 
 use std::borrow::Cow;
@@ -30,6 +32,7 @@ use crate::observe::metrics::Metrics;
 use crate::observe::offenders::TopOffenders;
 use crate::rules::file::{FailureMode, Unit, sliding_log_too_large};
 use crate::rules::{DescriptorEntry, Rate, Rule, RuleLimit, RuleSet, ValueHasher};
+use crate::store::memory::MemoryStore;
 use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store, StoreError};
 
 /// The currently loaded rules; `None` until a rule set has loaded successfully. Shared between the
@@ -61,6 +64,9 @@ pub struct LimiterOptions {
     /// `TOLLGATE_SHOW_CALLER_VALUES`: `/top` and the denial log show callers' raw values (addresses,
     /// user ids) instead of hashes.
     pub show_caller_values: bool,
+    /// `TOLLGATE_FLEET_SIZE`: replicas sharing the limits; `failure_mode: local` counts this
+    /// instance's share, the limit divided by this.
+    pub fleet_size: u32,
 }
 
 impl Default for LimiterOptions {
@@ -75,6 +81,7 @@ impl Default for LimiterOptions {
             max_descriptors: DEFAULT_MAX_DESCRIPTORS,
             near_limit_ratio: 0.8,
             show_caller_values: false,
+            fleet_size: 1,
         }
     }
 }
@@ -389,6 +396,12 @@ impl Target {
         self.active.count_ones() as usize
     }
 
+    /// Whether a checked limit says `failure_mode: closed` (it decides when the store fails).
+    fn fails_closed(&self) -> bool {
+        self.rates()
+            .any(|(limit, _)| limit.failure_mode == Some(FailureMode::Closed))
+    }
+
     /// Whether one of the checked limits is asked for more than it can ever admit.
     fn exceeds_capacity(&self) -> bool {
         !self.unlimited
@@ -396,6 +409,23 @@ impl Target {
                 .rates()
                 .any(|(_, rate)| self.cost > rate.limit.max_admissible())
     }
+}
+
+/// How a request's store part was decided.
+enum Decisions {
+    /// By the store: per target, one decision per checked limit.
+    Store(Vec<Vec<Decision>>),
+    /// The store failed and every affected limit has a failure mode: per target, the local decision
+    /// (`failure_mode: local`), or `None` where `open`/`closed` answers.
+    FailureMode(Vec<Option<LocalDecision>>),
+}
+
+/// A descriptor decided in this instance by `failure_mode: local`.
+struct LocalDecision {
+    decision: Decision,
+    /// The instance's share of the limit's rate, which decided.
+    share: Rate,
+    name: Option<Arc<str>>,
 }
 
 /// The mask bit of limit `i` (rules hold at most [`crate::rules::MAX_LIMITS_PER_RULE`] = 64 limits).
@@ -426,6 +456,7 @@ pub struct Limiter<S> {
     offenders: Arc<TopOffenders>,
     denials: DenialLog,
     refunds: RefundTokens,
+    fallback: LocalFallback,
 }
 
 /// What signs and dates refund tokens.
@@ -451,7 +482,9 @@ struct Call {
 impl<S: Store> Limiter<S> {
     /// A limiter over `store`, answering from whatever rule set `rules` holds at each request.
     pub fn new(rules: RulesHandle, store: S, hasher: ValueHasher, options: LimiterOptions) -> Self {
+        let fallback = LocalFallback::new(MemoryStore::new(Arc::new(SystemClock)), options.fleet_size);
         Self {
+            fallback,
             rules,
             store,
             hasher,
@@ -472,6 +505,24 @@ impl<S: Store> Limiter<S> {
     pub fn with_refund_keys(mut self, keys: Option<RefundKeys>, clock: Arc<dyn Clock>) -> Self {
         self.refunds = RefundTokens { keys, clock };
         self
+    }
+
+    /// Counts `failure_mode: local` limits in `store` (the server's clock and key cap) instead of a
+    /// default embedded store on the system clock.
+    pub fn with_local_fallback(mut self, store: MemoryStore) -> Self {
+        self.fallback = LocalFallback::new(store, self.options.fleet_size);
+        self
+    }
+
+    /// Drops local-fallback state that can no longer change a decision (see
+    /// [`LimiterOptions::fleet_size`]); returns how many entries went.
+    pub fn sweep_fallback(&self) -> usize {
+        self.fallback.sweep()
+    }
+
+    /// Entries the local fallback evicted to stay within its key cap.
+    pub fn fallback_evictions(&self) -> u64 {
+        self.fallback.evictions()
     }
 
     /// Records into `metrics` (the registry the server renders) instead of a private one.
@@ -822,15 +873,15 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// Sends every active rate to the store in one batch. `None` means the store failed and every
-    /// affected limit has a `failure_mode` to answer with instead.
+    /// Sends every active rate to the store in one batch. If the store fails and every affected limit
+    /// has a `failure_mode`, the failure modes answer instead (`local` ones decided in this instance).
     async fn decide(
         &self,
         targets: &mut [Target],
         policy: CommitPolicy,
         placement: Placement,
         once: Option<RefundOnce>,
-    ) -> Result<Option<Vec<Vec<Decision>>>, LimiterError> {
+    ) -> Result<Decisions, LimiterError> {
         let mut items = Vec::with_capacity(targets.len());
         for (group, target) in (0u32..).zip(targets.iter_mut()).filter(|(_, t)| !t.unlimited) {
             // The key moves into the descriptor's last item (copies only for several limits) and moves
@@ -876,13 +927,13 @@ impl<S: Store> Limiter<S> {
                         && every_limit_has_failure_mode(targets) =>
                 {
                     tracing::warn!(%error, "store failed; answering from the rules' failure_mode");
-                    return Ok(None);
+                    return Ok(Decisions::FailureMode(self.decide_locally(targets, policy).await));
                 }
                 Err(error) => return Err(LimiterError::Store(error)),
             }
         };
         let mut decisions = decisions.into_iter();
-        Ok(Some(
+        Ok(Decisions::Store(
             targets
                 .iter()
                 .map(|t| {
@@ -896,16 +947,73 @@ impl<S: Store> Limiter<S> {
         ))
     }
 
+    /// The `failure_mode: local` limits of a request whose store call failed, decided in this
+    /// instance at its share of each rate, with the same policy. Per target: the decision to report,
+    /// or `None` where `open`/`closed` answers (a `closed` limit on the descriptor wins over `local`).
+    async fn decide_locally(&self, targets: &[Target], policy: CommitPolicy) -> Vec<Option<LocalDecision>> {
+        let mut items = Vec::new();
+        let mut shares = Vec::new();
+        for (group, target) in (0u32..).zip(targets) {
+            if target.unlimited || target.fails_closed() {
+                continue;
+            }
+            for (limit, rate) in target.rates() {
+                if limit.failure_mode == Some(FailureMode::Local) {
+                    let share = self.fallback.share(rate);
+                    items.push(BatchItem {
+                        key: target.key.clone(),
+                        limit: share.limit,
+                        cost: target.cost,
+                        group,
+                    });
+                    shares.push((share, limit.name.clone()));
+                }
+            }
+        }
+        let mut local: Vec<Option<LocalDecision>> = targets.iter().map(|_| None).collect();
+        if items.is_empty() {
+            return local;
+        }
+        let batch = Batch::new(items, policy);
+        let decisions = match self.fallback.apply(&batch).await {
+            Ok(decisions) => decisions,
+            Err(error) => {
+                tracing::warn!(%error, "the local fallback failed too; answering failure_mode: local as open");
+                return local;
+            }
+        };
+        // Items are contiguous per group: report one decision per descriptor, as `status` does.
+        let mut start = 0;
+        while start < batch.items.len() {
+            let group = batch.items[start].group;
+            let end = start
+                + batch.items[start..]
+                    .iter()
+                    .take_while(|item| item.group == group)
+                    .count();
+            if let Some(at) = reported(&decisions[start..end]).map(|at| start + at) {
+                let (share, name) = shares[at].clone();
+                local[group as usize] = Some(LocalDecision {
+                    decision: decisions[at],
+                    share,
+                    name,
+                });
+            }
+            start = end;
+        }
+        local
+    }
+
     fn verdict<D: RequestDescriptor>(
         &self,
         domain: &str,
         descriptors: &[D],
         targets: Vec<Target>,
-        decisions: Option<Vec<Vec<Decision>>>,
+        decisions: Decisions,
         counted: bool,
     ) -> Verdict {
         let statuses: Vec<DescriptorStatus> = match decisions {
-            Some(decisions) => targets
+            Decisions::Store(decisions) => targets
                 .into_iter()
                 .zip(decisions)
                 .zip(descriptors)
@@ -917,9 +1025,27 @@ impl<S: Store> Limiter<S> {
                     self.status(caller, target, &decisions, counted)
                 })
                 .collect(),
-            None => targets
+            Decisions::FailureMode(local) => targets
                 .into_iter()
-                .map(|target| self.failure_status(target))
+                .zip(local)
+                .zip(descriptors)
+                .map(|((target, local), descriptor)| match local {
+                    Some(local) => {
+                        self.metrics.failure_mode_local.add(1);
+                        let caller = Caller {
+                            domain,
+                            entries: descriptor.entries(),
+                        };
+                        let current = current_limit(&local.share, &local.name);
+                        let status =
+                            self.status_at(caller, target, &local.share, current, &local.decision, counted);
+                        DescriptorStatus {
+                            from_failure_mode: true,
+                            ..status
+                        }
+                    }
+                    None => self.failure_status(target),
+                })
                 .collect(),
         };
         Verdict {
@@ -947,8 +1073,22 @@ impl<S: Store> Limiter<S> {
         let Some((limit, rate)) = target.rates().nth(at) else {
             return self.unmeasured(target);
         };
-        let quota_mode = self.quota_mode(&target);
         let current = current_limit(rate, &limit.name);
+        let rate = *rate;
+        self.status_at(caller, target, &rate, current, decision, counted)
+    }
+
+    /// The status of a descriptor that `decision`, of a limit at `rate` reported as `current`, gives.
+    fn status_at<E: DescriptorEntry>(
+        &self,
+        caller: Caller<'_, E>,
+        target: Target,
+        rate: &Rate,
+        current: CurrentLimit,
+        decision: &Decision,
+        counted: bool,
+    ) -> DescriptorStatus {
+        let quota_mode = self.quota_mode(&target);
         let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);
         if let Some(rule) = target.rule.as_ref().filter(|_| counted)
             && self.count_hits(rule, rate, decision, target.cost)

@@ -121,6 +121,10 @@ pub async fn run(
         options,
     )
     .with_metrics(metrics);
+    let limiter = limiter.with_local_fallback(MemoryStore::with_max_keys(
+        Arc::clone(&clock),
+        settings.memory_max_keys,
+    ));
     let keys = refund_keys(&settings)?.or_else(RefundKeys::random);
     let limiter = Arc::new(limiter.with_refund_keys(keys, Arc::clone(&clock)));
     tasks.spawn(reloader.run(Arc::clone(&rules), health.clone(), Some(version), stop.clone()));
@@ -305,6 +309,7 @@ fn limiter_options(settings: &Settings, algorithm: crate::algorithm::Algorithm) 
         max_descriptors: settings.max_descriptors,
         near_limit_ratio: settings.near_limit_ratio,
         show_caller_values: settings.show_caller_values,
+        fleet_size: settings.fleet_size,
     }
 }
 
@@ -403,9 +408,6 @@ fn redis_tls_certificates(settings: &Settings) -> Result<Option<redis::TlsCertif
 /// time, so no request waits on more than one shard's sweep), and says once a minute when the key cap
 /// made it evict.
 async fn sweep(limiter: Arc<Limiter<AnyStore>>, stop: CancellationToken) {
-    if !matches!(limiter.store(), AnyStore::Memory(_)) {
-        return;
-    }
     let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
     let (mut reported, mut last_report) = (0, tokio::time::Instant::now());
     loop {
@@ -414,9 +416,13 @@ async fn sweep(limiter: Arc<Limiter<AnyStore>>, stop: CancellationToken) {
             _ = ticker.tick() => {}
         }
         let swept = Arc::clone(&limiter);
-        let dropped = tokio::task::spawn_blocking(move || match swept.store() {
-            AnyStore::Memory(store) => (store.sweep(), store.evictions()),
-            AnyStore::Redis(_) => (0, 0),
+        // The local fallback (`failure_mode: local`) is empty unless the store has been failing.
+        let dropped = tokio::task::spawn_blocking(move || {
+            let fallback = (swept.sweep_fallback(), swept.fallback_evictions());
+            match swept.store() {
+                AnyStore::Memory(store) => (store.sweep() + fallback.0, store.evictions() + fallback.1),
+                AnyStore::Redis(_) => fallback,
+            }
         })
         .await;
         let Ok((dropped, evictions)) = dropped else {

@@ -130,6 +130,9 @@ pub struct Settings {
     /// `TOLLGATE_MEMORY_MAX_KEYS`: most entries the embedded store holds; beyond, consuming requests
     /// evict the entries that least affect decisions (counted in `tollgate_memory_evictions_total`).
     pub memory_max_keys: usize,
+    /// `TOLLGATE_FLEET_SIZE`: how many replicas share the limits. While the store is unreachable, a
+    /// rule with `failure_mode: local` counts in this instance at its limit divided by this.
+    pub fleet_size: u32,
     /// Largest gRPC request message, in bytes; a larger one is refused with `RESOURCE_EXHAUSTED` before
     /// it is decoded. Also the largest HTTP request body (`/json`, `/v1/*`), refused with 413.
     pub max_request_bytes: usize,
@@ -395,6 +398,7 @@ impl Default for Settings {
             tracing_sampling_rate: 1.0,
             tracing_exporter_protocol: "grpc".into(),
             memory_max_keys: DEFAULT_MEMORY_MAX_KEYS,
+            fleet_size: 1,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             grpc_max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             refund_key: Secret::default(),
@@ -523,6 +527,13 @@ impl Settings {
                     reason: "a limit of zero would refuse every request".into(),
                 });
             }
+        }
+        if self.fleet_size == 0 {
+            return Err(SettingsError::BadValue {
+                name: "fleet_size",
+                value: "0".into(),
+                reason: "a fleet has at least one replica".into(),
+            });
         }
         if !self.tracing_exporter_protocol.eq_ignore_ascii_case("grpc") {
             return Err(SettingsError::BadValue {

@@ -146,6 +146,9 @@ pub struct Metrics {
     pub failure_mode_allowed: Counter,
     /// Descriptors refused because the store failed and the rule says `failure_mode: closed`.
     pub failure_mode_denied: Counter,
+    /// Descriptors decided in this instance because the store failed and the rule says
+    /// `failure_mode: local`.
+    pub failure_mode_local: Counter,
     /// Time to decide a request, store included.
     pub response_time: Histogram,
     /// Time of the store call alone.
@@ -181,7 +184,7 @@ impl Metrics {
     pub fn render(&self, store: StoreCounters) -> String {
         let mut out = String::with_capacity(4096);
         self.render_rules(&mut out);
-        let counters: [(&str, &str, u64); 14] = [
+        let counters: [(&str, &str, u64); 15] = [
             (
                 "ratelimit_service_config_load_success",
                 "Rule sets loaded.",
@@ -211,6 +214,11 @@ impl Metrics {
                 "tollgate_failure_mode_denied_total",
                 "Descriptors denied by failure_mode: closed.",
                 self.failure_mode_denied.get(),
+            ),
+            (
+                "tollgate_failure_mode_local_total",
+                "Descriptors decided in this instance by failure_mode: local.",
+                self.failure_mode_local.get(),
             ),
             (
                 "tollgate_local_cache_hits_total",

@@ -10,6 +10,7 @@ mod cli;
 mod client;
 mod compat;
 mod extensions;
+mod faults;
 mod grpc;
 mod headers;
 mod hostile_input;

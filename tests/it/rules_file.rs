@@ -226,6 +226,10 @@ fn concurrency_errors() {
         "{key: k, concurrency: {max_in_flight: 2, failure_mode: maybe}}",
         "invalid failure_mode 'maybe' in descriptor 'd.k' (valid: open, closed)",
     );
+    assert_descriptor_err(
+        "{key: k, concurrency: {max_in_flight: 2, failure_mode: local}}",
+        "failure_mode 'local' in descriptor 'd.k' applies to rate limits, not concurrency (valid: open, closed)",
+    );
 }
 
 #[test]
@@ -869,7 +873,7 @@ fn extension_limit_errors() {
     );
     assert_descriptor_err(
         &limit("failure_mode: maybe"),
-        "invalid failure_mode 'maybe' in descriptor 'd.k' (valid: open, closed)",
+        "invalid failure_mode 'maybe' in descriptor 'd.k' (valid: open, closed, local)",
     );
     assert_descriptor_err(
         "key: k\n    rate_limit: {unit: second, requests_per_unit: 100001, algorithm: sliding_log}",

@@ -201,6 +201,9 @@ check-config hook, so the hook validates the settings the pods will run with.
 {{- with include "tollgate.memoryMaxKeys" . }}
 {{- $_ := set $env "TOLLGATE_MEMORY_MAX_KEYS" . }}
 {{- end }}
+{{- /* failure_mode: local counts limit / fleet size per pod; the HPA's maximum errs on the strict side */}}
+{{- $fleet := ternary .Values.autoscaling.maxReplicas .Values.replicaCount .Values.autoscaling.enabled }}
+{{- $_ := set $env "TOLLGATE_FLEET_SIZE" (printf "%d" (int $fleet)) }}
 {{- with .Values.workerThreads }}
 {{- $_ := set $env "TOLLGATE_WORKER_THREADS" (include "tollgate.envString" .) }}
 {{- end }}

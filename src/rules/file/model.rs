@@ -237,6 +237,9 @@ pub enum FailureMode {
     Open,
     /// Backend failure: fail the request (Go's only behaviour).
     Closed,
+    /// Backend failure: count in this instance's embedded store, at the rule's limit divided by the
+    /// fleet size (`TOLLGATE_FLEET_SIZE`), until the backend answers again. Rate limits only.
+    Local,
 }
 
 /// Window unit; numbering is Envoy's `RateLimitResponse.RateLimit.Unit` enum (0 = UNKNOWN is not

@@ -192,7 +192,7 @@ fn build_limit(l: &RawLimit, path: &str) -> Result<RateLimitConfig, String> {
             return Err("replaces should not contain name of same descriptor".to_owned());
         }
     }
-    let failure_mode = build_failure_mode(l.failure_mode.as_deref(), path)?;
+    let failure_mode = build_failure_mode(l.failure_mode.as_deref(), path, true)?;
     let name = (!l.name.is_empty()).then(|| l.name.clone());
     let replaces = l.replaces.clone();
 
@@ -223,14 +223,32 @@ fn build_limit(l: &RawLimit, path: &str) -> Result<RateLimitConfig, String> {
     })
 }
 
-fn build_failure_mode(given: Option<&str>, path: &str) -> Result<Option<FailureMode>, String> {
+/// A `failure_mode`. `local` counts a rate in this instance meanwhile; a concurrency limit has no
+/// such fallback (leases held elsewhere cannot be seen), so it takes only `open` or `closed`.
+fn build_failure_mode(
+    given: Option<&str>,
+    path: &str,
+    rate_limit: bool,
+) -> Result<Option<FailureMode>, String> {
     match given.map(str::to_ascii_lowercase) {
         None => Ok(None),
         Some(m) if m == "open" => Ok(Some(FailureMode::Open)),
         Some(m) if m == "closed" => Ok(Some(FailureMode::Closed)),
-        Some(m) => Err(format!(
-            "invalid failure_mode '{m}' in descriptor '{path}' (valid: open, closed)"
+        Some(m) if m == "local" && rate_limit => Ok(Some(FailureMode::Local)),
+        Some(m) if m == "local" => Err(format!(
+            "failure_mode 'local' in descriptor '{path}' applies to rate limits, not concurrency \
+             (valid: open, closed)"
         )),
+        Some(m) => {
+            let valid = if rate_limit {
+                "open, closed, local"
+            } else {
+                "open, closed"
+            };
+            Err(format!(
+                "invalid failure_mode '{m}' in descriptor '{path}' (valid: {valid})"
+            ))
+        }
     }
 }
 
@@ -256,7 +274,7 @@ fn build_concurrency(c: &RawConcurrency, path: &str) -> Result<ConcurrencyConfig
     Ok(ConcurrencyConfig {
         max_in_flight,
         lease_ttl,
-        failure_mode: build_failure_mode(c.failure_mode.as_deref(), path)?,
+        failure_mode: build_failure_mode(c.failure_mode.as_deref(), path, false)?,
     })
 }
 

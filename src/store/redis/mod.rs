@@ -188,6 +188,64 @@ pub struct RedisStore {
     batches: AtomicU64,
     /// Script calls made (per hash slot in a cluster; shared by coalesced batches).
     script_calls: AtomicU64,
+    /// Redis Cluster only: rebuilds a connection whose calls keep failing.
+    rebuild: Option<ClusterRebuild>,
+    /// This store, for the background tasks it starts.
+    me: std::sync::Weak<RedisStore>,
+}
+
+/// Redis Cluster: when calls have failed without a success in between for
+/// [`ClusterRebuild::AFTER`], the cluster connection is made again from the seed nodes.
+///
+/// redis-rs refreshes its slot map on `MOVED` and on some errors, but after a master dies and its
+/// replica is promoted, calls to the cluster were seen failing indefinitely (the faults suite's
+/// `cluster_master_killed_and_replaced_by_its_replica`). A new connection reads the topology afresh.
+#[derive(Debug)]
+struct ClusterRebuild {
+    /// When the current run of failures started, in µs since `epoch` plus one; 0: the last call worked.
+    failing_since: AtomicU64,
+    rebuilding: std::sync::atomic::AtomicBool,
+    epoch: std::time::Instant,
+}
+
+impl ClusterRebuild {
+    /// How long calls must keep failing before the connection is rebuilt (and between rebuilds).
+    const AFTER: Duration = Duration::from_millis(500);
+
+    fn new() -> Self {
+        Self {
+            failing_since: AtomicU64::new(0),
+            rebuilding: std::sync::atomic::AtomicBool::new(false),
+            epoch: std::time::Instant::now(),
+        }
+    }
+
+    /// Records a call's outcome; returns whether a rebuild should start now (then it is marked as
+    /// running until [`ClusterRebuild::done`]).
+    fn record(&self, failed: bool) -> bool {
+        if !failed {
+            self.failing_since.store(0, Ordering::Relaxed);
+            return false;
+        }
+        let now = u64::try_from(self.epoch.elapsed().as_micros())
+            .unwrap_or(u64::MAX - 1)
+            .saturating_add(1);
+        let since = match self
+            .failing_since
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => now,
+            Err(since) => since,
+        };
+        let long = Duration::from_micros(now.saturating_sub(since)) >= Self::AFTER;
+        long && !self.rebuilding.swap(true, Ordering::AcqRel)
+    }
+
+    /// A rebuild ended: the next needs another [`ClusterRebuild::AFTER`] of failures.
+    fn done(&self) {
+        self.failing_since.store(0, Ordering::Relaxed);
+        self.rebuilding.store(false, Ordering::Release);
+    }
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -220,6 +278,8 @@ impl RedisStore {
             jitter_hasher: hashbrown::DefaultHashBuilder::default(),
             batches: AtomicU64::new(0),
             script_calls: AtomicU64::new(0),
+            rebuild: cluster.then(ClusterRebuild::new),
+            me: store.clone(),
         });
         tokio::spawn(Arc::clone(&store).connect_until_connected(stop));
         store
@@ -248,6 +308,36 @@ impl RedisStore {
             }
             backoff = (backoff * 2).min(RECONNECT_BACKOFF.1);
         }
+    }
+
+    /// Notes whether a call reached Redis; on a cluster whose calls keep failing, starts a rebuild of
+    /// the connection in the background.
+    fn observe<T>(&self, result: &Result<T, CallError>) {
+        let Some(rebuild) = &self.rebuild else { return };
+        let failed = matches!(result, Err(CallError::Timeout | CallError::Redis(_)));
+        if !rebuild.record(failed) {
+            return;
+        }
+        let Some(store) = self.me.upgrade() else {
+            rebuild.done();
+            return;
+        };
+        tokio::spawn(async move {
+            tracing::warn!(
+                failing_for = ?ClusterRebuild::AFTER,
+                "Redis Cluster calls keep failing: reconnecting from the seed nodes"
+            );
+            match store.connect().await {
+                Ok(connections) => {
+                    store.connections.store(Some(Arc::new(connections)));
+                    tracing::info!("reconnected to Redis Cluster");
+                }
+                Err(error) => tracing::warn!(%error, "cannot reconnect to Redis Cluster yet"),
+            }
+            if let Some(rebuild) = &store.rebuild {
+                rebuild.done();
+            }
+        });
     }
 
     fn manager_config(&self) -> ConnectionManagerConfig {
@@ -364,6 +454,7 @@ impl RedisStore {
             Err(_) => Err(CallError::Timeout),
         };
         refresh_if_moved(link, &result);
+        self.observe(&result);
         result
     }
 
@@ -541,7 +632,11 @@ impl RedisStore {
             return Err(StoreError::Unavailable("not connected to Redis yet".into()));
         };
         let result = match &*connections {
-            Connections::Cluster(conn) => self.apply_per_slot(conn, items, policy, markers, timeout).await,
+            Connections::Cluster(conn) => {
+                let result = self.apply_per_slot(conn, items, policy, markers, timeout).await;
+                self.observe(&result);
+                result
+            }
             whole => {
                 let (mut conn, link) = whole.whole();
                 let result = self

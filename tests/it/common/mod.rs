@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod fault_proxy;
 pub mod redis;
 
 use std::collections::HashMap;

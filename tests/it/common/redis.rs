@@ -214,19 +214,29 @@ pub async fn connected_store(url: &str, kind: &str) -> (Arc<RedisStore>, Cancell
     (store, stop)
 }
 
-/// A local Redis Cluster of three masters (no replicas), every slot assigned.
+/// A local Redis Cluster of three masters, every slot assigned, each master with `replicas` replicas.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
+    /// Three masters, no replicas.
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3)
+        Self::start_with_replicas(0)
+    }
+
+    /// Three masters with `replicas` replicas each (a master killed is replaced by its replica).
+    pub fn start_with_replicas(replicas: usize) -> Self {
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| RedisServer::start_with(&["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]))
             .collect();
         let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
         args.extend(nodes.iter().map(RedisServer::addr));
-        args.extend(["--cluster-replicas".into(), "0".into(), "--cluster-yes".into()]);
+        args.extend([
+            "--cluster-replicas".into(),
+            replicas.to_string(),
+            "--cluster-yes".into(),
+        ]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let output = Command::new("redis-cli")
             .args(&args)
@@ -244,7 +254,28 @@ impl RedisCluster {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        // A replica that never synced cannot take over from its master.
+        for node in &nodes {
+            while node.cli(&["ROLE"]).lines().next() == Some("slave")
+                && !node
+                    .cli(&["INFO", "replication"])
+                    .contains("master_link_status:up")
+            {
+                assert!(Instant::now() < deadline, "a replica never synced");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         Self { nodes }
+    }
+
+    /// Ports of the nodes that are masters now (a dead node is not asked).
+    pub fn master_ports(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .filter(|node| node.child.is_some())
+            .filter(|node| node.cli(&["ROLE"]).lines().next() == Some("master"))
+            .map(|node| node.port)
+            .collect()
     }
 
     /// Seed addresses, comma-separated (envoyproxy/ratelimit's cluster `REDIS_URL` form).
