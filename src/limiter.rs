@@ -33,7 +33,7 @@ use crate::observe::offenders::TopOffenders;
 use crate::rules::file::{FailureMode, Unit, sliding_log_too_large};
 use crate::rules::{DescriptorEntry, Rate, Rule, RuleLimit, RuleSet, ValueHasher};
 use crate::store::memory::MemoryStore;
-use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store, StoreError};
+use crate::store::{AnyStore, Batch, BatchItem, CommitPolicy, RefundOnce, Store, StoreCounters, StoreError};
 
 /// The currently loaded rules; `None` until a rule set has loaded successfully. Shared between the
 /// limiter and the reloader, which swaps in a new set atomically.
@@ -514,17 +514,6 @@ impl<S: Store> Limiter<S> {
         self
     }
 
-    /// Drops local-fallback state that can no longer change a decision (see
-    /// [`LimiterOptions::fleet_size`]); returns how many entries went.
-    pub fn sweep_fallback(&self) -> usize {
-        self.fallback.sweep()
-    }
-
-    /// Entries the local fallback evicted to stay within its key cap.
-    pub fn fallback_evictions(&self) -> u64 {
-        self.fallback.evictions()
-    }
-
     /// Records into `metrics` (the registry the server renders) instead of a private one.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = metrics;
@@ -984,19 +973,14 @@ impl<S: Store> Limiter<S> {
         };
         // Items are contiguous per group: report one decision per descriptor, as `status` does.
         let mut start = 0;
-        while start < batch.items.len() {
-            let group = batch.items[start].group;
-            let end = start
-                + batch.items[start..]
-                    .iter()
-                    .take_while(|item| item.group == group)
-                    .count();
+        for group in batch.items.chunk_by(|a, b| a.group == b.group) {
+            let end = start + group.len();
             if let Some(at) = reported(&decisions[start..end]).map(|at| start + at) {
-                let (share, name) = shares[at].clone();
-                local[group as usize] = Some(LocalDecision {
+                let (share, name) = &mut shares[at];
+                local[group[0].group as usize] = Some(LocalDecision {
                     decision: decisions[at],
-                    share,
-                    name,
+                    share: *share,
+                    name: name.take(),
                 });
             }
             start = end;
@@ -1191,6 +1175,27 @@ impl<S: Store> Limiter<S> {
             rule: target.rule.clone(),
             from_failure_mode: true,
         }
+    }
+}
+
+impl Limiter<AnyStore> {
+    /// What the store has done so far, for `/metrics`; the local fallback's evictions (see
+    /// [`LimiterOptions::fleet_size`]) count with the embedded store's.
+    pub fn store_counters(&self) -> StoreCounters {
+        let mut counters = self.store.counters();
+        counters.memory_evictions += self.fallback.evictions();
+        counters
+    }
+
+    /// Drops the state that can no longer change a decision from every embedded store: the store
+    /// itself when it is the embedded one, and the local fallback (empty unless Redis has been
+    /// failing). Returns how many entries went. It walks every shard: run it off the runtime.
+    pub fn sweep(&self) -> usize {
+        let swept = match &self.store {
+            AnyStore::Memory(store) => store.sweep(),
+            AnyStore::Redis(_) => 0,
+        };
+        swept + self.fallback.sweep()
     }
 }
 

@@ -404,7 +404,7 @@ fn redis_tls_certificates(settings: &Settings) -> Result<Option<redis::TlsCertif
     )
 }
 
-/// Sweeps the embedded store every [`SWEEP_INTERVAL`] off the runtime's threads (one shard locked at a
+/// Sweeps the embedded stores (see [`Limiter::sweep`]) every [`SWEEP_INTERVAL`] off the runtime's threads (one shard locked at a
 /// time, so no request waits on more than one shard's sweep), and says once a minute when the key cap
 /// made it evict.
 async fn sweep(limiter: Arc<Limiter<AnyStore>>, stop: CancellationToken) {
@@ -416,19 +416,11 @@ async fn sweep(limiter: Arc<Limiter<AnyStore>>, stop: CancellationToken) {
             _ = ticker.tick() => {}
         }
         let swept = Arc::clone(&limiter);
-        // The local fallback (`failure_mode: local`) is empty unless the store has been failing.
-        let dropped = tokio::task::spawn_blocking(move || {
-            let fallback = (swept.sweep_fallback(), swept.fallback_evictions());
-            match swept.store() {
-                AnyStore::Memory(store) => (store.sweep() + fallback.0, store.evictions() + fallback.1),
-                AnyStore::Redis(_) => fallback,
-            }
-        })
-        .await;
-        let Ok((dropped, evictions)) = dropped else {
+        let Ok(dropped) = tokio::task::spawn_blocking(move || swept.sweep()).await else {
             continue;
         };
         tracing::trace!(dropped, "swept expired state");
+        let evictions = limiter.store_counters().memory_evictions;
         if evictions > reported && last_report.elapsed() >= EVICTION_LOG_INTERVAL {
             tracing::warn!(
                 evicted = evictions - reported,

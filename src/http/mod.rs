@@ -105,9 +105,7 @@ async fn top(State(limiter): State<Arc<Limiter<AnyStore>>>) -> Response {
 
 /// Prometheus text exposition format 0.0.4.
 async fn metrics(State(limiter): State<Arc<Limiter<AnyStore>>>) -> Response {
-    let mut counters = limiter.store().counters();
-    counters.memory_evictions += limiter.fallback_evictions();
-    let body = limiter.metrics().render(counters);
+    let body = limiter.metrics().render(limiter.store_counters());
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         body,

@@ -66,15 +66,15 @@ struct Seen {
 }
 
 impl Seen {
+    /// A latency percentile (`latencies_us` sorted, as `under_load` leaves it).
     fn percentile(&self, p: f64) -> Duration {
-        let mut sorted = self.latencies_us.clone();
-        sorted.sort_unstable();
+        let sorted = &self.latencies_us;
         let at = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len().max(1)) - 1;
         Duration::from_micros(sorted.get(at).copied().unwrap_or(0))
     }
 
     fn max(&self) -> Duration {
-        Duration::from_micros(self.latencies_us.iter().copied().max().unwrap_or(0))
+        self.percentile(1.0)
     }
 }
 
@@ -181,6 +181,7 @@ where
         all.recovered_at = all.recovered_at.max(seen.recovered_at);
     }
     faults.await.expect("faults");
+    all.latencies_us.sort_unstable();
     all.healed = *healed.lock().expect("lock");
     if !every_caller_recovered {
         all.recovered_at = None;

@@ -19,6 +19,7 @@
 //! checkout pool only adds waiting (see the README's design notes for the measurements).
 
 mod clock_offset;
+mod cluster_rebuild;
 mod coalesce;
 mod keys;
 mod lease;
@@ -44,6 +45,7 @@ pub use keys::slot;
 pub use target::{RedisMode, RedisTarget, TargetError};
 
 use self::clock_offset::ClockOffsets;
+use self::cluster_rebuild::ClusterRebuild;
 use self::keys::{Placement, redis_key, refund_marker};
 use self::script::{BatchScript, Markers, ScriptItem, ScriptReply};
 use self::sentinel::{SentinelLink, suggests_failover};
@@ -192,60 +194,6 @@ pub struct RedisStore {
     rebuild: Option<ClusterRebuild>,
     /// This store, for the background tasks it starts.
     me: std::sync::Weak<RedisStore>,
-}
-
-/// Redis Cluster: when calls have failed without a success in between for
-/// [`ClusterRebuild::AFTER`], the cluster connection is made again from the seed nodes.
-///
-/// redis-rs refreshes its slot map on `MOVED` and on some errors, but after a master dies and its
-/// replica is promoted, calls to the cluster were seen failing indefinitely (the faults suite's
-/// `cluster_master_killed_and_replaced_by_its_replica`). A new connection reads the topology afresh.
-#[derive(Debug)]
-struct ClusterRebuild {
-    /// When the current run of failures started, in µs since `epoch` plus one; 0: the last call worked.
-    failing_since: AtomicU64,
-    rebuilding: std::sync::atomic::AtomicBool,
-    epoch: std::time::Instant,
-}
-
-impl ClusterRebuild {
-    /// How long calls must keep failing before the connection is rebuilt (and between rebuilds).
-    const AFTER: Duration = Duration::from_millis(500);
-
-    fn new() -> Self {
-        Self {
-            failing_since: AtomicU64::new(0),
-            rebuilding: std::sync::atomic::AtomicBool::new(false),
-            epoch: std::time::Instant::now(),
-        }
-    }
-
-    /// Records a call's outcome; returns whether a rebuild should start now (then it is marked as
-    /// running until [`ClusterRebuild::done`]).
-    fn record(&self, failed: bool) -> bool {
-        if !failed {
-            self.failing_since.store(0, Ordering::Relaxed);
-            return false;
-        }
-        let now = u64::try_from(self.epoch.elapsed().as_micros())
-            .unwrap_or(u64::MAX - 1)
-            .saturating_add(1);
-        let since = match self
-            .failing_since
-            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
-        {
-            Ok(_) => now,
-            Err(since) => since,
-        };
-        let long = Duration::from_micros(now.saturating_sub(since)) >= Self::AFTER;
-        long && !self.rebuilding.swap(true, Ordering::AcqRel)
-    }
-
-    /// A rebuild ended: the next needs another [`ClusterRebuild::AFTER`] of failures.
-    fn done(&self) {
-        self.failing_since.store(0, Ordering::Relaxed);
-        self.rebuilding.store(false, Ordering::Release);
-    }
 }
 
 impl std::fmt::Debug for RedisStore {
