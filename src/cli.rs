@@ -128,9 +128,12 @@ struct ServeArgs {
 struct CheckConfigArgs {
     /// The rules directory.
     dir: PathBuf,
-    /// Allow one domain across several files (MERGE_DOMAIN_CONFIG).
+    /// Allow one domain across several files (as `MERGE_DOMAIN_CONFIG=true`).
     #[arg(long)]
     merge_domains: bool,
+    /// A settings file, as `serve` takes (the environment applies too).
+    #[arg(long, env = SETTINGS_FILE_ENV)]
+    settings: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -274,9 +277,14 @@ fn healthcheck(args: HealthcheckArgs) -> ExitCode {
     }
 }
 
+/// Checks the rules as `serve` would load them, with the settings `serve` would read (the default
+/// algorithm, `MERGE_DOMAIN_CONFIG`), and refuses a malformed setting or Redis address as `serve`
+/// does. Files a pod mounts (certificates, the refund key) are not read: a deploy hook lacks them.
 fn check_config(args: CheckConfigArgs) -> ExitCode {
-    let algorithm = match Settings::load(None, &[]) {
-        Ok(settings) => settings.default_algorithm,
+    let settings = Settings::load(args.settings.as_deref(), &[])
+        .and_then(|settings| crate::server::redis_target(&settings).map(|_| settings));
+    let settings = match settings {
+        Ok(settings) => settings,
         Err(error) => {
             eprintln!("tollgate: {error}");
             return ExitCode::FAILURE;
@@ -284,9 +292,9 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
     };
     match load_rules(
         &args.dir,
-        args.merge_domains,
+        args.merge_domains || settings.merge_domain_config,
         CompileOptions {
-            default_algorithm: algorithm,
+            default_algorithm: settings.default_algorithm,
         },
         &Metrics::default(),
     ) {

@@ -344,7 +344,7 @@ fn header_options(settings: &Settings) -> HeaderOptions {
 }
 
 /// Where Redis is, or `None` for the embedded store. The error names the URL without its userinfo.
-fn redis_target(settings: &Settings) -> Result<Option<RedisTarget>, SettingsError> {
+pub(crate) fn redis_target(settings: &Settings) -> Result<Option<RedisTarget>, SettingsError> {
     if settings.redis_url.trim().is_empty() {
         return Ok(None);
     }

@@ -428,6 +428,35 @@ async fn check_config_rejects_a_bad_directory_with_gos_message() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/tollgate-rules"));
 }
 
+/// `check-config` reads the settings `serve` reads: it refuses a malformed Redis address, and
+/// `MERGE_DOMAIN_CONFIG` from the environment allows a domain across files as `--merge-domains` does.
+#[tokio::test]
+async fn check_config_reads_the_settings_serve_reads() {
+    let dir = rules_dir(&[("cli.yaml", RULES)]);
+    let path = dir.path().to_str().expect("utf-8 path");
+    let out = run(
+        &["check-config", path],
+        &[("REDIS_URL", "127.0.0.1:6379"), ("REDIS_TYPE", "ring")],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a bad REDIS_TYPE passed: {stderr}");
+    assert!(stderr.contains("ring"), "{stderr}");
+    let other =
+        "domain: cli\ndescriptors:\n  - key: other\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    let split = rules_dir(&[("a.yaml", RULES), ("b.yaml", other)]);
+    let path = split.path().to_str().expect("utf-8 path");
+    let refused = run(&["check-config", path], &[]).await;
+    assert!(!refused.status.success(), "one domain in two files needs merging");
+    let merged = run(&["check-config", path], &[("MERGE_DOMAIN_CONFIG", "true")]).await;
+    assert_eq!(
+        merged.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&merged.stderr)
+    );
+}
+
 async fn query(addr: &str, descriptors: &[&str]) -> (Option<i32>, String, String) {
     let mut args = vec!["query", "--addr", addr, "--domain", "cli"];
     for d in descriptors {
