@@ -127,8 +127,6 @@ pub enum Mode {
     AllOrNothing,
     /// Decide as `Consume` would, consume nothing.
     Peek,
-    /// Give the cost back (native Refund); every status is OK.
-    Refund,
 }
 
 /// The answer for one descriptor or for the whole request.
@@ -467,16 +465,34 @@ struct RefundTokens {
     clock: Arc<dyn Clock>,
 }
 
-/// How one request is to be decided, as the public entry points set it.
-struct Call {
-    mode: Mode,
-    /// Units per descriptor, unless a descriptor sets its own.
-    cost: u64,
+/// How one request is to be decided, as the public entry points set it. `cost`: units per
+/// descriptor, unless a descriptor sets its own.
+enum Call {
+    /// Envoy's `ShouldRateLimit`: consume, counted as envoyproxy/ratelimit counts.
+    Envoy { cost: u64 },
     /// The native API's Check: a cost above a limit's capacity is refused without side effects, and
     /// what was consumed earns a refund token.
-    native_check: bool,
-    /// A refund's verified token: each descriptor gets back at most what it consumed, once.
-    refund: Option<Grant>,
+    Check { mode: Mode, cost: u64 },
+    /// The native API's Refund, with its verified token: each descriptor gets back at most what it
+    /// consumed, once.
+    Refund { cost: u64, grant: Grant },
+}
+
+impl Call {
+    fn cost(&self) -> u64 {
+        match self {
+            Call::Envoy { cost } | Call::Check { cost, .. } | Call::Refund { cost, .. } => *cost,
+        }
+    }
+
+    /// What the call does to the counters; `None` for a refund.
+    fn mode(&self) -> Option<Mode> {
+        match self {
+            Call::Envoy { .. } => Some(Mode::Consume),
+            Call::Check { mode, .. } => Some(*mode),
+            Call::Refund { .. } => None,
+        }
+    }
 }
 
 impl<S: Store> Limiter<S> {
@@ -550,25 +566,19 @@ impl<S: Store> Limiter<S> {
         let cost = u64::from(request_hits_addend.max(1));
         // Envoy's path counts as envoyproxy/ratelimit does, even a cost no limit can admit: Go replicas
         // may share the counters.
-        let call = Call {
-            mode: Mode::Consume,
-            cost,
-            native_check: false,
-            refund: None,
-        };
-        self.evaluate(domain, descriptors, call).await
+        let call = Call::Envoy { cost };
+        self.counted(self.decide_request(domain, descriptors, call)).await
     }
 
-    /// Decides one request, Envoy's or the native API's, and counts it in the metrics.
-    async fn evaluate<D: RequestDescriptor>(
+    /// Runs one request, Envoy's or the native API's, and counts it in the metrics: every request
+    /// once, with its latency and, if it failed, why.
+    async fn counted(
         &self,
-        domain: &str,
-        descriptors: &[D],
-        call: Call,
+        request: impl Future<Output = Result<Verdict, LimiterError>>,
     ) -> Result<Verdict, LimiterError> {
         let started = Instant::now();
         self.metrics.total_requests.add(1);
-        let result = self.decide_request(domain, descriptors, call).await;
+        let result = request.await;
         self.observe(started, result.as_ref().err());
         result
     }
@@ -587,13 +597,8 @@ impl<S: Store> Limiter<S> {
         mode: Mode,
     ) -> Result<Verdict, LimiterError> {
         let cost = if mode == Mode::Peek { cost } else { cost.max(1) };
-        let call = Call {
-            mode,
-            cost,
-            native_check: true,
-            refund: None,
-        };
-        self.evaluate(domain, descriptors, call).await
+        let call = Call::Check { mode, cost };
+        self.counted(self.decide_request(domain, descriptors, call)).await
     }
 
     /// The native API's Refund: gives units back to the descriptors of the Check that issued `token`,
@@ -608,28 +613,20 @@ impl<S: Store> Limiter<S> {
         cost: u64,
         token: &str,
     ) -> Result<Verdict, LimiterError> {
-        let keys = self.refunds.keys.as_ref().ok_or(LimiterError::NoRandomness)?;
-        let now = self.refunds.clock.now_us();
-        let grant = match keys.verify(token, domain, descriptors, now) {
-            Ok(grant) => grant,
-            Err(error) => {
-                self.metrics.total_requests.add(1);
-                self.metrics.service_errors.add(1);
-                return Err(error.into());
+        self.counted(async {
+            // The request's bounds first: the token's MAC reads every descriptor.
+            self.validate(domain, descriptors)?;
+            let keys = self.refunds.keys.as_ref().ok_or(LimiterError::NoRandomness)?;
+            let grant = keys.verify(token, domain, descriptors, self.refunds.clock.now_us())?;
+            let call = Call::Refund { cost, grant };
+            let verdict = self.decide_request(domain, descriptors, call).await?;
+            // A descriptor the store would not refund has used this token already.
+            if verdict.statuses.iter().any(|s| s.retry_after.is_some()) {
+                return Err(TokenError::Spent.into());
             }
-        };
-        let call = Call {
-            mode: Mode::Refund,
-            cost,
-            native_check: false,
-            refund: Some(grant),
-        };
-        let verdict = self.evaluate(domain, descriptors, call).await?;
-        // A descriptor the store would not refund has used this token already.
-        if verdict.statuses.iter().any(|s| s.retry_after.is_some()) {
-            return Err(TokenError::Spent.into());
-        }
-        Ok(verdict)
+            Ok(verdict)
+        })
+        .await
     }
 
     /// Records a call's latency and, if it failed, why.
@@ -675,10 +672,10 @@ impl<S: Store> Limiter<S> {
         let mut targets = descriptors
             .iter()
             .enumerate()
-            .map(|(index, d)| self.target(domain_rules, index, d, call.cost))
+            .map(|(index, d)| self.target(domain_rules, index, d, call.cost()))
             .collect::<Result<Vec<_>, _>>()?;
         apply_replaces(&mut targets);
-        if let Some(grant) = &call.refund {
+        if let Call::Refund { grant, .. } = &call {
             // At most what each descriptor consumed; 0 asked means all of it.
             for (target, granted) in targets.iter_mut().zip(&grant.costs) {
                 target.cost = if target.cost == 0 {
@@ -688,72 +685,96 @@ impl<S: Store> Limiter<S> {
                 };
             }
         }
-        let consuming = matches!(call.mode, Mode::Consume | Mode::AllOrNothing);
+        let native_check = matches!(call, Call::Check { .. });
+        let consuming = matches!(call.mode(), Some(Mode::Consume | Mode::AllOrNothing));
         // Which descriptors ask a limit for more than it can ever admit: a native consuming call with
         // any is decided as a peek, and those descriptors refused (allocated only on that rare path).
         let impossible: Option<Vec<bool>> =
-            (call.native_check && consuming && targets.iter().any(Target::exceeds_capacity))
+            (native_check && consuming && targets.iter().any(Target::exceeds_capacity))
                 .then(|| targets.iter().map(Target::exceeds_capacity).collect());
         let mode = if impossible.is_some() {
-            Mode::Peek
+            Some(Mode::Peek)
         } else {
-            call.mode
+            call.mode()
         };
         // What a refund token for this call would grant, taken before the targets are spent.
-        let grant = (call.native_check && mode != Mode::Peek).then(|| {
+        let grant = (native_check && mode != Some(Mode::Peek)).then(|| {
+            let now = self.refunds.clock.now_us();
             (
                 targets.iter().map(|t| t.cost).collect::<Vec<_>>(),
-                horizon_us(&targets),
+                token_expiry_us(&targets, now),
             )
         });
         let policy = match mode {
-            Mode::Peek => CommitPolicy::Peek,
-            Mode::Refund => CommitPolicy::Refund,
-            Mode::AllOrNothing => CommitPolicy::AllOrNothing,
-            Mode::Consume if domain_rules.all_or_nothing() => CommitPolicy::AllOrNothing,
-            Mode::Consume if self.options.stop_increment_when_over_limit => {
+            None => CommitPolicy::Refund,
+            Some(Mode::Peek) => CommitPolicy::Peek,
+            Some(Mode::AllOrNothing) => CommitPolicy::AllOrNothing,
+            Some(Mode::Consume) if domain_rules.all_or_nothing() => CommitPolicy::AllOrNothing,
+            Some(Mode::Consume) if self.options.stop_increment_when_over_limit => {
                 CommitPolicy::StopIncrementWhenOverLimit
             }
-            Mode::Consume => CommitPolicy::Independent,
+            Some(Mode::Consume) => CommitPolicy::Independent,
         };
         let scope_len = self.options.cache_key_prefix.len() + domain.len();
-        let once = call.refund.map(|grant| RefundOnce {
-            id: grant.id,
-            ttl_us: grant.expires_at_us.saturating_sub(self.refunds.clock.now_us()),
-        });
+        let once = match call {
+            Call::Refund { grant, .. } => Some(RefundOnce {
+                id: grant.id,
+                ttl_us: grant.expires_at_us.saturating_sub(self.refunds.clock.now_us()),
+            }),
+            Call::Envoy { .. } | Call::Check { .. } => None,
+        };
         let placement = Placement {
             scope_len,
             keep_together: domain_rules.all_or_nothing() || self.options.keep_domains_together,
         };
         let decisions = self.decide(&mut targets, policy, placement, once).await?;
         // Peeks and refunds are not hits: they neither count in the rule's stats nor make offenders.
-        let counted = matches!(mode, Mode::Consume | Mode::AllOrNothing);
+        let counted = matches!(mode, Some(Mode::Consume | Mode::AllOrNothing));
         let mut verdict = self.verdict(domain, descriptors, targets, decisions, counted);
         if let Some(impossible) = impossible {
             self.refuse_impossible(&mut verdict, &impossible);
         }
-        if let Some((costs, horizon)) = grant {
-            verdict.refund_token = self.refund_token(domain, descriptors, &verdict, &costs, horizon);
+        if let Some((mut costs, expires)) = grant {
+            verdict.refund_token =
+                self.refund_token(domain, descriptors, &verdict, policy, &mut costs, expires);
         }
         Ok(verdict)
     }
 
-    /// The token for what an allowed consuming check consumed: none when it was refused, when a
-    /// failure mode answered (nothing was counted), or when no limit applied.
+    /// The token for what an allowed consuming check consumed, descriptor by descriptor: none when
+    /// it was refused, when a failure mode answered (nothing was counted), or when no limit applied.
+    /// The overall answer may be OK although a descriptor was refused (shadow mode, quota mode): that
+    /// descriptor consumed nothing and its grant is 0, and under a policy where one refusal stops the
+    /// others consuming (all-or-nothing, `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`) no token is given.
     fn refund_token<D: RequestDescriptor>(
         &self,
         domain: &str,
         descriptors: &[D],
         verdict: &Verdict,
-        costs: &[u64],
-        horizon: u64,
+        policy: CommitPolicy,
+        costs: &mut [u64],
+        expires_at_us: u64,
     ) -> Option<String> {
+        let statuses = &verdict.statuses;
+        let refused = |s: &DescriptorStatus| s.retry_after.is_some();
+        let settled = matches!(
+            policy,
+            CommitPolicy::AllOrNothing | CommitPolicy::StopIncrementWhenOverLimit
+        );
         let consumed = verdict.overall == Code::Ok
-            && verdict.statuses.iter().all(|s| !s.from_failure_mode)
-            && verdict.statuses.iter().any(|s| s.current_limit().is_some());
-        let keys = self.refunds.keys.as_ref().filter(|_| consumed)?;
-        let expires = self.refunds.clock.now_us().saturating_add(horizon);
-        Some(keys.mint(domain, descriptors, costs, expires))
+            && statuses.iter().all(|s| !s.from_failure_mode)
+            && !(settled && statuses.iter().any(refused));
+        for (cost, status) in costs.iter_mut().zip(statuses) {
+            if refused(status) || status.current_limit().is_none() {
+                *cost = 0;
+            }
+        }
+        let keys = self
+            .refunds
+            .keys
+            .as_ref()
+            .filter(|_| consumed && costs.iter().any(|&c| c > 0))?;
+        Some(keys.mint(domain, descriptors, costs, expires_at_us))
     }
 
     /// Refuses the descriptors whose cost no limit of theirs can ever admit: no retry hint (waiting
@@ -1338,12 +1359,23 @@ struct Placement {
 }
 
 /// How long the units a request consumes can still matter: the longest horizon of its limits.
-fn horizon_us(targets: &[Target]) -> u64 {
-    targets
-        .iter()
-        .filter(|t| !t.unlimited)
-        .flat_map(Target::rates)
+/// When a refund token for `targets`, minted at `now`, expires: after the longest horizon of the
+/// limits touched (how long consumed units still matter), but never after the current window of a
+/// fixed window among them ends. Past it, the units were consumed from a window that is gone, and a
+/// refund would hand them to the next one (in Redis, a new key, with a single-use marker of its own).
+fn token_expiry_us(targets: &[Target], now: u64) -> u64 {
+    let rates = || targets.iter().filter(|t| !t.unlimited).flat_map(Target::rates);
+    let horizon = rates()
         .map(|(_, rate)| rate.limit.horizon_us())
         .max()
-        .unwrap_or(0)
+        .unwrap_or(0);
+    let window_ends = rates()
+        .filter(|(_, rate)| rate.limit.algorithm == Algorithm::FixedWindow)
+        .map(|(_, rate)| {
+            let window = rate.limit.window_us.max(1);
+            window - now % window
+        })
+        .min()
+        .unwrap_or(u64::MAX);
+    now.saturating_add(horizon.min(window_ends))
 }

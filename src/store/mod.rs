@@ -117,7 +117,10 @@ pub struct Batch {
 }
 
 /// Single use of a refund token, enforced by the store in the same atomic step as the refund: each
-/// group (descriptor) of the batch is refunded only if `id` was never used on its key; the store then
+/// group (descriptor) of the batch is refunded only if `id` was never used on that descriptor at that
+/// place in the request (its key and its group number, whatever the window; though in Redis Cluster
+/// an envoyproxy/ratelimit fixed-window key changes slot with its window, so the marker does too,
+/// which is why the limiter's tokens end with the fixed window they consumed from); the store then
 /// remembers it for `ttl_us`. A group refused that way gives nothing back and its decisions report
 /// `allowed: false`. (In Redis Cluster a batch may be split by slot; each descriptor is still
 /// refunded at most once, whichever call reaches its slot first.)

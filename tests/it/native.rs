@@ -38,6 +38,9 @@ descriptors:
   - key: shadowed
     shadow_mode: true
     rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: shadowed_bucket
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: token_bucket}
   - key: free
     rate_limit: {unlimited: true}
   - key: export_job
@@ -318,10 +321,11 @@ async fn refund_tokens_restore_only_what_was_consumed_once() {
         .await
         .expect_err("other domain");
     assert_eq!(status.code(), tonic::Code::PermissionDenied);
+    // No domain is a malformed request, refused before the token is read.
     other_domain.domain = String::new();
     assert_eq!(
         client.refund(other_domain).await.expect_err("no domain").code(),
-        tonic::Code::PermissionDenied
+        tonic::Code::InvalidArgument
     );
     assert_eq!(
         check(&mut client, d(), 0, Mode::Peek).await.results[0].remaining,
@@ -347,6 +351,95 @@ async fn refund_tokens_restore_only_what_was_consumed_once() {
     clock.advance_us(4 * 3_600_000_000);
     let expired = denied(try_refund(&mut client, &late, d(), 0).await);
     assert!(expired.contains("expired"), "{expired}");
+    server.stop().await;
+}
+
+/// A token grants only what each descriptor consumed: a shadow-mode descriptor refused inside an
+/// allowed check consumed nothing and gets nothing back, and one descriptor asked twice gets back
+/// both of its costs.
+#[tokio::test]
+async fn refund_tokens_grant_what_each_descriptor_consumed() {
+    let (server, mut client) = start().await;
+    let request = |descriptors: Vec<Descriptor>, cost| check_request(descriptors, cost, Mode::Consume);
+    // The shadow bucket is empty, so the check below is allowed while that descriptor is refused.
+    check(&mut client, desc("shadowed_bucket", "s"), 1, Mode::Consume).await;
+    let both = vec![desc("tokens", "s"), desc("shadowed_bucket", "s")];
+    let answer = client
+        .check(request(both.clone(), 1))
+        .await
+        .expect("check")
+        .into_inner();
+    assert!(
+        answer.allowed && answer.results[1].retry_after.is_some(),
+        "shadow: refused, reported allowed: {answer:?}"
+    );
+    let refund_all = |descriptors: Vec<Descriptor>, token: String| RefundRequest {
+        domain: "app".to_owned(),
+        descriptors,
+        cost: 0,
+        refund_token: token,
+    };
+    client
+        .refund(refund_all(both, answer.refund_token))
+        .await
+        .expect("refund");
+    assert_eq!(
+        check(&mut client, desc("tokens", "s"), 0, Mode::Peek)
+            .await
+            .results[0]
+            .remaining,
+        1000
+    );
+    assert_eq!(
+        check(&mut client, desc("shadowed_bucket", "s"), 0, Mode::Peek)
+            .await
+            .results[0]
+            .remaining,
+        0,
+        "nothing given back to a descriptor that consumed nothing"
+    );
+    // One descriptor twice: 20 consumed, 20 given back, and the token is then used up.
+    let twice = vec![desc("tokens", "twice"), desc("tokens", "twice")];
+    let answer = client
+        .check(request(twice.clone(), 10))
+        .await
+        .expect("check")
+        .into_inner();
+    assert_eq!(answer.results[1].remaining, 980);
+    let token = answer.refund_token;
+    client
+        .refund(refund_all(twice.clone(), token.clone()))
+        .await
+        .expect("both places refunded");
+    assert_eq!(
+        check(&mut client, desc("tokens", "twice"), 0, Mode::Peek)
+            .await
+            .results[0]
+            .remaining,
+        1000
+    );
+    let replay = client
+        .refund(refund_all(twice, token))
+        .await
+        .expect_err("used up");
+    assert_eq!(replay.code(), tonic::Code::PermissionDenied);
+    server.stop().await;
+}
+
+/// A token for a fixed window expires with the window it was consumed from: in the next window the
+/// units are gone with their window, and a refund would hand them to the new one.
+#[tokio::test]
+async fn a_fixed_window_token_ends_with_its_window() {
+    let (server, mut client, clock) = start_with_manual_clock().await;
+    let d = || desc("fixed", "windowed");
+    let token = consume(&mut client, d(), 10).await;
+    let hour = 3_600_000_000;
+    clock.advance_us(hour - clock.now_us() % hour);
+    let status = try_refund(&mut client, &token, d(), 0)
+        .await
+        .expect_err("expired");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+    assert!(status.message().contains("expired"), "{status:?}");
     server.stop().await;
 }
 

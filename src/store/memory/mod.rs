@@ -391,7 +391,8 @@ fn claim(spent: &mut HashMap<String, u64>, items: &[BatchItem], once: &RefundOnc
             claimed.push(claimed[at - 1]);
             continue;
         }
-        let marker = format!("{}\0{}", item.key, once.id);
+        // Per descriptor and place in the request: one descriptor asked twice consumed twice.
+        let marker = format!("{}\0{}\0{}", item.key, item.group, once.id);
         let fresh = spent.get(&marker).is_none_or(|used_until| *used_until <= now);
         if fresh {
             spent.insert(marker, until);

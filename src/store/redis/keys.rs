@@ -68,25 +68,29 @@ pub fn slot(key: &str) -> u16 {
     crc16_xmodem(hash_tag(key.as_bytes())) % SLOTS
 }
 
-/// The key that records refund token `id` as used on `key` (see [`crate::store::RefundOnce`]). It lies
-/// in `key`'s cluster slot, so the claim and the refund are one script call, and its length does not
-/// grow with `key`: a tag chosen for that slot, a hash of `key`, the id.
-pub(crate) fn refund_marker(key: &str, id: &str) -> String {
-    let digest = blake3::hash(key.as_bytes());
+/// The key that records refund token `id` as used by the descriptor at position `group` of its
+/// request, whose key (without window) is `descriptor_key` and whose item's Redis key is `redis_key`
+/// (see [`crate::store::RefundOnce`]).
+///
+/// - It names the descriptor, not the Redis key: a fixed window's Redis key changes with the window,
+///   and a marker that changed with it would let one token refund again in the next window.
+/// - It names the position: a request may hold one descriptor twice, each consuming its own cost.
+/// - It lies in `redis_key`'s cluster slot, so the claim and the refund are one script call, and its
+///   length does not grow with the key: a tag chosen for that slot, a hash, the id.
+pub(crate) fn refund_marker(redis_key: &str, descriptor_key: &str, group: u32, id: &str) -> String {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(descriptor_key.as_bytes());
+    hasher.update(&group.to_le_bytes());
+    let digest = hasher.finalize();
     let mut marker = String::with_capacity(64 + id.len());
     marker.push('{');
-    marker.push_str(&SLOT_TAGS[usize::from(slot(key))]);
+    marker.push_str(&SLOT_TAGS[usize::from(slot(redis_key))]);
     marker.push_str("}refund:");
-    for byte in &digest.as_bytes()[..8] {
-        marker.push(char::from(HEX[usize::from(byte >> 4)]));
-        marker.push(char::from(HEX[usize::from(byte & 15)]));
-    }
+    marker.push_str(&digest.to_hex()[..16]);
     marker.push(':');
     marker.push_str(id);
     marker
 }
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// For every cluster slot, a short hash tag that lands in it (found once, by counting in base 36:
 /// about 160,000 CRC16s, a few milliseconds).
@@ -224,11 +228,22 @@ mod tests {
             "",
             long.as_str(),
         ] {
-            let marker = refund_marker(key, "00ff");
+            let marker = refund_marker(key, "d_k_v_", 0, "00ff");
             assert_eq!(slot(&marker), slot(key), "{key:?} -> {marker}");
             assert!(marker.len() < 64, "{marker}");
         }
-        assert_ne!(refund_marker("a", "1"), refund_marker("b", "1"));
-        assert_ne!(refund_marker("a", "1"), refund_marker("a", "2"));
+        let marker = |key, group, id| refund_marker("{t}x", key, group, id);
+        assert_ne!(marker("a", 0, "1"), marker("b", 0, "1"));
+        assert_ne!(marker("a", 0, "1"), marker("a", 0, "2"));
+        assert_ne!(
+            marker("a", 0, "1"),
+            marker("a", 1, "1"),
+            "two places of one descriptor"
+        );
+        assert_eq!(
+            refund_marker("d_k_v_60", "d_k_v_", 0, "1")[4..],
+            refund_marker("d_k_v_120", "d_k_v_", 0, "1")[4..],
+            "the next window's key, the same descriptor: the same marker name past the slot tag"
+        );
     }
 }

@@ -533,11 +533,11 @@ impl Store for Arc<RedisStore> {
         };
         // Single use: one marker per descriptor (its items share it), in the slot of its key.
         let mut names: Vec<String> = Vec::with_capacity(named.len());
-        for (at, (key, _)) in named.iter().enumerate() {
-            let shared = at > 0 && batch.items[at - 1].group == batch.items[at].group;
+        for (at, ((key, _), item)) in named.iter().zip(&batch.items).enumerate() {
+            let shared = at > 0 && batch.items[at - 1].group == item.group;
             let name = match names.last() {
                 Some(previous) if shared => previous.clone(),
-                _ => refund_marker(key, &once.id),
+                _ => refund_marker(key, &item.key, item.group, &once.id),
             };
             names.push(name);
         }
