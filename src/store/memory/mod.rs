@@ -25,12 +25,12 @@ pub use lease::MemoryLeases;
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
-use crate::algorithm::{self, Algorithm, Decision, Limit, State};
+use crate::algorithm::{self, Algorithm, Decision, State};
 use crate::clock::Clock;
 use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store, StoreError};
 
@@ -49,7 +49,10 @@ pub struct MemoryStore {
     shard_cap: usize,
     /// Entries evicted to make room so far.
     evictions: AtomicU64,
-    /// Refund tokens used, per descriptor key: `key NUL id` → until when to remember it (µs). Locked
+    /// Numbers the batches, so an eviction can tell the entries its own batch wrote (wraps).
+    batches: AtomicU32,
+    /// Refund tokens used, per descriptor and place: `key NUL group NUL id` → until when to remember
+    /// it (µs). Locked
     /// after the shards, only by refunds carrying a token. Bounded by the refunds made with genuine
     /// tokens within their lifetime; swept with the entries.
     spent: Mutex<HashMap<String, u64>>,
@@ -59,6 +62,9 @@ pub struct MemoryStore {
 struct Entry {
     key: String,
     algorithm: Algorithm,
+    /// The batch that last wrote the entry: a batch never evicts what it wrote itself (it would lose
+    /// the count it just made). Fits beside `algorithm`, in what would be padding.
+    batch: u32,
     window_us: u64,
     state: State,
     expires_at_us: u64,
@@ -91,6 +97,8 @@ enum Pass<'u> {
 /// Locked shards of one batch, in ascending shard order.
 struct Locked<'a> {
     guards: Vec<(usize, MutexGuard<'a, HashTable<Entry>>)>,
+    /// The batch's number (see [`Entry::batch`]).
+    batch: u32,
 }
 
 impl Locked<'_> {
@@ -106,7 +114,8 @@ impl MemoryStore {
         Self::with_max_keys(clock, DEFAULT_MAX_KEYS)
     }
 
-    /// An empty store holding at most `max_keys` entries (rounded up to a multiple of [`SHARDS`]).
+    /// An empty store holding at most `max_keys` entries (rounded up to a multiple of [`SHARDS`]),
+    /// plus the new entries of batches in progress: a batch never evicts what it wrote itself.
     pub fn with_max_keys(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         let shards = (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect();
         Self {
@@ -116,6 +125,7 @@ impl MemoryStore {
             clock,
             shard_cap: max_keys.div_ceil(SHARDS).max(1),
             evictions: AtomicU64::new(0),
+            batches: AtomicU32::new(0),
             spent: Mutex::default(),
         }
     }
@@ -160,6 +170,7 @@ impl MemoryStore {
         dropped
     }
 
+    /// An item's hash, which places its entry (shard and bucket).
     fn hash(&self, item: &BatchItem) -> u64 {
         self.hasher
             .hash_one((&item.key, item.limit.window_us, item.limit.algorithm))
@@ -171,6 +182,7 @@ impl MemoryStore {
         wanted.dedup();
         Locked {
             guards: wanted.into_iter().map(|i| (i, lock(&self.shards[i]))).collect(),
+            batch: self.batches.fetch_add(1, Ordering::Relaxed),
         }
     }
 
@@ -272,6 +284,7 @@ impl MemoryStore {
         mut pass: Pass<'_>,
     ) -> Vec<Decision> {
         let mut decisions = Vec::with_capacity(items.len());
+        let batch = locked.batch;
         for ((item, hash), cost) in items.iter().zip(hashes).zip(costs) {
             let table = locked.table(shard_of(*hash));
             let entry = table
@@ -285,7 +298,7 @@ impl MemoryStore {
             if *cost > 0 {
                 // A peek's writes are undone; it must not evict anyone to make them.
                 let may_evict = !matches!(pass, Pass::Peek(_));
-                self.store(table, *hash, item, &item.limit, next, may_evict, now);
+                self.store(table, *hash, item, batch, next, may_evict, now);
             }
             decisions.push(decision);
         }
@@ -298,55 +311,56 @@ impl MemoryStore {
         table: &mut HashTable<Entry>,
         hash: u64,
         item: &BatchItem,
-        limit: &Limit,
+        batch: u32,
         state: State,
         may_evict: bool,
         now: u64,
     ) {
-        let expires_at_us = algorithm::expires_at_us(limit, &state);
+        let expires_at_us = algorithm::expires_at_us(&item.limit, &state);
         match table.find_mut(hash, |e| e.is(item)) {
             Some(entry) => {
                 entry.state = state;
                 entry.expires_at_us = expires_at_us;
+                entry.batch = batch;
             }
             None => {
                 if may_evict && table.len() >= self.shard_cap {
-                    self.evict_one(table, now);
+                    self.evict_one(table, batch, now);
                 }
                 let entry = Entry {
                     key: item.key.clone(),
-                    algorithm: limit.algorithm,
-                    window_us: limit.window_us,
+                    algorithm: item.limit.algorithm,
+                    batch,
+                    window_us: item.limit.window_us,
                     state,
                     expires_at_us,
                 };
-                table.insert_unique(hash, entry, |e| {
-                    self.hasher.hash_one((&e.key, e.window_us, e.algorithm))
-                });
+                table.insert_unique(hash, entry, |e| self.entry_hash(e));
             }
         }
     }
-}
 
-impl MemoryStore {
+    /// An entry's hash: its item's ([`MemoryStore::hash`]).
+    fn entry_hash(&self, entry: &Entry) -> u64 {
+        self.hasher
+            .hash_one((&entry.key, entry.window_us, entry.algorithm))
+    }
+
     /// Removes the entry of `table` that least affects decisions among a sample: an expired one, else
-    /// the one whose state stops mattering soonest.
-    fn evict_one(&self, table: &mut HashTable<Entry>, now: u64) {
+    /// the one whose state stops mattering soonest; never one that `batch` wrote.
+    fn evict_one(&self, table: &mut HashTable<Entry>, batch: u32, now: u64) {
         // Buckets are ordered by hash, so the first occupied ones are a fair sample of the keys. An
         // expired entry (expiry <= now) ranks as now, before every live one.
         let victim = table
             .iter()
+            .filter(|e| e.batch != batch)
             .take(EVICTION_SAMPLE)
             .min_by_key(|e| e.expires_at_us.max(now))
-            .map(|e| (e.key.clone(), e.window_us, e.algorithm));
-        let Some((key, window_us, algorithm)) = victim else {
+            .map(|e| (self.entry_hash(e), e as *const Entry));
+        let Some((hash, victim)) = victim else {
             return;
         };
-        let hash = self.hasher.hash_one((&key, window_us, algorithm));
-        let found = table.find_entry(hash, |e| {
-            e.window_us == window_us && e.algorithm == algorithm && e.key == key
-        });
-        if let Ok(entry) = found {
+        if let Ok(entry) = table.find_entry(hash, |e| std::ptr::eq(e, victim)) {
             entry.remove();
             self.evictions.fetch_add(1, Ordering::Relaxed);
         }
@@ -494,6 +508,7 @@ mod tests {
     //! What every store promises (consuming policies, peeks, refunds, leases) is the store contract,
     //! `tests/it/store_contract.rs`, run on this store too; here only what is this store's own.
     use super::*;
+    use crate::algorithm::Limit;
     use crate::clock::ManualClock;
 
     /// A refund of an expired entry neither revives nor removes it: the entry stays, still expired,
@@ -584,6 +599,42 @@ mod tests {
         }];
         let left = store.apply_batch(&check, CommitPolicy::Independent, None)[0].remaining;
         assert_eq!(left, 4, "the live key kept its state");
+    }
+
+    /// A batch never evicts what it wrote itself: in a full shard, the second key of a batch does not
+    /// push out the first, so the first key asked again in the same batch still sees its count.
+    #[test]
+    fn a_batch_keeps_what_it_wrote() {
+        let clock = ManualClock::new(1_000_000_000);
+        let store = MemoryStore::with_max_keys(Arc::new(clock), 64); // one entry a shard
+        let item = |key: &str, group| BatchItem {
+            key: key.to_owned(),
+            limit: Limit {
+                algorithm: Algorithm::FixedWindow,
+                requests: 1,
+                window_us: 3_600_000_000,
+                burst: 1,
+            },
+            cost: 1,
+            group,
+        };
+        let shard = |key: &str| shard_of(store.hash(&item(key, 0)));
+        let other = (0..)
+            .map(|i| format!("b{i}"))
+            .find(|b| shard(b) == shard("a"))
+            .expect("a key in the same shard");
+        let batch = [item("a", 0), item(&other, 1), item("a", 2)];
+        let allowed: Vec<bool> = store
+            .apply_batch(&batch, CommitPolicy::Independent, None)
+            .iter()
+            .map(|d| d.allowed)
+            .collect();
+        assert_eq!(
+            allowed,
+            [true, true, false],
+            "the limit of 1 held within the batch"
+        );
+        assert_eq!(store.evictions(), 0);
     }
 
     /// A peek never evicts: it must not change the store, even when full.
