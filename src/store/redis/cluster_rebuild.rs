@@ -1,5 +1,6 @@
-//! Redis Cluster: when calls have failed without a success in between for [`ClusterRebuild::AFTER`],
-//! the cluster connection is made again from the seed nodes.
+//! Redis Cluster: when calls to a slot have failed without a success there in between for
+//! [`ClusterRebuild::AFTER`], the cluster connection is made again from the seed nodes. Successes on
+//! other slots do not end the run: with one master down, calls to the others still work.
 //!
 //! redis-rs refreshes its slot map on `MOVED` and on some errors, but after a master dies and its
 //! replica is promoted, calls to the cluster were seen failing indefinitely (the faults suite's
@@ -11,8 +12,9 @@ use std::time::{Duration, Instant};
 /// When a run of failed calls calls for a new cluster connection.
 #[derive(Debug)]
 pub(super) struct ClusterRebuild {
-    /// When the current run of failures started, in µs since `epoch` plus one; 0: the last call worked.
-    failing_since: AtomicU64,
+    /// The current run of failures, in one word so it changes atomically: the slot it started on
+    /// (high 16 bits) and when, in µs since `epoch` plus one (low 48 bits, 8 years); 0: no run.
+    failing: AtomicU64,
     rebuilding: AtomicBool,
     epoch: Instant,
 }
@@ -23,36 +25,46 @@ impl ClusterRebuild {
 
     pub(super) fn new() -> Self {
         Self {
-            failing_since: AtomicU64::new(0),
+            failing: AtomicU64::new(0),
             rebuilding: AtomicBool::new(false),
             epoch: Instant::now(),
         }
     }
 
-    /// Records a call's outcome; returns whether a rebuild should start now (then it is marked as
-    /// running until [`ClusterRebuild::done`]).
-    pub(super) fn record(&self, failed: bool) -> bool {
-        self.record_at(failed, self.epoch.elapsed())
+    /// Records the outcome of a call to `slot`; returns whether a rebuild should start now (then it
+    /// is marked as running until [`ClusterRebuild::done`]).
+    pub(super) fn record(&self, slot: u16, failed: bool) -> bool {
+        self.record_at(slot, failed, self.epoch.elapsed())
     }
 
     /// [`ClusterRebuild::record`] at `elapsed` since the epoch.
-    fn record_at(&self, failed: bool, elapsed: Duration) -> bool {
+    fn record_at(&self, slot: u16, failed: bool, elapsed: Duration) -> bool {
+        // Read first: a healthy cluster's calls then never write the shared word.
+        let run = self.failing.load(Ordering::Relaxed);
         if !failed {
-            // Read first: a healthy cluster's calls then never write the shared line.
-            if self.failing_since.load(Ordering::Relaxed) != 0 {
-                self.failing_since.store(0, Ordering::Relaxed);
+            if run != 0 && run >> TIME_BITS == u64::from(slot) {
+                // Ends the run, unless another one replaced it meanwhile.
+                let _ = self
+                    .failing
+                    .compare_exchange(run, 0, Ordering::Relaxed, Ordering::Relaxed);
             }
             return false;
         }
         let now = u64::try_from(elapsed.as_micros())
-            .unwrap_or(u64::MAX - 1)
-            .saturating_add(1);
-        let since = match self
-            .failing_since
-            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
-        {
-            Ok(_) => now,
-            Err(since) => since,
+            .unwrap_or(TIME_MASK)
+            .min(TIME_MASK - 1)
+            + 1;
+        let since = if run != 0 {
+            run & TIME_MASK
+        } else {
+            let started = (u64::from(slot) << TIME_BITS) | now;
+            match self
+                .failing
+                .compare_exchange(0, started, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => now,
+                Err(other) => other & TIME_MASK,
+            }
         };
         let long = Duration::from_micros(now.saturating_sub(since)) >= Self::AFTER;
         long && !self.rebuilding.swap(true, Ordering::AcqRel)
@@ -60,10 +72,14 @@ impl ClusterRebuild {
 
     /// A rebuild ended: the next needs another [`ClusterRebuild::AFTER`] of failures.
     pub(super) fn done(&self) {
-        self.failing_since.store(0, Ordering::Relaxed);
+        self.failing.store(0, Ordering::Relaxed);
         self.rebuilding.store(false, Ordering::Release);
     }
 }
+
+/// Bits of [`ClusterRebuild::failing`] that hold the time.
+const TIME_BITS: u32 = 48;
+const TIME_MASK: u64 = (1 << TIME_BITS) - 1;
 
 #[cfg(test)]
 mod tests {
@@ -74,24 +90,39 @@ mod tests {
     #[test]
     fn a_rebuild_starts_once_calls_have_failed_long_enough() {
         let rebuild = ClusterRebuild::new();
-        assert!(!rebuild.record_at(true, Duration::ZERO), "one failure");
-        assert!(!rebuild.record_at(true, 499 * MS));
-        assert!(rebuild.record_at(true, 500 * MS), "500 ms of failures");
-        assert!(!rebuild.record_at(true, 900 * MS), "one rebuild at a time");
+        assert!(!rebuild.record_at(7, true, Duration::ZERO), "one failure");
+        assert!(!rebuild.record_at(7, true, 499 * MS));
+        assert!(rebuild.record_at(7, true, 500 * MS), "500 ms of failures");
+        assert!(!rebuild.record_at(7, true, 900 * MS), "one rebuild at a time");
         rebuild.done();
         assert!(
-            !rebuild.record_at(true, 1_000 * MS),
+            !rebuild.record_at(7, true, 1_000 * MS),
             "the clock starts again after a rebuild"
         );
-        assert!(rebuild.record_at(true, 1_500 * MS));
+        assert!(rebuild.record_at(7, true, 1_500 * MS));
     }
 
     #[test]
-    fn a_success_ends_the_run_of_failures() {
+    fn a_success_on_the_failing_slot_ends_the_run() {
         let rebuild = ClusterRebuild::new();
-        assert!(!rebuild.record_at(true, Duration::ZERO));
-        assert!(!rebuild.record_at(false, 300 * MS));
-        assert!(!rebuild.record_at(true, 600 * MS), "a new run starts at 600 ms");
-        assert!(rebuild.record_at(true, 1_100 * MS));
+        assert!(!rebuild.record_at(7, true, Duration::ZERO));
+        assert!(!rebuild.record_at(7, false, 300 * MS));
+        assert!(
+            !rebuild.record_at(7, true, 600 * MS),
+            "a new run starts at 600 ms"
+        );
+        assert!(rebuild.record_at(7, true, 1_100 * MS));
+    }
+
+    /// One master down, the others fine: their successes do not hide its failures.
+    #[test]
+    fn successes_on_other_slots_do_not_end_the_run() {
+        let rebuild = ClusterRebuild::new();
+        assert!(!rebuild.record_at(7, true, Duration::ZERO));
+        for at in (10..500).step_by(10) {
+            assert!(!rebuild.record_at(9_000, false, at * MS));
+            assert!(!rebuild.record_at(7, true, at * MS + MS));
+        }
+        assert!(rebuild.record_at(7, true, 510 * MS));
     }
 }

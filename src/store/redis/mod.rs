@@ -258,12 +258,14 @@ impl RedisStore {
         }
     }
 
-    /// Notes whether a call reached Redis; on a cluster whose calls keep failing, starts a rebuild of
-    /// the connection in the background.
-    fn observe<T>(&self, result: &Result<T, CallError>) {
-        let Some(rebuild) = &self.rebuild else { return };
+    /// Notes whether a script call to cluster slot `slot` reached Redis; when calls to a slot keep
+    /// failing, starts a rebuild of the cluster connection in the background.
+    fn observe<T>(&self, slot: Option<u16>, result: &Result<T, CallError>) {
+        let (Some(rebuild), Some(slot)) = (&self.rebuild, slot) else {
+            return;
+        };
         let failed = matches!(result, Err(CallError::Timeout | CallError::Redis(_)));
-        if !rebuild.record(failed) {
+        if !rebuild.record(slot, failed) {
             return;
         }
         let Some(store) = self.me.upgrade() else {
@@ -402,7 +404,6 @@ impl RedisStore {
             Err(_) => Err(CallError::Timeout),
         };
         refresh_if_moved(link, &result);
-        self.observe(&result);
         result
     }
 
@@ -491,7 +492,11 @@ impl RedisStore {
         } else {
             call.await
         };
-        let reply = reply.map_err(|_| CallError::Timeout)?.map_err(CallError::Redis)?;
+        let reply = reply
+            .map_err(|_| CallError::Timeout)
+            .and_then(|r| r.map_err(CallError::Redis));
+        self.observe(slot, &reply);
+        let reply = reply?;
         let ScriptReply { now_us, decisions } =
             BatchScript::decode(reply, items.len()).map_err(CallError::Reply)?;
         self.offsets.record(slot, sent_at, self.clock.now_us(), now_us);
@@ -580,11 +585,7 @@ impl RedisStore {
             return Err(StoreError::Unavailable("not connected to Redis yet".into()));
         };
         let result = match &*connections {
-            Connections::Cluster(conn) => {
-                let result = self.apply_per_slot(conn, items, policy, markers, timeout).await;
-                self.observe(&result);
-                result
-            }
+            Connections::Cluster(conn) => self.apply_per_slot(conn, items, policy, markers, timeout).await,
             whole => {
                 let (mut conn, link) = whole.whole();
                 let result = self
