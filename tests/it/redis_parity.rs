@@ -127,7 +127,7 @@ impl Harness {
     async fn call(&mut self, items: &[ScriptItem<'_>], policy: CommitPolicy) -> ScriptReply {
         let reply: redis::Value = self
             .script
-            .call(&mut self.conn, items, policy)
+            .call(&mut self.conn, items, policy, None)
             .await
             .expect("script runs");
         BatchScript::decode(reply, items.len()).expect("reply decodes")
@@ -925,7 +925,7 @@ async fn malformed_arguments_are_rejected() {
     let function = h.script.function().to_owned();
     let reply = h
         .script
-        .call(&mut h.conn, &[], CommitPolicy::Independent)
+        .call(&mut h.conn, &[], CommitPolicy::Independent, None)
         .await
         .expect("empty batch (loads the library)");
     assert_eq!(

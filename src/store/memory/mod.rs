@@ -208,19 +208,11 @@ impl MemoryStore {
                 decisions
             }
             CommitPolicy::Refund => match once {
-                None => give_back(&mut locked, items, &hashes, now),
+                None => give_back(&mut locked, items, &hashes, None, now),
                 Some(once) => {
                     let mut spent = self.spent.lock().unwrap_or_else(PoisonError::into_inner);
                     let claimed = claim(&mut spent, items, once, now);
-                    let owed: Vec<BatchItem> = items
-                        .iter()
-                        .zip(&claimed)
-                        .map(|(item, &mine)| BatchItem {
-                            cost: if mine { item.cost } else { 0 },
-                            ..item.clone()
-                        })
-                        .collect();
-                    let mut decisions = give_back(&mut locked, &owed, &hashes, now);
+                    let mut decisions = give_back(&mut locked, items, &hashes, Some(&claimed), now);
                     for (decision, mine) in decisions.iter_mut().zip(claimed) {
                         decision.allowed &= mine;
                     }
@@ -373,20 +365,32 @@ impl Store for MemoryStore {
     }
 }
 
-/// Gives every item's cost back to its key, in order ([`algorithm::refund`]). Only a live entry is
-/// updated: a key without state has nothing to give back, and a refund never creates an entry.
-fn give_back(locked: &mut Locked<'_>, items: &[BatchItem], hashes: &[u64], now: u64) -> Vec<Decision> {
+/// Gives every item's cost back to its key, in order ([`algorithm::refund`]); with `claimed`, only
+/// the items claimed get their cost back, the others 0. Only a live entry is updated: a key without
+/// state has nothing to give back, and a refund never creates an entry.
+fn give_back(
+    locked: &mut Locked<'_>,
+    items: &[BatchItem],
+    hashes: &[u64],
+    claimed: Option<&[bool]>,
+    now: u64,
+) -> Vec<Decision> {
     let mut decisions = Vec::with_capacity(items.len());
-    for (item, hash) in items.iter().zip(hashes) {
+    for (at, (item, hash)) in items.iter().zip(hashes).enumerate() {
+        let cost = if claimed.is_none_or(|claimed| claimed[at]) {
+            item.cost
+        } else {
+            0
+        };
         let table = locked.table(shard_of(*hash));
         let entry = table
             .find_mut(*hash, |e| e.is(item))
             .filter(|e| e.expires_at_us > now);
         let Some(entry) = entry else {
-            decisions.push(algorithm::refund(&item.limit, None, now, item.cost).0);
+            decisions.push(algorithm::refund(&item.limit, None, now, cost).0);
             continue;
         };
-        let (decision, next) = algorithm::refund(&item.limit, Some(&entry.state), now, item.cost);
+        let (decision, next) = algorithm::refund(&item.limit, Some(&entry.state), now, cost);
         // A state refunded down to nothing expires at once and is swept like any other.
         entry.expires_at_us = algorithm::expires_at_us(&item.limit, &next);
         entry.state = next;

@@ -474,7 +474,7 @@ impl RedisStore {
     ) -> Result<Vec<Decision>, CallError> {
         let sent_at = self.clock.now_us();
         self.script_calls.fetch_add(1, Ordering::Relaxed);
-        let call = self.script.call_marked(conn, items, policy, markers);
+        let call = self.script.call(conn, items, policy, markers);
         let call = tokio::time::timeout(timeout, call);
         let reply = if crate::observe::telemetry::traces_enabled() && !tracing::Span::current().is_disabled()
         {
@@ -565,12 +565,7 @@ impl RedisStore {
             return false;
         }
         let traced = crate::observe::telemetry::traces_enabled() && !tracing::Span::current().is_disabled();
-        let clustered = self
-            .connections
-            .load()
-            .as_ref()
-            .is_some_and(|c| matches!(**c, Connections::Cluster(_)));
-        !traced && !clustered
+        !traced && !self.is_cluster()
     }
 
     /// One batch on the deployment's connection: one script call (per slot in a cluster).

@@ -228,20 +228,11 @@ impl BatchScript {
         &self.library
     }
 
-    /// Runs one batch and returns the raw reply (see [`BatchScript::decode`]). `FCALL`, and on
-    /// `Function not found` a `FUNCTION LOAD REPLACE` and a retry (up to [`MAX_LOADS`] times); on a
-    /// server without `FCALL`, `EVALSHA` from then on (NOSCRIPT: one `SCRIPT LOAD` and one retry).
+    /// Runs one batch and returns the raw reply (see [`BatchScript::decode`]); a refund may claim
+    /// `markers` (see [`Markers`]). `FCALL`, and on `Function not found` a `FUNCTION LOAD REPLACE` and
+    /// a retry (up to [`MAX_LOADS`] times); on a server without `FCALL`, `EVALSHA` from then on
+    /// (NOSCRIPT: one `SCRIPT LOAD` and one retry).
     pub async fn call<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        items: &[ScriptItem<'_>],
-        policy: CommitPolicy,
-    ) -> redis::RedisResult<redis::Value> {
-        self.call_marked(conn, items, policy, None).await
-    }
-
-    /// [`BatchScript::call`] for a refund that claims `markers` (see [`Markers`]).
-    pub async fn call_marked<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         items: &[ScriptItem<'_>],
