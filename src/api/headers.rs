@@ -158,13 +158,15 @@ fn policy_name(status: &DescriptorStatus) -> String {
     }
 }
 
-/// Seconds until the request could pass: the longest wait of the descriptors over their limit
-/// (rounded up), ignoring shadow-mode rules and quota-mode descriptors that did not decide.
+/// Seconds until the request could pass: the longest retry hint of the descriptors over their limit
+/// (rounded up), ignoring shadow-mode rules and quota-mode descriptors that did not decide. A
+/// descriptor refused for a cost it can never admit has no hint (waiting will not help), and gives
+/// no `Retry-After`.
 fn retry_after_secs(statuses: &[DescriptorStatus]) -> Option<u64> {
     statuses
         .iter()
         .filter(|s| s.code == Code::OverLimit)
-        .filter_map(|s| s.retry_after.or_else(|| s.until_reset()))
+        .filter_map(|s| s.retry_after)
         .map(whole_seconds)
         .max()
         .map(|secs| secs.max(1))

@@ -770,7 +770,12 @@ async fn http_with_head(server: &TestServer, path: &str, body: &str) -> (u16, St
 
 #[tokio::test]
 async fn the_json_api_speaks_the_same_calls_with_429_and_retry_after() {
-    let server = TestServer::start(&[("app.yaml", RULES)], &[("TOLLGATE_RESPONSE_HEADERS", "ietf")]).await;
+    // The Retry-After header style too: it must follow the same rule as the 429's own Retry-After.
+    let server = TestServer::start(
+        &[("app.yaml", RULES)],
+        &[("TOLLGATE_RESPONSE_HEADERS", "ietf,retry-after")],
+    )
+    .await;
     let otp = r#"{"domain":"app","descriptors":[{"entries":[{"key":"otp","value":"5550111"}]}],"cost":4}"#;
     let (status, head, body) = http_with_head(&server, "/v1/check", otp).await;
     assert_eq!(status, 200, "{body}");
