@@ -6,7 +6,6 @@
 //! rule's slots can be held longer than it allows. Shadow mode does not apply to concurrency rules: a
 //! refused lease holds nothing, so there is nothing to "count but allow".
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -324,12 +323,7 @@ fn checked_lease_id(id: &str) -> Result<&str, LimiterError> {
 fn new_lease_id() -> Result<String, LimiterError> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|_| LimiterError::NoRandomness)?;
-    let mut id = String::with_capacity(2 * bytes.len());
-    for byte in bytes {
-        // Writing to a String cannot fail.
-        let _ = write!(id, "{byte:02x}");
-    }
-    Ok(id)
+    Ok(super::refund_token::hex(&bytes))
 }
 
 #[cfg(test)]

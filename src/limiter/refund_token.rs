@@ -235,7 +235,8 @@ fn pad(tag: &[u8]) -> [u8; 32] {
     out
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Lowercase hex of `bytes` (token and lease ids).
+pub(super) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     bytes
         .iter()
