@@ -21,7 +21,7 @@ use tonic::transport::Channel;
 
 use crate::proto::native::rate_limiter_client::RateLimiterClient;
 use crate::proto::native::{
-    self, AcquireRequest, CheckRequest, CheckResponse, Entry, RefundRequest, RefundResponse, ReleaseRequest,
+    self, AcquireRequest, CheckRequest, CheckResponse, RefundRequest, RefundResponse, ReleaseRequest,
 };
 
 /// One descriptor: ordered `(key, value)` entries.
@@ -221,13 +221,7 @@ impl Client {
 fn wire_descriptors(descriptors: Vec<Descriptor>) -> Vec<native::Descriptor> {
     descriptors
         .into_iter()
-        .map(|entries| native::Descriptor {
-            entries: entries
-                .into_iter()
-                .map(|(key, value)| Entry { key, value })
-                .collect(),
-            cost: None,
-        })
+        .map(native::Descriptor::from_entries)
         .collect()
 }
 

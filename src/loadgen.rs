@@ -55,46 +55,59 @@ enum Caller {
     Native(RateLimiterClient<Channel>),
 }
 
+/// One request, built before it is timed.
+enum Call {
+    Envoy(RateLimitRequest),
+    Native(native::CheckRequest),
+}
+
 impl Caller {
-    /// Decides one request; whether it was over the limit.
-    async fn decide(
-        &mut self,
-        domain: &str,
-        templates: &[Template],
-        key: u64,
-    ) -> Result<bool, tonic::Status> {
+    /// The request for key index `key`, in this caller's API.
+    fn build(&self, domain: &str, templates: &[Template], key: u64) -> Call {
+        let index = key.to_string();
+        let entries = |template: &Template| substitute(template, &index);
         match self {
-            Caller::Envoy(client) => {
-                let response = client.should_rate_limit(request(domain, templates, key)).await?;
-                Ok(response.into_inner().overall_code == Code::OverLimit as i32)
-            }
-            Caller::Native(client) => {
-                let envoy = request(domain, templates, key);
-                let descriptors = envoy
-                    .descriptors
-                    .into_iter()
-                    .map(|d| native::Descriptor {
-                        entries: d
-                            .entries
-                            .into_iter()
-                            .map(|e| native::Entry {
-                                key: e.key,
-                                value: e.value,
-                            })
-                            .collect(),
-                        cost: None,
-                    })
-                    .collect();
-                let check = native::CheckRequest {
-                    domain: envoy.domain,
-                    descriptors,
-                    cost: 1,
-                    mode: native::Mode::Consume as i32,
-                };
-                Ok(!client.check(check).await?.into_inner().allowed)
-            }
+            Caller::Envoy(_) => Call::Envoy(RateLimitRequest {
+                domain: domain.to_owned(),
+                descriptors: templates
+                    .iter()
+                    .map(|t| RateLimitDescriptor::from_entries(entries(t)))
+                    .collect(),
+                hits_addend: 0,
+            }),
+            Caller::Native(_) => Call::Native(native::CheckRequest {
+                domain: domain.to_owned(),
+                descriptors: templates
+                    .iter()
+                    .map(|t| native::Descriptor::from_entries(entries(t)))
+                    .collect(),
+                cost: 1,
+                mode: native::Mode::Consume as i32,
+            }),
         }
     }
+
+    /// Sends one request; whether it was over the limit.
+    async fn send(&mut self, call: Call) -> Result<bool, tonic::Status> {
+        match (self, call) {
+            (Caller::Envoy(client), Call::Envoy(request)) => {
+                let response = client.should_rate_limit(request).await?;
+                Ok(response.into_inner().overall_code == Code::OverLimit as i32)
+            }
+            (Caller::Native(client), Call::Native(request)) => {
+                Ok(!client.check(request).await?.into_inner().allowed)
+            }
+            _ => Err(tonic::Status::internal("a request built for the other API")),
+        }
+    }
+}
+
+/// A template's entries with `{i}` replaced by `index`.
+fn substitute(template: &Template, index: &str) -> Vec<(String, String)> {
+    template
+        .iter()
+        .map(|(k, v)| (k.clone(), v.replace("{i}", index)))
+        .collect()
 }
 
 /// What the run measured.
@@ -209,8 +222,9 @@ async fn work(
     let mut latencies = Vec::new();
     let mut key = first_key;
     while Instant::now() < deadline {
+        let call = client.build(&domain, &templates, key % keys);
         let sent = Instant::now();
-        let answer = client.decide(&domain, &templates, key % keys).await;
+        let answer = client.send(call).await;
         key += stride;
         match answer {
             Ok(over_limit) => {
@@ -222,23 +236,6 @@ async fn work(
         }
     }
     ((answered, over, errors), latencies)
-}
-
-fn request(domain: &str, templates: &[Template], key: u64) -> RateLimitRequest {
-    let index = key.to_string();
-    let descriptors = templates
-        .iter()
-        .map(|entries| {
-            RateLimitDescriptor::from_entries(
-                entries.iter().map(|(k, v)| (k.clone(), v.replace("{i}", &index))),
-            )
-        })
-        .collect();
-    RateLimitRequest {
-        domain: domain.to_owned(),
-        descriptors,
-        hits_addend: 0,
-    }
 }
 
 /// Client-issued script calls so far (`FCALL`, `FUNCTION ...`, `EVALSHA`, `EVAL`, `SCRIPT ...`), from
@@ -291,12 +288,16 @@ mod tests {
 
     #[test]
     fn templates_substitute_the_key_index() {
-        let templates = vec![vec![
+        let template = vec![
             ("user".to_owned(), "u-{i}".to_owned()),
             ("path".to_owned(), "/x".to_owned()),
-        ]];
-        let request = request("d", &templates, 42);
-        assert_eq!(request.descriptors[0].entries[0].value, "u-42");
-        assert_eq!(request.descriptors[0].entries[1].value, "/x");
+        ];
+        assert_eq!(
+            substitute(&template, "42"),
+            [
+                ("user".to_owned(), "u-42".to_owned()),
+                ("path".to_owned(), "/x".to_owned())
+            ]
+        );
     }
 }

@@ -67,6 +67,20 @@ pub use envoy::extensions::common::ratelimit::v3 as descriptor;
 pub use envoy::service::ratelimit::v3 as rls;
 pub use tollgate::v1 as native;
 
+impl native::Descriptor {
+    /// A descriptor of these `(key, value)` entries, in order, at the request's cost.
+    pub fn from_entries<K: Into<String>, V: Into<String>>(entries: impl IntoIterator<Item = (K, V)>) -> Self {
+        let entries = entries
+            .into_iter()
+            .map(|(key, value)| native::Entry {
+                key: key.into(),
+                value: value.into(),
+            })
+            .collect();
+        Self { entries, cost: None }
+    }
+}
+
 impl descriptor::RateLimitDescriptor {
     /// A descriptor of these `(key, value)` entries, in order, with no limit override and no
     /// descriptor-level hits.

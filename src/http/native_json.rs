@@ -28,7 +28,7 @@ use crate::api::json::duration_text;
 use crate::api::native::{NativeApi, wire_duration};
 use crate::api::whole_seconds;
 use crate::limiter::{ErrorKind, LimiterError};
-use crate::proto::native::{self, Descriptor, Entry};
+use crate::proto::native::{self, Descriptor};
 use crate::store::AnyStore;
 
 /// The `/v1/*` routes.
@@ -77,15 +77,8 @@ impl JsonCall {
         self.descriptors
             .into_iter()
             .map(|d| Descriptor {
-                entries: d
-                    .entries
-                    .into_iter()
-                    .map(|e| Entry {
-                        key: e.key,
-                        value: e.value,
-                    })
-                    .collect(),
                 cost: d.cost,
+                ..Descriptor::from_entries(d.entries.into_iter().map(|e| (e.key, e.value)))
             })
             .collect()
     }
