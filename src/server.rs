@@ -127,7 +127,7 @@ pub async fn run(
     ));
     let keys = refund_keys(&settings)?.or_else(RefundKeys::random);
     let limiter = Arc::new(limiter.with_refund_keys(keys, Arc::clone(&clock)));
-    tasks.spawn(reloader.run(Arc::clone(&rules), health.clone(), Some(version), stop.clone()));
+    tasks.spawn(reloader.run(Arc::clone(&rules), Some(version), stop.clone()));
     tasks.spawn(sweep(Arc::clone(&limiter), stop.clone()));
     tasks.spawn(log_offenders(Arc::clone(&limiter), stop.clone()));
 

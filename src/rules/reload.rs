@@ -17,7 +17,6 @@ use tokio_util::sync::CancellationToken;
 use super::file::{ConfigError, Snapshot};
 use super::{CompileOptions, RuleSet};
 use crate::limiter::RulesHandle;
-use crate::observe::health::Health;
 use crate::observe::metrics::Metrics;
 
 /// Loads and compiles every rules file below `dir`, each rule's counters taken from (and kept in)
@@ -60,30 +59,26 @@ pub struct Reloader {
 impl Reloader {
     /// Loads the rules once, publishing them on success. Returns the version loaded.
     pub fn load_into(&self, rules: &RulesHandle) -> Result<String, ConfigError> {
-        self.publish(&Snapshot::read(&self.dir)?, rules)
+        let snapshot = Snapshot::read(&self.dir)?;
+        let version = snapshot.fingerprint();
+        self.publish(&snapshot, &version, rules)?;
+        Ok(version)
     }
 
-    /// Compiles `snapshot` and swaps it in; returns its version.
-    fn publish(&self, snapshot: &Snapshot, rules: &RulesHandle) -> Result<String, ConfigError> {
-        let version = snapshot.fingerprint();
+    /// Compiles `snapshot` (whose fingerprint is `version`) and swaps it in.
+    fn publish(&self, snapshot: &Snapshot, version: &str, rules: &RulesHandle) -> Result<(), ConfigError> {
         let set = compile(snapshot, self.merge_domains, self.options, &self.metrics)?;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        self.metrics.loaded(&version, now);
+        self.metrics.loaded(version, now);
         tracing::info!(dir = %self.dir.display(), domains = set.len(), %version, "rules loaded");
         rules.store(Some(Arc::new(set)));
-        Ok(version)
+        Ok(())
     }
 
     /// Polls until `stop` is cancelled, reloading a change once two polls in a row read it.
-    pub async fn run(
-        self,
-        rules: RulesHandle,
-        health: Health,
-        mut version: Option<String>,
-        stop: CancellationToken,
-    ) {
+    pub async fn run(self, rules: RulesHandle, mut version: Option<String>, stop: CancellationToken) {
         let mut ticker = tokio::time::interval(self.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // A changed version seen once, waiting for the next poll to confirm it.
@@ -112,18 +107,12 @@ impl Reloader {
                 }
                 Step::Load => pending = None,
             }
-            match self.publish(&snapshot, &rules) {
-                Ok(loaded) => {
-                    version = Some(loaded);
-                    health.set_rules_loaded(true).await;
-                }
-                Err(error) => {
-                    // Remember the broken version so the error is logged once, not every second.
-                    version = Some(current);
-                    self.metrics.config_load_error.add(1);
-                    tracing::error!(%error, "rules not reloaded; keeping the previous rules");
-                }
+            if let Err(error) = self.publish(&snapshot, &current, &rules) {
+                self.metrics.config_load_error.add(1);
+                tracing::error!(%error, "rules not reloaded; keeping the previous rules");
             }
+            // A broken version is remembered too, so its error is logged once, not every poll.
+            version = Some(current);
         }
     }
 }

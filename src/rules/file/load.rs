@@ -12,7 +12,7 @@ use super::parse_text;
 use super::validate::{Siblings, final_key};
 
 /// Every rules file below a directory, read once: what a load parses and what a reload compares.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Snapshot {
     /// (path, contents), in the order the files are loaded.
     files: Vec<(PathBuf, Vec<u8>)>,
