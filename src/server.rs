@@ -194,12 +194,6 @@ fn build_store(
     clock: Arc<dyn Clock>,
     stop: CancellationToken,
 ) -> anyhow::Result<AnyStore> {
-    if settings.redis_persecond {
-        // Refusing to start would break a migration for a layout choice; counting is still right.
-        tracing::warn!(
-            "REDIS_PERSECOND is not supported: per-second limits are counted in the main Redis (REDIS_URL)"
-        );
-    }
     let Some(target) = redis_target(settings)? else {
         tracing::info!("no REDIS_URL: counting in the embedded store (one instance only)");
         return Ok(AnyStore::Memory(MemoryStore::with_max_keys(
