@@ -10,7 +10,7 @@ use super::{Domain, MAX_LIMITS_PER_RULE, Rate, Rule, RuleLimit, RuleSet};
 use crate::algorithm::Algorithm;
 use crate::observe::metrics::Metrics;
 use crate::rules::file::{
-    ConfigError, DescriptorConfig, DomainConfig, LimitPolicy, RateLimitConfig, ValueMatch,
+    ConfigError, DescriptorConfig, DomainConfig, LimitPolicy, RateLimitConfig, ValueMatch, final_key,
     sliding_log_too_large,
 };
 
@@ -77,10 +77,8 @@ impl Context<'_> {
             group.hash |= d.normalize.hash;
         }
         for d in descriptors {
-            let path = match &d.value {
-                Some(value) => format!("{parent}.{}_{value}", d.key),
-                None => format!("{parent}.{}", d.key),
-            };
+            // The path validation named the rule by (errors, `/rlconfig`, per-rule metrics).
+            let path = format!("{parent}.{}", final_key(&d.key, d.value.as_deref()));
             let node = self.node(d, &path)?;
             let group = level.keys.entry(d.key.clone()).or_default();
             self.insert(group, d, node, &path)?;

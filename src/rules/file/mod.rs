@@ -35,6 +35,7 @@ mod load;
 pub use load::Snapshot;
 mod model;
 mod validate;
+pub(crate) use validate::final_key;
 mod yaml;
 
 pub use model::*;
