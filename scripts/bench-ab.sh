@@ -13,20 +13,10 @@ before="$1"
 after="$2"
 rounds="${ROUNDS:-2}"
 duration="${DURATION:-10s}"
-work="$(mktemp -d)"
 server=""
-cleanup() {
-  [ -n "$server" ] && kill "$server" 2>/dev/null || true
-  redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-redis_port="$(free_port)"
-redis-server --port "$redis_port" --save '' --appendonly no --daemonize yes --logfile "$work/redis.log"
-until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
+cleanup_more() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }
+# shellcheck source=scripts/bench-lib.sh
+source "$(dirname "$0")/bench-lib.sh"
 mkdir -p "$work/rules"
 cat > "$work/rules/bench.yaml" <<'RULES'
 domain: bench
@@ -44,7 +34,7 @@ turn() { # name binary store api
   REDIS_URL="$redis_url" "$binary" serve --config-dir "$work/rules" --grpc-addr "127.0.0.1:$port" \
     --http-addr "127.0.0.1:$(free_port)" --debug-addr "127.0.0.1:$(free_port)" >"$work/server.log" 2>&1 &
   server=$!
-  sleep 1.5
+  wait_ready "$binary" "$port"
   "$after" bench --addr "http://127.0.0.1:$port" --domain bench -d 'user=w-{i}' --keys 100 \
     --concurrency 8 --duration 1s --api "$api" >/dev/null 2>&1
   printf '%-7s %-7s %-7s ' "$name" "$store" "$api"

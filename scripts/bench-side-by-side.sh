@@ -17,21 +17,11 @@ tollgate="$root/target/release/tollgate"
 [ -x "$tollgate" ] || { echo "build first: cargo build --release --locked" >&2; exit 1; }
 rounds="${ROUNDS:-3}"
 duration="${DURATION:-10s}"
-work="$(mktemp -d)"
 pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-redis_port="$(free_port)"
-redis-server --port "$redis_port" --save '' --appendonly no --daemonize yes --logfile "$work/redis.log"
+cleanup_more() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
+# shellcheck source=scripts/bench-lib.sh
+source "$(dirname "$0")/bench-lib.sh"
 redis_url="redis://127.0.0.1:$redis_port"
-until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
 
 mkdir -p "$work/rules"
 cat > "$work/rules/bench.yaml" <<'EOF'

@@ -1,0 +1,30 @@
+# Shared by the bench scripts (sourced, not run): a work directory and a throwaway redis-server, both
+# removed on exit, and free loopback ports. Needs redis-server, redis-cli and python3 on PATH.
+#
+# After sourcing: $work (a temporary directory), $redis_port (a running redis-server, no persistence),
+# free_port, wait_ready BINARY PORT, and an EXIT trap that runs `bench_cleanup` plus whatever the
+# script put in `cleanup_more` (a function it may define).
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Waits (up to 10 s) until the Tollgate BINARY on gRPC PORT reports SERVING.
+wait_ready() {
+  local binary="$1" port="$2" tries=100
+  until "$binary" healthcheck --addr "http://127.0.0.1:$port" --timeout 200ms >/dev/null 2>&1; do
+    tries=$((tries - 1))
+    [ "$tries" -gt 0 ] || { echo "the server on port $port never became ready" >&2; return 1; }
+    sleep 0.1
+  done
+}
+
+bench_cleanup() {
+  if declare -F cleanup_more >/dev/null; then cleanup_more; fi
+  [ -n "${redis_port:-}" ] && redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1
+  rm -rf "$work"
+}
+
+work="$(mktemp -d)"
+trap bench_cleanup EXIT
+redis_port="$(free_port)"
+redis-server --port "$redis_port" --save '' --appendonly no --daemonize yes --logfile "$work/redis.log"
+until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
