@@ -103,7 +103,7 @@ pub async fn run(
             stop.clone(),
         ));
     }
-    let mut options = limiter_options(&settings, algorithm);
+    let mut options = limiter_options(&settings);
     if settings.stop_cache_key_increment_when_overlimit && store.is_cluster() {
         // Exact rather than racy: one script call sees every descriptor of a request.
         options.keep_domains_together = true;
@@ -292,14 +292,14 @@ async fn watch_redis(redis: Arc<RedisStore>, health: Health, stop: CancellationT
 /// How often readiness checks that Redis answers.
 const STORE_PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
-fn limiter_options(settings: &Settings, algorithm: crate::algorithm::Algorithm) -> LimiterOptions {
+fn limiter_options(settings: &Settings) -> LimiterOptions {
     LimiterOptions {
         cache_key_prefix: settings.cache_key_prefix.clone(),
         stop_increment_when_over_limit: settings.stop_cache_key_increment_when_overlimit,
         keep_domains_together: false,
         global_shadow_mode: settings.shadow_mode,
         global_quota_mode: settings.quota_mode,
-        default_algorithm: algorithm,
+        default_algorithm: settings.default_algorithm,
         max_descriptors: settings.max_descriptors,
         near_limit_ratio: settings.near_limit_ratio,
         show_caller_values: settings.show_caller_values,

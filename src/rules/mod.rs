@@ -1,7 +1,7 @@
 //! The compiled rule set: validated rules files (see [`crate::rules::file`]) turned into a lookup tree that
 //! answers "which rule applies to this descriptor?" with one hash lookup per entry.
 //!
-//! Layout: [`compile`] builds the tree, [`matcher`] walks it, [`normalize`] and [`pattern`] handle
+//! Layout: `compile.rs` builds the tree, `matcher.rs` walks it, `normalize.rs` and `pattern.rs` handle
 //! values that are not compared byte for byte.
 
 pub mod file;

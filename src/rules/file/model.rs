@@ -1,7 +1,7 @@
 //! Validated, in-memory form of the rules files.
 //!
-//! Everything here has already passed the checks in [`super::parse`], so consumers (the matcher,
-//! the limiter, the debug dump) can rely on the invariants documented on each type instead of
+//! Everything here has already passed the checks in `validate.rs`, so consumers (the matcher, the
+//! limiter, the debug dump) can rely on the invariants documented on each type instead of
 //! re-validating.
 
 use std::collections::BTreeMap;

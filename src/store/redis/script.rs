@@ -17,7 +17,7 @@
 //!   library and function names carry a hash of the code, so two Tollgate versions sharing a Redis never
 //!   replace each other's function. When a call meets `ERR Function not found` (a Redis restarted
 //!   without persistence, `FUNCTION FLUSH`, a failover to a node without the library), the library is
-//!   loaded on the connection the call used and the call retried (up to [`MAX_LOADS`] loads, in case
+//!   loaded on the connection the call used and the call retried (up to `MAX_LOADS` loads, in case
 //!   another flush lands in between); in Redis Cluster the load goes to every master (redis-rs routes
 //!   `FUNCTION LOAD` so) and the retry reaches the key's node.
 //! - **EVAL fallback (Redis 6.2).** The first `ERR unknown command` for `FCALL` switches this
@@ -230,7 +230,7 @@ impl BatchScript {
 
     /// Runs one batch and returns the raw reply (see [`BatchScript::decode`]); a refund may claim
     /// `markers` (see [`Markers`]). `FCALL`, and on `Function not found` a `FUNCTION LOAD REPLACE` and
-    /// a retry (up to [`MAX_LOADS`] times); on a server without `FCALL`, `EVALSHA` from then on
+    /// a retry (up to `MAX_LOADS` times); on a server without `FCALL`, `EVALSHA` from then on
     /// (NOSCRIPT: one `SCRIPT LOAD` and one retry).
     pub async fn call<C: ConnectionLike + Send>(
         &self,
