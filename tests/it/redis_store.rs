@@ -858,12 +858,16 @@ async fn sentinel_failover_is_followed_without_a_restart() {
         ("LOCAL_CACHE_SIZE_IN_BYTES", "0"),
     ];
     let server = start(&env, &rules(Algorithm::FixedWindow, 1000)).await;
+    let mut before = None;
     for _ in 0..3 {
-        assert_eq!(
-            ask(&server, &[&[("k", "v")]]).await.expect("answer").overall_code,
-            Code::Ok as i32
-        );
+        let answer = ask(&server, &[&[("k", "v")]]).await.expect("answer");
+        assert_eq!(answer.overall_code, Code::Ok as i32);
+        before = answer.statuses[0].duration_until_reset;
     }
+    // When the hour window ends during the failover, the count starts afresh, rightly (the reset is
+    // rounded up to whole seconds, hence the second less).
+    let window_ends =
+        Instant::now() + Duration::from_secs(before.map_or(0, |d| (d.seconds as u64).saturating_sub(1)));
     // Replication is asynchronous: kill the master only once the replica has every write, or the
     // promoted replica may not hold the counter yet (that lag is Redis', not Tollgate's, to answer for).
     wait_for_replica(&sentinel);
@@ -888,7 +892,9 @@ async fn sentinel_failover_is_followed_without_a_restart() {
     assert_ne!(sentinel.replica.port, old_master);
     assert_eq!(after.overall_code, Code::Ok as i32);
     // The replica had the counter: the count goes on (3 before, this one is the 4th or later).
-    assert!(after.statuses[0].limit_remaining <= 996, "{after:?}");
+    if Instant::now() < window_ends {
+        assert!(after.statuses[0].limit_remaining <= 996, "{after:?}");
+    }
     server.stop().await;
 }
 
