@@ -12,6 +12,14 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "
 pub mod envoy {
     /// `envoy.service.*`
     pub mod service {
+        /// `envoy.service.discovery.*`
+        pub mod discovery {
+            /// `envoy.service.discovery.v3`: Aggregated Discovery (State of the World), for the xDS
+            /// client.
+            pub mod v3 {
+                include!(concat!(env!("OUT_DIR"), "/envoy.service.discovery.v3.rs"));
+            }
+        }
         /// `envoy.service.ratelimit.*`
         pub mod ratelimit {
             /// `envoy.service.ratelimit.v3`: the RateLimitService and its messages.
@@ -47,9 +55,31 @@ pub mod envoy {
     pub mod config {
         /// `envoy.config.core.*`
         pub mod core {
-            /// `envoy.config.core.v3`: HeaderValue.
+            /// `envoy.config.core.v3`: HeaderValue, Node.
             pub mod v3 {
                 include!(concat!(env!("OUT_DIR"), "/envoy.config.core.v3.rs"));
+            }
+        }
+    }
+}
+
+/// `google.*` packages.
+pub mod google {
+    /// `google.rpc`: the error model an xDS NACK carries.
+    pub mod rpc {
+        include!(concat!(env!("OUT_DIR"), "/google.rpc.rs"));
+    }
+}
+
+/// `ratelimit.*` packages: envoyproxy/ratelimit's own.
+pub mod ratelimit {
+    /// `ratelimit.config.*`
+    pub mod config {
+        /// `ratelimit.config.ratelimit.*`
+        pub mod ratelimit {
+            /// `ratelimit.config.ratelimit.v3`: `RateLimitConfig`, one domain's rules as an xDS resource.
+            pub mod v3 {
+                include!(concat!(env!("OUT_DIR"), "/ratelimit.config.ratelimit.v3.rs"));
             }
         }
     }
@@ -64,7 +94,9 @@ pub mod tollgate {
 }
 
 pub use envoy::extensions::common::ratelimit::v3 as descriptor;
+pub use envoy::service::discovery::v3 as xds;
 pub use envoy::service::ratelimit::v3 as rls;
+pub use ratelimit::config::ratelimit::v3 as rls_config;
 pub use tollgate::v1 as native;
 
 impl native::Descriptor {

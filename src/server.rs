@@ -4,6 +4,7 @@
 //! calls.
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,17 +13,22 @@ use arc_swap::ArcSwapOption;
 use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use crate::api::envoy::EnvoyOptions;
 use crate::api::headers::{HeaderNames, HeaderOptions};
 use crate::clock::Clock;
-use crate::grpc::GrpcLimits;
+use crate::grpc::tls::{ServerTls, TlsFiles};
+use crate::grpc::{GrpcLimits, GrpcListener};
 use crate::limiter::{Limiter, LimiterOptions, RefundKeys, RulesHandle};
 use crate::observe::health::Health;
 use crate::observe::metrics::Metrics;
+use crate::proto::envoy::config::core::v3::Node;
+use crate::proto::envoy::config::core::v3::node::UserAgentVersionType;
 use crate::rules::reload::Reloader;
-use crate::rules::{CompileOptions, ValueHasher};
-use crate::settings::{HeaderStyle, Settings, SettingsError, without_userinfo};
+use crate::rules::xds::{Retry, XdsClient, XdsServer};
+use crate::rules::{CompileOptions, RuleSet, ValueHasher};
+use crate::settings::{ConfigType, HeaderStyle, Settings, SettingsError, without_userinfo};
 use crate::store::AnyStore;
 use crate::store::local_cache::LocalCache;
 use crate::store::memory::MemoryStore;
@@ -31,15 +37,17 @@ use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
 /// How often the embedded store drops state that can no longer affect a decision.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
-/// The three bound listeners.
+/// The bound listeners.
 #[derive(Debug)]
 pub struct Listeners {
-    /// gRPC (Envoy RLS, health, reflection).
-    pub grpc: TcpListener,
+    /// gRPC (Envoy RLS, health, reflection): TCP, or a unix socket with `GRPC_UDS`.
+    pub grpc: GrpcListener,
     /// HTTP admin (`/healthcheck`).
     pub http: TcpListener,
     /// Debug (`/rlconfig`).
     pub debug: TcpListener,
+    /// The Go service's metrics listener, with `USE_PROMETHEUS`.
+    pub prometheus: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -50,11 +58,32 @@ impl Listeners {
                 .await
                 .with_context(|| format!("cannot bind the {what} listener to {addr}"))
         };
+        let grpc = if settings.grpc_uds.is_empty() {
+            GrpcListener::Tcp(bind(settings.grpc_addr.clone(), "gRPC").await?)
+        } else {
+            let path = PathBuf::from(&settings.grpc_uds);
+            GrpcListener::bind_unix(path.clone())
+                .with_context(|| format!("cannot bind the gRPC unix socket {}", path.display()))?
+        };
+        let prometheus = match settings.use_prometheus {
+            // Go's `:9090` means every interface.
+            true => Some(bind(listen_addr(&settings.prometheus_addr), "Prometheus").await?),
+            false => None,
+        };
         Ok(Self {
-            grpc: bind(settings.grpc_addr.clone(), "gRPC").await?,
+            grpc,
             http: bind(settings.http_addr.clone(), "HTTP").await?,
             debug: bind(settings.debug_addr.clone(), "debug").await?,
+            prometheus,
         })
+    }
+}
+
+/// A Go listen address (`:9090`, `host:9090`) as one Tokio binds.
+fn listen_addr(addr: &str) -> String {
+    match addr.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => addr.to_owned(),
     }
 }
 
@@ -68,29 +97,45 @@ pub async fn run(
     clock: Arc<dyn Clock>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let algorithm = settings.default_algorithm;
     let envoy = envoy_options(&settings);
-    let reloader = Reloader {
-        dir: settings.config_dir.clone(),
-        merge_domains: settings.merge_domain_config,
-        options: CompileOptions {
-            default_algorithm: algorithm,
-        },
-        interval: settings.reload_interval,
-        metrics: Metrics::new(),
+    let options = CompileOptions {
+        default_algorithm: settings.default_algorithm,
     };
-    let metrics = Arc::clone(&reloader.metrics);
+    let metrics = Metrics::new();
     let addresses = (
-        listeners.grpc.local_addr()?,
+        grpc_address(&listeners.grpc),
         listeners.http.local_addr()?,
         listeners.debug.local_addr()?,
     );
     let rules: RulesHandle = Arc::new(ArcSwapOption::empty());
-    let version = reloader.load_into(&rules).context("cannot load the rules")?;
-
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
-    health.set_rules_loaded(true).await;
+    let source = match settings.config_type {
+        ConfigType::File => {
+            let reloader = Reloader {
+                dir: settings.config_dir.clone(),
+                merge_domains: settings.merge_domain_config,
+                options,
+                interval: settings.reload_interval,
+                metrics: Arc::clone(&metrics),
+            };
+            let version = reloader.load_into(&rules).context("cannot load the rules")?;
+            health.set_rules_loaded(true).await;
+            RulesSource::Files(reloader, version)
+        }
+        ConfigType::GrpcXdsSotw => {
+            let client = xds_client(&settings, options, Arc::clone(&metrics))?;
+            if settings.force_start_without_initial_config {
+                rules.store(Some(Arc::new(RuleSet::compile(&[], options)?)));
+                health.set_rules_loaded(true).await;
+            } else {
+                tracing::info!(
+                    "not ready until the xDS server sends rules (FORCE_START_WITHOUT_INITIAL_CONFIG is false)"
+                );
+            }
+            RulesSource::Xds(Box::new(client))
+        }
+    };
 
     let stop = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
@@ -127,7 +172,18 @@ pub async fn run(
     ));
     let keys = refund_keys(&settings)?.or_else(RefundKeys::random);
     let limiter = Arc::new(limiter.with_refund_keys(keys, Arc::clone(&clock)));
-    tasks.spawn(reloader.run(Arc::clone(&rules), Some(version), stop.clone()));
+    let origin = match source {
+        RulesSource::Files(reloader, version) => {
+            let origin = reloader.dir.display().to_string();
+            tasks.spawn(reloader.run(Arc::clone(&rules), Some(version), stop.clone()));
+            origin
+        }
+        RulesSource::Xds(client) => {
+            let origin = format!("xds:{}", client.server.url);
+            tasks.spawn(client.run(Arc::clone(&rules), health.clone(), stop.clone()));
+            origin
+        }
+    };
     tasks.spawn(sweep(Arc::clone(&limiter), stop.clone()));
     tasks.spawn(log_offenders(Arc::clone(&limiter), stop.clone()));
 
@@ -149,13 +205,26 @@ pub async fn run(
     let stopped = stop.clone();
     let debug = axum::serve(listeners.debug, crate::http::debug_router(Arc::clone(&limiter)))
         .with_graceful_shutdown(async move { stopped.cancelled().await });
+    let prometheus = listeners.prometheus.map(|listener| {
+        let stopped = stop.clone();
+        let router = crate::http::prometheus_router(Arc::clone(&limiter), &settings.prometheus_path);
+        axum::serve(listener, router).with_graceful_shutdown(async move { stopped.cancelled().await })
+    });
+    let tls = server_tls(&settings)?;
+    if let Some(tls) = &tls {
+        tasks.spawn(Arc::clone(tls).watch(settings.reload_interval, stop.clone()));
+    }
     let stopped = stop.clone();
     let limits = GrpcLimits {
         max_message_bytes: settings.max_request_bytes,
         max_concurrent_streams: settings.grpc_max_concurrent_streams,
+        // Zero is never, as in grpc-go.
+        max_connection_age: Some(settings.grpc_max_connection_age).filter(|age| !age.is_zero()),
+        max_connection_age_grace: settings.grpc_max_connection_age_grace,
     };
     let grpc = crate::grpc::serve(
         listeners.grpc,
+        tls,
         limiter,
         envoy,
         limits,
@@ -176,16 +245,140 @@ pub async fn run(
     // Logged with the real ports so a caller that bound port 0 can find them.
     tracing::info!(
         grpc = %grpc_addr, http = %http_addr, debug = %debug_addr,
-        rules = %settings.config_dir.display(), "tollgate serving"
+        rules = %origin, "tollgate serving"
     );
-    let (grpc, http, debug) = tokio::join!(grpc, http, debug);
+    let prometheus = async move {
+        match prometheus {
+            Some(serving) => serving.await,
+            None => Ok(()),
+        }
+    };
+    let (grpc, http, debug, prometheus) = tokio::join!(grpc, http, debug, prometheus);
     stop.cancel();
     tasks.close();
     tasks.wait().await;
     grpc.context("gRPC server failed")?;
     http.context("HTTP server failed")?;
     debug.context("debug server failed")?;
+    prometheus.context("Prometheus server failed")?;
     Ok(())
+}
+
+/// Where the rules come from, ready to follow.
+enum RulesSource {
+    /// The rules directory, loaded once (at this version) and polled.
+    Files(Reloader, String),
+    /// An xDS management server.
+    Xds(Box<XdsClient>),
+}
+
+/// The xDS rules source the `CONFIG_GRPC_XDS_*` and `XDS_CLIENT_*` settings describe. TLS material is
+/// read now, so a missing file stops startup naming it.
+fn xds_client(
+    settings: &Settings,
+    options: CompileOptions,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<XdsClient> {
+    let tls = if settings.config_grpc_xds_server_use_tls {
+        let read = read_setting_file;
+        let ca = match settings.config_grpc_xds_server_tls_cacert.as_str() {
+            "" => anyhow::bail!(
+                "CONFIG_GRPC_XDS_SERVER_USE_TLS needs CONFIG_GRPC_XDS_SERVER_TLS_CACERT (the system's roots are not built in)"
+            ),
+            path => read("config_grpc_xds_server_tls_cacert", path)?,
+        };
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+        match (
+            settings.config_grpc_xds_client_tls_cert.as_str(),
+            settings.config_grpc_xds_client_tls_key.as_str(),
+        ) {
+            ("", "") => {}
+            (cert, key) if !cert.is_empty() && !key.is_empty() => {
+                let cert = read("config_grpc_xds_client_tls_cert", cert)?;
+                let key = read("config_grpc_xds_client_tls_key", key)?;
+                tls = tls.identity(Identity::from_pem(cert, key));
+            }
+            _ => anyhow::bail!(
+                "CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY go together"
+            ),
+        }
+        if !settings.config_grpc_xds_server_tls_san.is_empty() {
+            tls = tls.domain_name(settings.config_grpc_xds_server_tls_san.clone());
+        }
+        Some(tls)
+    } else {
+        None
+    };
+    let pairs = |text: &str, separator: char| -> Vec<(String, String)> {
+        text.split(',')
+            .filter_map(|pair| pair.split_once(separator))
+            .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+            .collect()
+    };
+    let metadata = pairs(&settings.config_grpc_xds_node_metadata, '=')
+        .into_iter()
+        .map(|(k, v)| {
+            let value = prost_types::Value {
+                kind: Some(prost_types::value::Kind::StringValue(v)),
+            };
+            (k, value)
+        })
+        .collect();
+    Ok(XdsClient {
+        server: XdsServer {
+            url: settings.config_grpc_xds_server_url.clone(),
+            tls,
+            headers: pairs(&settings.config_grpc_xds_client_additional_headers, ':'),
+            max_message_bytes: settings.xds_client_max_msg_size_in_bytes,
+        },
+        node: Node {
+            id: settings.config_grpc_xds_node_id.clone(),
+            cluster: String::new(),
+            metadata: Some(prost_types::Struct { fields: metadata }),
+            user_agent_name: "tollgate".into(),
+            user_agent_version_type: Some(UserAgentVersionType::UserAgentVersion(
+                env!("CARGO_PKG_VERSION").into(),
+            )),
+        },
+        retry: Retry {
+            connect_interval: settings.config_grpc_xds_server_connect_retry_interval,
+            backoff_initial: settings.xds_client_backoff_initial_interval,
+            backoff_max: settings.xds_client_backoff_max_interval,
+            random_factor: settings.xds_client_backoff_random_factor,
+            jitter: settings.xds_client_backoff_jitter,
+        },
+        merge_domains: settings.merge_domain_config,
+        options,
+        metrics,
+    })
+}
+
+/// How the gRPC listener is named in the log: its TCP address, or `unix:PATH`.
+fn grpc_address(listener: &GrpcListener) -> String {
+    match listener {
+        GrpcListener::Tcp(tcp) => tcp.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string()),
+        GrpcListener::Unix(_, path) => format!("unix:{}", path.display()),
+    }
+}
+
+/// The gRPC listener's TLS (`GRPC_SERVER_USE_TLS`), read from its files; `None` for plaintext.
+fn server_tls(settings: &Settings) -> anyhow::Result<Option<Arc<ServerTls>>> {
+    if !settings.grpc_server_use_tls {
+        return Ok(None);
+    }
+    let optional = |value: &str| Some(value.to_owned()).filter(|v| !v.is_empty());
+    let files = TlsFiles {
+        cert: PathBuf::from(&settings.grpc_server_tls_cert),
+        key: PathBuf::from(&settings.grpc_server_tls_key),
+        client_ca: optional(&settings.grpc_client_tls_cacert).map(PathBuf::from),
+        client_san: optional(&settings.grpc_client_tls_san),
+    };
+    let tls = ServerTls::load(files).context("cannot start TLS on the gRPC listener")?;
+    tracing::info!(
+        client_certificates = !settings.grpc_client_tls_cacert.is_empty(),
+        "gRPC listener serves TLS"
+    );
+    Ok(Some(Arc::new(tls)))
 }
 
 /// The embedded store, or Redis (connecting in the background) behind the local over-limit cache.
@@ -359,16 +552,19 @@ pub(crate) fn redis_target(settings: &Settings) -> Result<Option<RedisTarget>, S
     Ok(Some(target))
 }
 
+/// The contents of the file a setting names; the error names the setting and the path.
+fn read_setting_file(name: &'static str, path: &str) -> Result<Vec<u8>, SettingsError> {
+    std::fs::read(path).map_err(|e| SettingsError::BadValue {
+        name,
+        value: path.into(),
+        reason: e.to_string(),
+    })
+}
+
 /// The certificates for TLS to Redis, read from the configured files (none configured: `None`, and the
 /// system's roots verify the server).
 fn redis_tls_certificates(settings: &Settings) -> Result<Option<redis::TlsCertificates>, SettingsError> {
-    let read = |name: &'static str, path: &str| {
-        std::fs::read(path).map_err(|e| SettingsError::BadValue {
-            name,
-            value: path.into(),
-            reason: e.to_string(),
-        })
-    };
+    let read = read_setting_file;
     let root_cert = match settings.redis_tls_cacert.as_str() {
         "" => None,
         path => Some(read("redis_tls_cacert", path)?),

@@ -151,6 +151,108 @@ pub struct Settings {
     pub warnings: Vec<String>,
     /// Runtime worker threads; 0 means one per CPU minus one, at least one (see [`Settings::workers`]).
     pub worker_threads: usize,
+    /// `GRPC_UDS`: serve gRPC on this unix socket instead of `grpc_addr`.
+    pub grpc_uds: String,
+    /// `GRPC_MAX_CONNECTION_AGE`: a gRPC connection older than this is sent GOAWAY, so clients
+    /// reconnect and spread over replicas added since (default 24h, as the Go service).
+    #[serde(with = "humantime_serde")]
+    pub grpc_max_connection_age: Duration,
+    /// `GRPC_MAX_CONNECTION_AGE_GRACE`: how long calls in flight may finish after that GOAWAY.
+    #[serde(with = "humantime_serde")]
+    pub grpc_max_connection_age_grace: Duration,
+    /// `GRPC_SERVER_USE_TLS`: serve gRPC over TLS with `grpc_server_tls_cert` and `_key`.
+    pub grpc_server_use_tls: bool,
+    /// `GRPC_SERVER_TLS_CERT`: PEM certificate chain of the gRPC listener (re-read when it changes).
+    pub grpc_server_tls_cert: String,
+    /// `GRPC_SERVER_TLS_KEY`: PEM private key of that certificate.
+    pub grpc_server_tls_key: String,
+    /// `GRPC_CLIENT_TLS_CACERT`: require client certificates signed by this CA (mTLS).
+    pub grpc_client_tls_cacert: String,
+    /// `GRPC_CLIENT_TLS_SAN`: require this DNS name or IP address in the client certificate.
+    pub grpc_client_tls_san: String,
+    /// `CONFIG_TYPE`: where rules come from, `FILE` (the rules directory) or `GRPC_XDS_SOTW` (an xDS
+    /// management server, as Envoy Gateway runs it).
+    #[serde(with = "as_text")]
+    pub config_type: ConfigType,
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`: with xDS, serve at once with no rules instead of staying
+    /// not ready until the first rule set arrives.
+    pub force_start_without_initial_config: bool,
+    /// `CONFIG_GRPC_XDS_SERVER_URL`: the xDS management server, `host:port`.
+    pub config_grpc_xds_server_url: String,
+    /// `CONFIG_GRPC_XDS_NODE_ID`: the node id the xDS server knows this service by.
+    pub config_grpc_xds_node_id: String,
+    /// `CONFIG_GRPC_XDS_NODE_METADATA`: node metadata, `key=value` pairs separated by commas.
+    pub config_grpc_xds_node_metadata: String,
+    /// `CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL`: pause between attempts to connect.
+    #[serde(with = "humantime_serde")]
+    pub config_grpc_xds_server_connect_retry_interval: Duration,
+    /// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS`: request metadata for the xDS stream, `key:value`
+    /// pairs separated by commas.
+    pub config_grpc_xds_client_additional_headers: String,
+    /// `CONFIG_GRPC_XDS_SERVER_USE_TLS`: TLS to the xDS server.
+    pub config_grpc_xds_server_use_tls: bool,
+    /// `CONFIG_GRPC_XDS_CLIENT_TLS_CERT`: PEM client certificate for the xDS server.
+    pub config_grpc_xds_client_tls_cert: String,
+    /// `CONFIG_GRPC_XDS_CLIENT_TLS_KEY`: its key.
+    pub config_grpc_xds_client_tls_key: String,
+    /// `CONFIG_GRPC_XDS_SERVER_TLS_CACERT`: PEM CA that signed the xDS server's certificate.
+    pub config_grpc_xds_server_tls_cacert: String,
+    /// `CONFIG_GRPC_XDS_SERVER_TLS_SAN`: the name the xDS server's certificate must carry (else the
+    /// host of the server URL).
+    pub config_grpc_xds_server_tls_san: String,
+    /// `XDS_CLIENT_BACKOFF_INITIAL_INTERVAL`: first pause before reopening a failed xDS stream.
+    #[serde(with = "humantime_serde")]
+    pub xds_client_backoff_initial_interval: Duration,
+    /// `XDS_CLIENT_BACKOFF_MAX_INTERVAL`: longest pause between attempts.
+    #[serde(with = "humantime_serde")]
+    pub xds_client_backoff_max_interval: Duration,
+    /// `XDS_CLIENT_BACKOFF_RANDOM_FACTOR`: with `xds_client_backoff_jitter`, each pause is spread by
+    /// ± this fraction. (The Go client hands this value to its backoff as the growth multiplier, which
+    /// at the default 0.5 pins every pause at the initial interval; Tollgate doubles the pause after
+    /// each failure, up to the maximum.)
+    pub xds_client_backoff_random_factor: f64,
+    /// `XDS_CLIENT_BACKOFF_JITTER`: randomise each pause.
+    pub xds_client_backoff_jitter: bool,
+    /// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`: largest xDS response accepted (0: 4 MiB, gRPC's default).
+    pub xds_client_max_msg_size_in_bytes: usize,
+    /// `USE_PROMETHEUS`: also serve the metrics on `prometheus_addr` at `prometheus_path`, where the Go
+    /// service serves them (they are always on the HTTP and debug ports' `/metrics`).
+    pub use_prometheus: bool,
+    /// `PROMETHEUS_ADDR`: `host:port` or `:port` (default `:9090`).
+    pub prometheus_addr: String,
+    /// `PROMETHEUS_PATH`: default `/metrics`.
+    pub prometheus_path: String,
+}
+
+/// `CONFIG_TYPE`: where the rules come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConfigType {
+    /// The rules directory, polled for changes.
+    #[default]
+    File,
+    /// An xDS management server, State of the World over ADS.
+    GrpcXdsSotw,
+}
+
+impl FromStr for ConfigType {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.to_ascii_uppercase().as_str() {
+            "FILE" => Ok(ConfigType::File),
+            "GRPC_XDS_SOTW" => Ok(ConfigType::GrpcXdsSotw),
+            _ => Err(format!("config type '{text}': expected FILE or GRPC_XDS_SOTW")),
+        }
+    }
+}
+
+impl fmt::Display for ConfigType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ConfigType::File => "FILE",
+            ConfigType::GrpcXdsSotw => "GRPC_XDS_SOTW",
+        })
+    }
 }
 
 impl std::fmt::Debug for Settings {
@@ -402,6 +504,34 @@ impl Default for Settings {
             show_caller_values: false,
             warnings: Vec::new(),
             worker_threads: 0,
+            grpc_uds: String::new(),
+            grpc_max_connection_age: Duration::from_secs(24 * 3600),
+            grpc_max_connection_age_grace: Duration::from_secs(3600),
+            grpc_server_use_tls: false,
+            grpc_server_tls_cert: String::new(),
+            grpc_server_tls_key: String::new(),
+            grpc_client_tls_cacert: String::new(),
+            grpc_client_tls_san: String::new(),
+            config_type: ConfigType::File,
+            force_start_without_initial_config: false,
+            config_grpc_xds_server_url: "localhost:18000".into(),
+            config_grpc_xds_node_id: "default".into(),
+            config_grpc_xds_node_metadata: String::new(),
+            config_grpc_xds_server_connect_retry_interval: Duration::from_secs(3),
+            config_grpc_xds_client_additional_headers: String::new(),
+            config_grpc_xds_server_use_tls: false,
+            config_grpc_xds_client_tls_cert: String::new(),
+            config_grpc_xds_client_tls_key: String::new(),
+            config_grpc_xds_server_tls_cacert: String::new(),
+            config_grpc_xds_server_tls_san: String::new(),
+            xds_client_backoff_initial_interval: Duration::from_secs(10),
+            xds_client_backoff_max_interval: Duration::from_secs(60),
+            xds_client_backoff_random_factor: 0.5,
+            xds_client_backoff_jitter: true,
+            xds_client_max_msg_size_in_bytes: 0,
+            use_prometheus: false,
+            prometheus_addr: ":9090".into(),
+            prometheus_path: "/metrics".into(),
         }
     }
 }
@@ -468,7 +598,7 @@ impl Settings {
             builder = builder.add_source(File::from(file).format(FileFormat::Yaml).required(true));
         }
         let mut warnings = Vec::new();
-        go_unsupported(env, &mut warnings)?;
+        go_warnings(env, &mut warnings)?;
         builder = builder
             .add_source(GoEnvironment::from(env, &mut warnings)?)
             .add_source(
@@ -481,6 +611,7 @@ impl Settings {
         }
         let mut settings: Settings = builder.build()?.try_deserialize()?;
         settings.validate()?;
+        warnings.extend(settings.unused());
         settings.warnings = warnings;
         Ok(settings)
     }
@@ -531,6 +662,7 @@ impl Settings {
                 reason: "a fleet has at least one replica".into(),
             });
         }
+        self.validate_transport()?;
         if !self.tracing_exporter_protocol.eq_ignore_ascii_case("grpc") {
             return Err(SettingsError::BadValue {
                 name: "tracing_exporter_protocol",
@@ -539,6 +671,95 @@ impl Settings {
             });
         }
         Ok(())
+    }
+
+    /// The gRPC listener's TLS, the xDS client's intervals and the Prometheus path: what would
+    /// otherwise fail at the first connection, or silently serve less security than asked for.
+    fn validate_transport(&self) -> Result<(), SettingsError> {
+        let bad = |name: &'static str, value: &str, reason: &str| {
+            Err(SettingsError::BadValue {
+                name,
+                value: value.to_owned(),
+                reason: reason.to_owned(),
+            })
+        };
+        if self.grpc_server_use_tls
+            && (self.grpc_server_tls_cert.is_empty() || self.grpc_server_tls_key.is_empty())
+        {
+            return bad(
+                "grpc_server_tls_cert",
+                &self.grpc_server_tls_cert,
+                "GRPC_SERVER_USE_TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
+            );
+        }
+        // Client certificates asked for on a plaintext listener would be ignored: any client could
+        // connect while the operator believes only certified ones can.
+        if !self.grpc_server_use_tls {
+            for (name, value) in [
+                ("grpc_client_tls_cacert", &self.grpc_client_tls_cacert),
+                ("grpc_client_tls_san", &self.grpc_client_tls_san),
+            ] {
+                if !value.is_empty() {
+                    return bad(name, value, "client certificates need GRPC_SERVER_USE_TLS=true");
+                }
+            }
+        }
+        if self.config_type == ConfigType::GrpcXdsSotw {
+            for (name, value) in [
+                (
+                    "config_grpc_xds_server_connect_retry_interval",
+                    self.config_grpc_xds_server_connect_retry_interval,
+                ),
+                (
+                    "xds_client_backoff_initial_interval",
+                    self.xds_client_backoff_initial_interval,
+                ),
+            ] {
+                if value.is_zero() {
+                    return bad(name, "0s", "must be longer than zero");
+                }
+            }
+            if !(0.0..=1.0).contains(&self.xds_client_backoff_random_factor) {
+                return bad(
+                    "xds_client_backoff_random_factor",
+                    &self.xds_client_backoff_random_factor.to_string(),
+                    "must be between 0 and 1",
+                );
+            }
+        }
+        if self.use_prometheus && !self.prometheus_path.starts_with('/') {
+            return bad("prometheus_path", &self.prometheus_path, "must start with /");
+        }
+        Ok(())
+    }
+
+    /// Settings given that nothing reads in this configuration, as warnings (the Go service ignores
+    /// them the same way; Tollgate says so).
+    fn unused(&self) -> Vec<String> {
+        let mut unused = Vec::new();
+        if !self.grpc_server_use_tls {
+            for (name, value) in [
+                ("GRPC_SERVER_TLS_CERT", &self.grpc_server_tls_cert),
+                ("GRPC_SERVER_TLS_KEY", &self.grpc_server_tls_key),
+            ] {
+                if !value.is_empty() {
+                    unused.push(format!(
+                        "ignoring {name}: GRPC_SERVER_USE_TLS is false, gRPC is plaintext"
+                    ));
+                }
+            }
+        }
+        if self.config_type == ConfigType::File && self.config_grpc_xds_server_use_tls {
+            unused.push("ignoring CONFIG_GRPC_XDS_SERVER_USE_TLS: CONFIG_TYPE is FILE".into());
+        }
+        if self.config_type == ConfigType::GrpcXdsSotw && self.config_dir != Settings::default().config_dir {
+            unused.push(format!(
+                "ignoring the rules directory {}: CONFIG_TYPE is GRPC_XDS_SOTW, rules come from {}",
+                self.config_dir.display(),
+                self.config_grpc_xds_server_url
+            ));
+        }
+        unused
     }
 
     /// The number of runtime worker threads. By default one CPU is left to the rest of the host (Envoy,
@@ -599,6 +820,61 @@ const GO_DIRECT: &[(&str, &str)] = &[
     ("TRACING_SERVICE_NAME", "tracing_service_name"),
     ("TRACING_SAMPLING_RATE", "tracing_sampling_rate"),
     ("TRACING_EXPORTER_PROTOCOL", "tracing_exporter_protocol"),
+    ("GRPC_UDS", "grpc_uds"),
+    ("GRPC_MAX_CONNECTION_AGE", "grpc_max_connection_age"),
+    ("GRPC_MAX_CONNECTION_AGE_GRACE", "grpc_max_connection_age_grace"),
+    ("GRPC_SERVER_USE_TLS", "grpc_server_use_tls"),
+    ("GRPC_SERVER_TLS_CERT", "grpc_server_tls_cert"),
+    ("GRPC_SERVER_TLS_KEY", "grpc_server_tls_key"),
+    ("GRPC_CLIENT_TLS_CACERT", "grpc_client_tls_cacert"),
+    ("GRPC_CLIENT_TLS_SAN", "grpc_client_tls_san"),
+    ("CONFIG_TYPE", "config_type"),
+    (
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "force_start_without_initial_config",
+    ),
+    ("CONFIG_GRPC_XDS_SERVER_URL", "config_grpc_xds_server_url"),
+    ("CONFIG_GRPC_XDS_NODE_ID", "config_grpc_xds_node_id"),
+    ("CONFIG_GRPC_XDS_NODE_METADATA", "config_grpc_xds_node_metadata"),
+    (
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        "config_grpc_xds_server_connect_retry_interval",
+    ),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        "config_grpc_xds_client_additional_headers",
+    ),
+    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "config_grpc_xds_server_use_tls"),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+        "config_grpc_xds_client_tls_cert",
+    ),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "config_grpc_xds_client_tls_key"),
+    (
+        "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+        "config_grpc_xds_server_tls_cacert",
+    ),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "config_grpc_xds_server_tls_san"),
+    (
+        "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+        "xds_client_backoff_initial_interval",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+        "xds_client_backoff_max_interval",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        "xds_client_backoff_random_factor",
+    ),
+    ("XDS_CLIENT_BACKOFF_JITTER", "xds_client_backoff_jitter"),
+    (
+        "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+        "xds_client_max_msg_size_in_bytes",
+    ),
+    ("USE_PROMETHEUS", "use_prometheus"),
+    ("PROMETHEUS_ADDR", "prometheus_addr"),
+    ("PROMETHEUS_PATH", "prometheus_path"),
 ];
 
 /// Go settings that are booleans, parsed with Go's `strconv.ParseBool` rules.
@@ -612,6 +888,11 @@ const GO_BOOLS: &[&str] = &[
     "REDIS_TLS",
     "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
     "TRACING_ENABLED",
+    "GRPC_SERVER_USE_TLS",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "XDS_CLIENT_BACKOFF_JITTER",
+    "USE_PROMETHEUS",
 ];
 
 impl GoEnvironment {
@@ -686,41 +967,12 @@ fn native_env(env: &HashMap<String, String>, warnings: &mut Vec<String>) -> Hash
     native
 }
 
-/// envoyproxy/ratelimit settings Tollgate does not implement whose being ignored would weaken limits or
-/// security: startup stops, naming them.
-const GO_REFUSED: &[(&str, &str)] = &[
-    (
-        "GRPC_SERVER_USE_TLS",
-        "TLS on the gRPC listener is not supported yet: clients expecting TLS would get plaintext",
-    ),
-    (
-        "GRPC_CLIENT_TLS_CACERT",
-        "client certificates on the gRPC listener are not supported yet: any client could connect",
-    ),
-    (
-        "GRPC_CLIENT_TLS_SAN",
-        "client certificates on the gRPC listener are not supported yet: any client could connect",
-    ),
-    (
-        "GRPC_UDS",
-        "gRPC on a unix socket is not supported: clients would find nothing there",
-    ),
-    (
-        "CONFIG_TYPE",
-        "only FILE: rules over xDS are not supported yet, so the rules Envoy Gateway pushes would never arrive",
-    ),
-];
-
 /// envoyproxy/ratelimit settings (or prefixes of families) Tollgate accepts and ignores, with what
 /// happens instead; each present one is a warning at startup.
 const GO_IGNORED: &[(&str, &str)] = &[
-    ("GRPC_MAX_CONNECTION_AGE", "gRPC connections are not aged out"),
-    ("GRPC_SERVER_TLS_", "the gRPC listener serves plaintext"),
-    ("CONFIG_GRPC_XDS_", "rules come from the rules directory"),
-    ("XDS_CLIENT_", "rules come from the rules directory"),
     (
-        "FORCE_START_WITHOUT_INITIAL_CONFIG",
-        "the rules directory must load at startup",
+        "GRPC_SERVER_TLS_CA_CERT",
+        "envoyproxy/ratelimit does not read it either (Envoy Gateway sets it); set GRPC_CLIENT_TLS_CACERT to require client certificates",
     ),
     (
         "USE_STATSD",
@@ -732,12 +984,12 @@ const GO_IGNORED: &[(&str, &str)] = &[
     ("STATS_FLUSH_INTERVAL", "metrics are read when scraped"),
     ("DISABLE_STATS", "metrics are always served at /metrics"),
     (
-        "USE_PROMETHEUS",
-        "metrics are at /metrics on the HTTP and debug ports, not on PROMETHEUS_ADDR",
+        "PROMETHEUS_MAPPER_YAML",
+        "series have fixed Prometheus names (envoyproxy/ratelimit's default mapping), no statsd mapping applies",
     ),
     (
-        "PROMETHEUS_",
-        "metrics are at /metrics on the HTTP and debug ports",
+        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        "the response time histogram is in seconds (ratelimit_service_response_time_seconds)",
     ),
     (
         "RUNTIME_WATCH_ROOT",
@@ -746,7 +998,7 @@ const GO_IGNORED: &[(&str, &str)] = &[
     ("RUNTIME_IGNOREDOTFILES", "dot-files are always ignored"),
     (
         "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-        "Tollgate does not start unless its rules load",
+        "Tollgate is healthy once a rule set is loaded, even an empty one",
     ),
     (
         "REDIS_PIPELINE_",
@@ -777,26 +1029,11 @@ const GO_IGNORED: &[(&str, &str)] = &[
     ("TRACING_SERVICE_INSTANCE_ID", "not set on spans"),
 ];
 
-/// Refuses the unimplemented envoyproxy/ratelimit settings that would weaken limits or security if
-/// ignored, and notes the others as warnings. Nothing is ignored in silence.
-fn go_unsupported(env: &HashMap<String, String>, warnings: &mut Vec<String>) -> Result<(), SettingsError> {
-    for (name, reason) in GO_REFUSED {
-        let Some(value) = env.get(*name).filter(|v| !v.trim().is_empty()) else {
-            continue;
-        };
-        let harmless = match *name {
-            "GRPC_SERVER_USE_TLS" => !parse_go_bool(name, value)?,
-            "CONFIG_TYPE" => value.eq_ignore_ascii_case("FILE"),
-            _ => false,
-        };
-        if !harmless {
-            return Err(SettingsError::BadValue {
-                name,
-                value: value.clone(),
-                reason: (*reason).to_owned(),
-            });
-        }
-    }
+/// Notes the envoyproxy/ratelimit settings Tollgate accepts without acting on them as warnings, saying
+/// what happens instead. Nothing is ignored in silence; a value Tollgate cannot honour where ignoring it
+/// would weaken limits or security is refused where it is read (`BACKEND_TYPE=memcache`, Sentinel over
+/// TLS).
+fn go_warnings(env: &HashMap<String, String>, warnings: &mut Vec<String>) -> Result<(), SettingsError> {
     let mut names: Vec<&String> = env.keys().collect();
     names.sort();
     for name in names {
@@ -1054,17 +1291,21 @@ mod tests {
 
     #[test]
     fn unimplemented_go_settings_are_refused_or_warned_never_silent() {
-        for (name, value) in [
-            ("GRPC_SERVER_USE_TLS", "true"),
-            ("GRPC_CLIENT_TLS_CACERT", "/ca.pem"),
-            ("GRPC_UDS", "/tmp/rl.sock"),
-            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        for (pairs, name) in [
+            (&[("GRPC_SERVER_USE_TLS", "true")][..], "grpc_server_tls_cert"),
+            (
+                &[("GRPC_CLIENT_TLS_CACERT", "/ca.pem")][..],
+                "grpc_client_tls_cacert",
+            ),
+            (&[("CONFIG_TYPE", "GRPC_XDS_DELTA")][..], "GRPC_XDS_DELTA"),
+            (&[("BACKEND_TYPE", "memcache")][..], "backend_type"),
+            (
+                &[("USE_PROMETHEUS", "true"), ("PROMETHEUS_PATH", "metrics")][..],
+                "prometheus_path",
+            ),
         ] {
-            let err = Settings::load_from(None, &env(&[(name, value)]), &[]).expect_err(name);
+            let err = Settings::load_from(None, &env(pairs), &[]).expect_err(name);
             assert!(err.to_string().contains(name), "{err}");
-        }
-        for (name, value) in [("GRPC_SERVER_USE_TLS", "false"), ("CONFIG_TYPE", "file")] {
-            Settings::load_from(None, &env(&[(name, value)]), &[]).expect("the Go default is harmless");
         }
         let s = Settings::load_from(
             None,
@@ -1073,6 +1314,9 @@ mod tests {
                 ("REDIS_PERSECOND_URL", "r2:6379"),
                 ("TOLLGATE_NOT_A_SETTING", "x"),
                 ("GRPC_PORT", "tcp://10.0.0.1:8081"),
+                ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+                ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+                ("MEMCACHE_HOST_PORT", "mc:11211"),
             ]),
             &[],
         )
@@ -1082,6 +1326,9 @@ mod tests {
             "REDIS_PERSECOND_URL",
             "TOLLGATE_NOT_A_SETTING",
             "GRPC_PORT",
+            "GRPC_SERVER_TLS_CA_CERT: envoyproxy/ratelimit does not read it",
+            "GRPC_SERVER_TLS_CERT: GRPC_SERVER_USE_TLS is false",
+            "MEMCACHE_HOST_PORT",
         ] {
             assert!(
                 s.warnings.iter().any(|w| w.contains(expected)),
@@ -1089,5 +1336,37 @@ mod tests {
                 s.warnings
             );
         }
+    }
+
+    #[test]
+    fn envoy_gateway_transport_settings_are_honoured() {
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+                ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+                ("GRPC_CLIENT_TLS_CACERT", "/certs/ca.crt"),
+                ("GRPC_MAX_CONNECTION_AGE", "2h"),
+                ("GRPC_UDS", "/tmp/rl.sock"),
+                ("CONFIG_TYPE", "grpc_xds_sotw"),
+                ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+                ("XDS_CLIENT_BACKOFF_JITTER", "false"),
+                ("USE_PROMETHEUS", "true"),
+                ("PROMETHEUS_ADDR", ":19001"),
+            ]),
+            &[],
+        )
+        .expect("loads");
+        assert!(s.grpc_server_use_tls);
+        assert_eq!(s.grpc_client_tls_cacert, "/certs/ca.crt");
+        assert_eq!(s.grpc_max_connection_age, Duration::from_secs(7200));
+        assert_eq!(s.grpc_max_connection_age_grace, Duration::from_secs(3600));
+        assert_eq!(s.grpc_uds, "/tmp/rl.sock");
+        assert_eq!(s.config_type, ConfigType::GrpcXdsSotw);
+        assert_eq!(s.config_grpc_xds_server_url, "envoy-gateway:18001");
+        assert!(!s.xds_client_backoff_jitter);
+        assert!(s.use_prometheus);
+        assert_eq!(s.prometheus_addr, ":19001");
     }
 }

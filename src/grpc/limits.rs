@@ -1,5 +1,5 @@
-//! The gRPC listener's transport bounds: the largest request message it decodes and the streams one
-//! connection may have open at once (see [`GrpcLimits`]).
+//! The gRPC listener's transport bounds: the largest request message it decodes, the streams one
+//! connection may have open at once, and how long a connection lives (see [`GrpcLimits`]).
 //!
 //! tonic refuses a message above the limit from its 5-byte frame header, before reading or decoding
 //! the body, but answers `OUT_OF_RANGE`; gRPC's own servers (grpc-go, grpc-java) answer
@@ -7,6 +7,7 @@
 //! [`ResourceExhausted`] rewrites exactly that answer and nothing else.
 
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures_util::TryFutureExt as _;
 use futures_util::future::MapOk;
@@ -21,6 +22,10 @@ pub struct GrpcLimits {
     pub max_message_bytes: usize,
     /// HTTP/2 streams one connection may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`).
     pub max_concurrent_streams: u32,
+    /// `GRPC_MAX_CONNECTION_AGE`: a connection older than this is sent GOAWAY (`None`: never).
+    pub max_connection_age: Option<Duration>,
+    /// `GRPC_MAX_CONNECTION_AGE_GRACE`: how long calls in flight may finish after the GOAWAY.
+    pub max_connection_age_grace: Duration,
 }
 
 impl Default for GrpcLimits {
@@ -28,6 +33,8 @@ impl Default for GrpcLimits {
         Self {
             max_message_bytes: DEFAULT_MAX_REQUEST_BYTES,
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            max_connection_age: None,
+            max_connection_age_grace: Duration::ZERO,
         }
     }
 }

@@ -3,15 +3,15 @@
 //! proto file).
 
 mod envoy_rls;
+mod incoming;
 mod limits;
 mod native;
+pub mod tls;
 mod trace;
 
 use std::future::Future;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 use tonic_health::pb::health_server::{Health as HealthApi, HealthServer};
 
@@ -24,13 +24,17 @@ use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::store::Store;
 
 pub use envoy_rls::EnvoyRateLimitService;
+pub use incoming::{Conn, GrpcListener};
 pub use limits::GrpcLimits;
 pub use native::NativeService;
+use tls::ServerTls;
 use trace::traced;
 
-/// Serves every gRPC service on `listener` until `shutdown` completes, then finishes in-flight calls.
+/// Serves every gRPC service on `listener` (with TLS when `tls` is given) until `shutdown` completes,
+/// then finishes in-flight calls.
 pub async fn serve<S: Store, H>(
-    listener: TcpListener,
+    listener: GrpcListener,
+    tls: Option<Arc<ServerTls>>,
     limiter: Arc<Limiter<S>>,
     options: EnvoyOptions,
     limits: GrpcLimits,
@@ -42,39 +46,33 @@ where
 {
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
+    let connections = incoming::incoming(listener, tls, Arc::clone(limiter.metrics()));
     let native = RateLimiterServer::new(NativeService::new(Arc::clone(&limiter), options.headers.clone()))
         .max_decoding_message_size(limits.max_message_bytes);
     let rls = RateLimitServiceServer::new(EnvoyRateLimitService::new(limiter, options))
         .max_decoding_message_size(limits.max_message_bytes);
-    Server::builder()
+    let mut server = Server::builder()
         // Envoy holds a few long-lived HTTP/2 connections; without keepalive a half-open one (a
         // vanished peer behind a NAT) would be noticed only when a request times out.
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .tcp_nodelay(true)
-        .max_concurrent_streams(Some(limits.max_concurrent_streams))
+        .max_concurrent_streams(Some(limits.max_concurrent_streams));
+    if let Some(age) = limits.max_connection_age {
+        // GOAWAY after the age, then at most the grace for calls in flight: Envoy reconnects and so
+        // spreads over replicas added since it first connected.
+        server = server
+            .max_connection_age(age)
+            .max_connection_age_grace(limits.max_connection_age_grace);
+    }
+    server
         .layer(tower::layer::layer_fn(limits::ResourceExhausted))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(rls)
         .add_service(native)
-        .serve_with_incoming_shutdown(incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(connections, shutdown)
         .await?;
     Ok(())
-}
-
-/// Accepted connections with `TCP_NODELAY`. tonic sets it only on listeners it binds itself; without
-/// it a response written while an earlier one is unacknowledged waits for the client's delayed ACK
-/// (40 ms on Linux), which showed as a 41 ms p99.9 whenever responses left in bursts.
-fn incoming(
-    listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt as _;
-    TcpListenerStream::new(listener).map(|accepted| {
-        let stream = accepted?;
-        stream.set_nodelay(true)?;
-        Ok(stream)
-    })
 }
 
 /// Maps a limiter error to the gRPC status the caller sees. Store trouble and "no rules yet" are

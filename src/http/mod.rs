@@ -3,7 +3,8 @@
 //! - the admin port: `/healthcheck` and `POST /json` (`envoy_json.rs`) as envoyproxy/ratelimit,
 //!   `/metrics`, and the native API's `POST /v1/*` (`native_json.rs`);
 //! - the debug port: `/rlconfig` (the loaded rules one per line, as envoyproxy/ratelimit), `/metrics`,
-//!   `/top` and `/config`.
+//!   `/top` and `/config`;
+//! - with `USE_PROMETHEUS`, the Go service's metrics listener (`PROMETHEUS_ADDR`, `PROMETHEUS_PATH`).
 
 mod envoy_json;
 mod native_json;
@@ -63,6 +64,12 @@ pub fn debug_router(limiter: Arc<Limiter<AnyStore>>) -> Router {
         .route("/top", get(top))
         .route("/config", get(config_version))
         .with_state(limiter)
+}
+
+/// The Go service's Prometheus listener (`USE_PROMETHEUS`): the metrics alone, at `path`, so existing
+/// scrape configs keep working.
+pub fn prometheus_router(limiter: Arc<Limiter<AnyStore>>, path: &str) -> Router {
+    Router::new().route(path, get(metrics)).with_state(limiter)
 }
 
 async fn healthcheck(State(admin): State<Arc<Admin>>) -> (StatusCode, &'static str) {

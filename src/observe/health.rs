@@ -1,10 +1,11 @@
 //! Health as the load balancer and Kubernetes see it.
 //!
 //! Two audiences, two answers:
-//! - **liveness** (`grpc.health.v1` service `""`): the process works — rules are loaded and it is not
-//!   shutting down. It never depends on the store, so a Redis outage cannot trigger a restart storm.
+//! - **liveness** (`grpc.health.v1` service `""`): the process works and is not shutting down. It
+//!   depends neither on the store nor on rules having arrived over xDS, so a Redis or management-server
+//!   outage cannot trigger a restart storm.
 //! - **readiness** (services `ratelimit` and `envoy.service.ratelimit.v3.RateLimitService`, and HTTP
-//!   `/healthcheck` as in envoyproxy/ratelimit): additionally the store answers.
+//!   `/healthcheck` as in envoyproxy/ratelimit): additionally a rule set is loaded and the store answers.
 //!
 //! On SIGTERM both flip to NOT_SERVING first, then the server keeps answering for the drain period.
 
@@ -32,7 +33,7 @@ struct Inner {
 }
 
 impl Health {
-    /// Starts NOT_SERVING everywhere until rules load.
+    /// Starts NOT_SERVING for readiness until rules load.
     pub async fn new(reporter: HealthReporter) -> Self {
         let health = Self {
             inner: Arc::new(Inner {
@@ -64,14 +65,16 @@ impl Health {
         self.publish().await;
     }
 
-    /// Liveness: rules loaded and not draining.
+    /// Liveness: not draining.
     pub fn is_live(&self) -> bool {
-        self.inner.rules_loaded.load(Ordering::SeqCst) && !self.inner.draining.load(Ordering::SeqCst)
+        !self.inner.draining.load(Ordering::SeqCst)
     }
 
-    /// Readiness: live and the store answers.
+    /// Readiness: live, rules loaded and the store answers.
     pub fn is_ready(&self) -> bool {
-        self.is_live() && self.inner.store_reachable.load(Ordering::SeqCst)
+        self.is_live()
+            && self.inner.rules_loaded.load(Ordering::SeqCst)
+            && self.inner.store_reachable.load(Ordering::SeqCst)
     }
 
     async fn publish(&self) {

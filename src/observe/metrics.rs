@@ -149,6 +149,9 @@ pub struct Metrics {
     /// Descriptors decided in this instance because the store failed and the rule says
     /// `failure_mode: local`.
     pub failure_mode_local: Counter,
+    /// TLS handshakes on the gRPC listener that failed or timed out (a plaintext client, an unknown
+    /// client certificate, a wrong SAN).
+    pub tls_handshake_failures: Counter,
     /// Time to decide a request, store included.
     pub response_time: Histogram,
     /// Time of the store call alone.
@@ -184,7 +187,7 @@ impl Metrics {
     pub fn render(&self, store: StoreCounters) -> String {
         let mut out = String::with_capacity(4096);
         self.render_rules(&mut out);
-        let counters: [(&str, &str, u64); 15] = [
+        let counters: [(&str, &str, u64); 16] = [
             (
                 "ratelimit_service_config_load_success",
                 "Rule sets loaded.",
@@ -254,6 +257,11 @@ impl Metrics {
                 "tollgate_store_errors_total",
                 "Requests failed because the store failed.",
                 self.store_errors.get(),
+            ),
+            (
+                "tollgate_grpc_tls_handshake_failures_total",
+                "TLS handshakes refused or timed out on the gRPC listener.",
+                self.tls_handshake_failures.get(),
             ),
             (
                 "tollgate_service_errors_total",

@@ -6,6 +6,7 @@
 
 pub mod file;
 pub mod reload;
+pub mod xds;
 
 mod compile;
 mod matcher;

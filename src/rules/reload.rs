@@ -68,12 +68,13 @@ impl Reloader {
     /// Compiles `snapshot` (whose fingerprint is `version`) and swaps it in.
     fn publish(&self, snapshot: &Snapshot, version: &str, rules: &RulesHandle) -> Result<(), ConfigError> {
         let set = compile(snapshot, self.merge_domains, self.options, &self.metrics)?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        self.metrics.loaded(version, now);
-        tracing::info!(dir = %self.dir.display(), domains = set.len(), %version, "rules loaded");
-        rules.store(Some(Arc::new(set)));
+        install(
+            set,
+            version,
+            &self.dir.display().to_string(),
+            &self.metrics,
+            rules,
+        );
         Ok(())
     }
 
@@ -115,6 +116,17 @@ impl Reloader {
             version = Some(current);
         }
     }
+}
+
+/// Swaps in a compiled rule set of `version` from `source` (a directory, an xDS server): counted in the
+/// config-load metrics and logged the same way whichever source it came from.
+pub(super) fn install(set: RuleSet, version: &str, source: &str, metrics: &Metrics, rules: &RulesHandle) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    metrics.loaded(version, now);
+    tracing::info!(%source, domains = set.len(), %version, "rules loaded");
+    rules.store(Some(Arc::new(set)));
 }
 
 /// What a poll does with the version it read.

@@ -867,16 +867,29 @@ async fn secrets_never_reach_the_output_of_a_failed_start() {
     let good_url = format!("redis://admin:{}@127.0.0.1:1", SECRETS[0]);
     let short_key = &SECRETS[3][..20];
     // (case, extra environment, what the error must name)
-    let cases: [FailedStart<'_>; 10] = [
+    let cases: [FailedStart<'_>; 11] = [
         (
             "TLS expected on the gRPC listener",
             vec![("GRPC_SERVER_USE_TLS", "true")],
             "GRPC_SERVER_USE_TLS",
         ),
         (
-            "rules over xDS",
-            vec![("CONFIG_TYPE", "GRPC_XDS_SOTW")],
-            "CONFIG_TYPE",
+            "a missing gRPC certificate",
+            vec![
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", "/nonexistent/tls.crt"),
+                ("GRPC_SERVER_TLS_KEY", "/nonexistent/tls.key"),
+            ],
+            "GRPC_SERVER_TLS_CERT /nonexistent/tls.crt",
+        ),
+        (
+            "a missing CA for the xDS server",
+            vec![
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+                ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/nonexistent/ca.crt"),
+            ],
+            "config_grpc_xds_server_tls_cacert",
         ),
         (
             "bad port in REDIS_URL",

@@ -24,3 +24,5 @@ mod redis_store;
 mod reload;
 mod rules_file;
 mod store_contract;
+mod tls;
+mod xds;

@@ -217,3 +217,38 @@ async fn the_debug_port_reports_the_loaded_version_and_it_changes_on_reload() {
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn use_prometheus_serves_the_metrics_where_the_go_service_does() {
+    // A free port, released for the server to bind (`PROMETHEUS_ADDR` takes no port 0 back to us).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let env = [
+        ("USE_PROMETHEUS", "true"),
+        ("PROMETHEUS_ADDR", addr.as_str()),
+        ("PROMETHEUS_PATH", "/stats/prometheus"),
+    ];
+    let server = TestServer::start(&[("m.yaml", RULES)], &env).await;
+    let mut client = server.client().await;
+    client
+        .should_rate_limit(wire_request("m", &[&[("user", "alice")]]))
+        .await
+        .expect("answer");
+    let prometheus = addr.parse().expect("addr");
+    let (status, text) = http(prometheus, "GET", "/stats/prometheus", "").await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        series_value(
+            &text,
+            "ratelimit_service_rate_limit_total_hits{domain=\"m\",key1=\"user\"}"
+        ),
+        Some(1),
+        "{text}"
+    );
+    let (status, _) = http(prometheus, "GET", "/rlconfig", "").await;
+    assert_eq!(status, 404, "only the metrics are on that listener");
+    server.stop().await;
+}

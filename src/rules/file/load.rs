@@ -49,31 +49,50 @@ impl Snapshot {
 
     /// Parses and validates the files into one config per domain (sorted by domain).
     pub fn parse(&self, merge_domains: bool) -> Result<Vec<DomainConfig>, ConfigError> {
-        let mut domains: BTreeMap<String, DomainConfig> = BTreeMap::new();
-        for (path, bytes) in &self.files {
+        let configs = self.files.iter().map(|(path, bytes)| {
             let file = path.display().to_string();
-            let invalid = |message: String| ConfigError::Invalid {
+            let text = std::str::from_utf8(bytes).map_err(|e| ConfigError::Invalid {
+                file: file.clone(),
+                message: format!("error loading config file: invalid UTF-8: {e}"),
+            })?;
+            let config = parse_text(&file, text).map_err(|message| ConfigError::Invalid {
                 file: file.clone(),
                 message,
-            };
-            let text = std::str::from_utf8(bytes)
-                .map_err(|e| invalid(format!("error loading config file: invalid UTF-8: {e}")))?;
-            let config = parse_text(&file, text).map_err(invalid)?;
-            match domains.entry(config.domain.clone()) {
-                Entry::Vacant(slot) => {
-                    slot.insert(config);
-                }
-                Entry::Occupied(_) if !merge_domains => {
-                    return Err(invalid(format!(
-                        "duplicate domain '{}' in config file",
-                        config.domain
-                    )));
-                }
-                Entry::Occupied(mut slot) => merge(slot.get_mut(), config).map_err(invalid)?,
-            }
-        }
-        Ok(domains.into_values().collect())
+            })?;
+            Ok((file, config))
+        });
+        by_domain(configs, merge_domains)
     }
+}
+
+/// One config per domain (sorted by domain) from validated configs in load order, each with the name
+/// its errors carry (a file's path, an xDS config's name). Without `merge_domains` a second config of a
+/// domain is an error reported on it; with it, its top-level descriptors join the first's.
+pub(super) fn by_domain(
+    configs: impl IntoIterator<Item = Result<(String, DomainConfig), ConfigError>>,
+    merge_domains: bool,
+) -> Result<Vec<DomainConfig>, ConfigError> {
+    let mut domains: BTreeMap<String, DomainConfig> = BTreeMap::new();
+    for named in configs {
+        let (file, config) = named?;
+        let invalid = |message: String| ConfigError::Invalid {
+            file: file.clone(),
+            message,
+        };
+        match domains.entry(config.domain.clone()) {
+            Entry::Vacant(slot) => {
+                slot.insert(config);
+            }
+            Entry::Occupied(_) if !merge_domains => {
+                return Err(invalid(format!(
+                    "duplicate domain '{}' in config file",
+                    config.domain
+                )));
+            }
+            Entry::Occupied(mut slot) => merge(slot.get_mut(), config).map_err(invalid)?,
+        }
+    }
+    Ok(domains.into_values().collect())
 }
 
 /// Append `extra`'s top-level descriptors to `base`, applying the sibling checks across files

@@ -27,7 +27,8 @@
 //!
 //! Layout: `model` holds the validated types; `yaml` parses to a generic node tree and runs Go's
 //! structural checks; `decode` turns the tree into raw descriptors (Go's typed unmarshal);
-//! `validate` checks their meaning and builds the model; `load` walks directories.
+//! `validate` checks their meaning and builds the model; `load` walks directories; `xds` turns rule
+//! sets pushed over xDS into the same raw form.
 
 mod decode;
 mod load;
@@ -36,6 +37,7 @@ pub use load::Snapshot;
 mod model;
 mod validate;
 pub(crate) use validate::final_key;
+mod xds;
 mod yaml;
 
 pub use model::*;
@@ -89,6 +91,19 @@ pub fn parse_file(file: &str, text: &str) -> Result<DomainConfig, ConfigError> {
 /// an [`ConfigError::Io`].
 pub fn load_dir(dir: &std::path::Path, merge_domains: bool) -> Result<Vec<DomainConfig>, ConfigError> {
     Snapshot::read(dir)?.parse(merge_domains)
+}
+
+/// Validates rule sets pushed over xDS (`RateLimitConfig` resources) into one config per domain, with
+/// the checks and messages of files (each config's `name` standing for the file name) and the same
+/// per-domain merging as [`load_dir`].
+pub fn load_xds(
+    configs: &[crate::proto::rls_config::RateLimitConfig],
+    merge_domains: bool,
+) -> Result<Vec<DomainConfig>, ConfigError> {
+    let named = configs
+        .iter()
+        .map(|config| Ok((config.name.clone(), xds::parse_config(config)?)));
+    load::by_domain(named, merge_domains)
 }
 
 /// Parses, structurally validates, decodes and semantically validates one file's text, in Go's order

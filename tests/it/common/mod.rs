@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod ads;
+pub mod certs;
 pub mod fault_proxy;
 pub mod redis;
 
@@ -228,7 +230,11 @@ impl TestServer {
         ];
         let settings = Settings::load_from(None, &env, &flags).expect("settings");
         let listeners = Listeners::bind(&settings).await.expect("bind");
-        let grpc = listeners.grpc.local_addr().expect("addr");
+        // On a unix socket (`GRPC_UDS`) there is no TCP address; tests of that socket use its path.
+        let grpc = listeners
+            .grpc
+            .tcp_addr()
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
         let http = listeners.http.local_addr().expect("addr");
         let debug = listeners.debug.local_addr().expect("addr");
         let (stop, stopped) = oneshot::channel::<()>();

@@ -1,0 +1,84 @@
+//! Rules delivered over xDS: `ratelimit.config.ratelimit.v3.RateLimitConfig` resources, each one
+//! domain's tree, turned into the raw form a rules file decodes to and validated by the same code with
+//! the same messages (as envoyproxy/ratelimit converts them to its YAML structures). The config's `name`
+//! stands where a file name would in errors.
+//!
+//! Only the Go fields exist in the proto, so Tollgate's extensions (other algorithms, failure modes,
+//! normalisation) are not available to rules pushed this way.
+
+use std::collections::BTreeMap;
+
+use prost_types::value::Kind;
+
+use super::ConfigError;
+use super::decode::{RawDescriptor, RawLimit, RawRoot};
+use super::model::{DomainConfig, MetaValue};
+use crate::proto::rls_config::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
+
+/// Validates one pushed config, as [`super::parse_file`] validates a file.
+pub(super) fn parse_config(config: &RateLimitConfig) -> Result<DomainConfig, ConfigError> {
+    let raw = RawRoot {
+        domain: config.domain.clone(),
+        all_or_nothing: false,
+        descriptors: config.descriptors.iter().map(descriptor).collect(),
+    };
+    super::validate::build(raw, &config.name).map_err(|message| ConfigError::Invalid {
+        file: config.name.clone(),
+        message,
+    })
+}
+
+fn descriptor(d: &RateLimitDescriptor) -> RawDescriptor {
+    RawDescriptor {
+        key: d.key.clone(),
+        value: d.value.clone(),
+        rate_limit: d.rate_limit.as_ref().map(|policy| Some(limit(policy))),
+        rate_limits: None,
+        concurrency: None,
+        shadow_mode: d.shadow_mode,
+        quota_mode: d.quota_mode,
+        detailed_metric: d.detailed_metric,
+        value_to_metric: false,
+        share_threshold: false,
+        metadata: d.metadata.as_ref().map(|s| map(&s.fields)),
+        lowercase: false,
+        trim: false,
+        hash: false,
+        ip_prefix: None,
+        match_kind: None,
+        descriptors: d.descriptors.iter().map(descriptor).collect(),
+    }
+}
+
+fn limit(policy: &RateLimitPolicy) -> RawLimit {
+    // The enum's name, as Go's `Unit.String()` gives it: `UNKNOWN` and numbers outside the enum are then
+    // refused by the unit check files go through ("invalid rate limit unit").
+    let unit = RateLimitUnit::try_from(policy.unit)
+        .map_or_else(|_| policy.unit.to_string(), |u| u.as_str_name().to_owned());
+    RawLimit {
+        unit,
+        requests_per_unit: policy.requests_per_unit,
+        unlimited: policy.unlimited,
+        name: policy.name.clone(),
+        replaces: policy.replaces.iter().map(|r| r.name.clone()).collect(),
+        algorithm: None,
+        burst: None,
+        unit_multiplier: None,
+        failure_mode: None,
+    }
+}
+
+fn map(fields: &BTreeMap<String, prost_types::Value>) -> BTreeMap<String, MetaValue> {
+    fields.iter().map(|(k, v)| (k.clone(), value(v))).collect()
+}
+
+fn value(v: &prost_types::Value) -> MetaValue {
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => MetaValue::Null,
+        Some(Kind::BoolValue(b)) => MetaValue::Bool(*b),
+        Some(Kind::NumberValue(n)) => MetaValue::Float(*n),
+        Some(Kind::StringValue(s)) => MetaValue::String(s.clone()),
+        Some(Kind::ListValue(list)) => MetaValue::List(list.values.iter().map(value).collect()),
+        Some(Kind::StructValue(s)) => MetaValue::Map(map(&s.fields)),
+    }
+}

@@ -1,0 +1,377 @@
+//! Rules over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`), as Envoy Gateway delivers them: Tollgate is an
+//! Aggregated Discovery Service client, State of the World, for the type
+//! [`RATE_LIMIT_CONFIG_TYPE`].
+//!
+//! Each response carries every `RateLimitConfig` and replaces the whole rule set. It is validated as
+//! rules files are ([`crate::rules::file::load_xds`]: same checks, same messages, the config's name
+//! where a file name would be) and compiled; a set that loads is ACKed with the response's version and
+//! nonce, one that does not is NACKed with the reason in `error_detail` while the previous rules stay.
+//! A broken stream is reopened after a backoff, asking for the last version ACKed, so the server can
+//! tell a reconnect from a fresh start.
+//!
+//! Connecting follows the Go client: retry every `CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL`
+//! (±50 %) until the server answers. A stream that fails waits `XDS_CLIENT_BACKOFF_INITIAL_INTERVAL`,
+//! doubled after each failure up to `XDS_CLIENT_BACKOFF_MAX_INTERVAL`, spread by ±
+//! `XDS_CLIENT_BACKOFF_RANDOM_FACTOR` when `XDS_CLIENT_BACKOFF_JITTER` is on; a stream that delivered
+//! a response starts the backoff over.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prost::Message as _;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::metadata::{MetadataKey, MetadataValue};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+
+use super::file::load_xds;
+use super::reload::install;
+use super::{CompileOptions, RuleSet};
+use crate::limiter::RulesHandle;
+use crate::observe::health::Health;
+use crate::observe::metrics::Metrics;
+use crate::proto::envoy::config::core::v3::Node;
+use crate::proto::google::rpc::Status;
+use crate::proto::rls_config::RateLimitConfig;
+use crate::proto::xds::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use crate::proto::xds::{DiscoveryRequest, DiscoveryResponse};
+
+/// The xDS type URL of envoyproxy/ratelimit's rule sets.
+pub const RATE_LIMIT_CONFIG_TYPE: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+
+/// gRPC's default largest message, used when `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES` is 0.
+const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 << 20;
+
+/// `google.rpc.Code.INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
+const INVALID_ARGUMENT: i32 = 3;
+
+/// Where the management server is and how to reach it.
+#[derive(Debug, Clone)]
+pub struct XdsServer {
+    /// `CONFIG_GRPC_XDS_SERVER_URL`: `host:port` (or a full `http(s)://` URI).
+    pub url: String,
+    /// TLS to the server (`CONFIG_GRPC_XDS_SERVER_USE_TLS` and its certificates), or plaintext.
+    pub tls: Option<ClientTlsConfig>,
+    /// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS`: metadata sent with the stream.
+    pub headers: Vec<(String, String)>,
+    /// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES` (0: gRPC's default 4 MiB).
+    pub max_message_bytes: usize,
+}
+
+/// How long to wait between attempts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Retry {
+    /// `CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL`.
+    pub connect_interval: Duration,
+    /// `XDS_CLIENT_BACKOFF_INITIAL_INTERVAL`.
+    pub backoff_initial: Duration,
+    /// `XDS_CLIENT_BACKOFF_MAX_INTERVAL`.
+    pub backoff_max: Duration,
+    /// `XDS_CLIENT_BACKOFF_RANDOM_FACTOR`: the spread of each pause, 0 to 1.
+    pub random_factor: f64,
+    /// `XDS_CLIENT_BACKOFF_JITTER`.
+    pub jitter: bool,
+}
+
+/// The xDS rules source.
+#[derive(Debug, Clone)]
+pub struct XdsClient {
+    /// The management server.
+    pub server: XdsServer,
+    /// This service as the server knows it (`CONFIG_GRPC_XDS_NODE_ID`, `_NODE_METADATA`).
+    pub node: Node,
+    /// Pauses between attempts.
+    pub retry: Retry,
+    /// `MERGE_DOMAIN_CONFIG`.
+    pub merge_domains: bool,
+    /// How rules compile.
+    pub options: CompileOptions,
+    /// Where rule counters live and loads are counted.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Why a stream ended.
+#[derive(Debug, thiserror::Error)]
+enum StreamError {
+    #[error("cannot open the stream: {0}")]
+    Open(tonic::Status),
+    #[error("the stream failed: {0}")]
+    Broken(tonic::Status),
+    #[error("the server closed the stream")]
+    Closed,
+    #[error("bad CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS entry {0:?}")]
+    Header(String),
+}
+
+impl XdsClient {
+    /// Follows the management server until `stop`: installs every rule set that loads into `rules`,
+    /// and marks `health` loaded at the first.
+    pub async fn run(self, rules: RulesHandle, health: Health, stop: CancellationToken) {
+        let mut version = String::new();
+        let mut backoff = Backoff::new(self.retry);
+        loop {
+            let Some(channel) = self.connect(&stop).await else {
+                return;
+            };
+            let session = Session {
+                client: &self,
+                rules: &rules,
+                health: &health,
+                version: &mut version,
+                delivered: false,
+            };
+            let (result, delivered) = tokio::select! {
+                _ = stop.cancelled() => return,
+                ended = session.follow(channel) => ended,
+            };
+            if delivered {
+                backoff.reset();
+            }
+            let pause = backoff.next_pause();
+            match result {
+                StreamError::Closed => tracing::info!(?pause, "xDS server closed the stream; reopening"),
+                error => tracing::error!(%error, ?pause, "xDS stream lost; reopening"),
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// A channel to the server, retried until it connects (`None` once `stop` is cancelled).
+    async fn connect(&self, stop: &CancellationToken) -> Option<Channel> {
+        loop {
+            let attempt = async {
+                let uri = if self.server.url.contains("://") {
+                    self.server.url.clone()
+                } else {
+                    let scheme = if self.server.tls.is_some() {
+                        "https"
+                    } else {
+                        "http"
+                    };
+                    format!("{scheme}://{}", self.server.url)
+                };
+                let mut endpoint = Endpoint::from_shared(uri)?
+                    .connect_timeout(self.retry.connect_interval.max(Duration::from_secs(1)));
+                if let Some(tls) = &self.server.tls {
+                    endpoint = endpoint.tls_config(tls.clone())?;
+                }
+                endpoint.connect().await
+            };
+            let failed = tokio::select! {
+                _ = stop.cancelled() => return None,
+                connected = attempt => match connected {
+                    Ok(channel) => {
+                        tracing::info!(server = %self.server.url, "connected to the xDS server");
+                        return Some(channel);
+                    }
+                    Err(error) => error,
+                },
+            };
+            let pause = spread(self.retry.connect_interval, 0.5);
+            tracing::warn!(server = %self.server.url, error = %error_chain(&failed), ?pause, "cannot reach the xDS server");
+            tokio::select! {
+                _ = stop.cancelled() => return None,
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// A request for the rule sets: ACK when `nonce` is set and `error` is not, NACK with `error`.
+    fn request(&self, version: &str, nonce: &str, error: Option<String>) -> DiscoveryRequest {
+        DiscoveryRequest {
+            version_info: version.to_owned(),
+            node: Some(self.node.clone()),
+            resource_names: Vec::new(),
+            type_url: RATE_LIMIT_CONFIG_TYPE.to_owned(),
+            response_nonce: nonce.to_owned(),
+            error_detail: error.map(|message| Status {
+                code: INVALID_ARGUMENT,
+                message,
+                details: Vec::new(),
+            }),
+        }
+    }
+
+    /// Validates and compiles a response's rule sets.
+    fn compile(&self, response: &DiscoveryResponse) -> Result<RuleSet, String> {
+        if response.type_url != RATE_LIMIT_CONFIG_TYPE {
+            return Err(format!("unexpected resource type {:?}", response.type_url));
+        }
+        let configs = response
+            .resources
+            .iter()
+            .map(|any| {
+                if any.type_url != RATE_LIMIT_CONFIG_TYPE {
+                    return Err(format!("unexpected resource type {:?}", any.type_url));
+                }
+                RateLimitConfig::decode(any.value.as_slice())
+                    .map_err(|e| format!("cannot decode a RateLimitConfig: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let domains = load_xds(&configs, self.merge_domains).map_err(|e| e.to_string())?;
+        RuleSet::compile_with_metrics(&domains, self.options, &self.metrics).map_err(|e| e.to_string())
+    }
+}
+
+/// One ADS stream.
+struct Session<'a> {
+    client: &'a XdsClient,
+    rules: &'a RulesHandle,
+    health: &'a Health,
+    /// The last version ACKed, kept across streams.
+    version: &'a mut String,
+    delivered: bool,
+}
+
+impl Session<'_> {
+    /// Subscribes and applies responses until the stream ends; returns why, and whether any response
+    /// arrived.
+    async fn follow(mut self, channel: Channel) -> (StreamError, bool) {
+        let error = self.stream(channel).await;
+        (error, self.delivered)
+    }
+
+    async fn stream(&mut self, channel: Channel) -> StreamError {
+        let server = &self.client.server;
+        let max = match server.max_message_bytes {
+            0 => DEFAULT_MAX_MESSAGE_BYTES,
+            n => n,
+        };
+        let mut ads = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(max);
+        // Room for the subscription and one answer: the server waits for each ACK before sending more.
+        let (requests, outgoing) = mpsc::channel(2);
+        let _ = requests.try_send(self.client.request(self.version, "", None));
+        let mut call = tonic::Request::new(ReceiverStream::new(outgoing));
+        for (key, value) in &server.headers {
+            let (Ok(key), Ok(value)) = (
+                MetadataKey::from_bytes(key.as_bytes()),
+                MetadataValue::try_from(value.as_str()),
+            ) else {
+                return StreamError::Header(format!("{key}:{value}"));
+            };
+            call.metadata_mut().insert(key, value);
+        }
+        let mut responses = match ads.stream_aggregated_resources(call).await {
+            Ok(responses) => responses.into_inner(),
+            Err(status) => return StreamError::Open(status),
+        };
+        loop {
+            let response = match responses.message().await {
+                Ok(Some(response)) => response,
+                Ok(None) => return StreamError::Closed,
+                Err(status) => return StreamError::Broken(status),
+            };
+            self.delivered = true;
+            let answer = self.apply(&response).await;
+            if requests.send(answer).await.is_err() {
+                return StreamError::Closed;
+            }
+        }
+    }
+
+    /// Installs the response's rules and returns the ACK, or keeps the current rules and returns a
+    /// NACK.
+    async fn apply(&mut self, response: &DiscoveryResponse) -> DiscoveryRequest {
+        let client = self.client;
+        match client.compile(response) {
+            Ok(set) => {
+                let source = format!("xds:{}", client.server.url);
+                install(set, &response.version_info, &source, &client.metrics, self.rules);
+                self.health.set_rules_loaded(true).await;
+                self.version.clone_from(&response.version_info);
+                client.request(self.version, &response.nonce, None)
+            }
+            Err(error) => {
+                client.metrics.config_load_error.add(1);
+                tracing::error!(version = %response.version_info, %error, "xDS rules rejected (NACK); keeping the previous rules");
+                client.request(self.version, &response.nonce, Some(error))
+            }
+        }
+    }
+}
+
+/// Exponential backoff between streams.
+#[derive(Debug)]
+struct Backoff {
+    retry: Retry,
+    next: Duration,
+}
+
+impl Backoff {
+    fn new(retry: Retry) -> Self {
+        Self {
+            retry,
+            next: retry.backoff_initial,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.next = self.retry.backoff_initial;
+    }
+
+    fn next_pause(&mut self) -> Duration {
+        let base = self.next.min(self.retry.backoff_max);
+        self.next = (base * 2).min(self.retry.backoff_max);
+        if self.retry.jitter {
+            spread(base, self.retry.random_factor)
+        } else {
+            base
+        }
+    }
+}
+
+/// `base` times a random factor in `[1 - spread, 1 + spread]`.
+fn spread(base: Duration, spread: f64) -> Duration {
+    let unit = getrandom::u64().map_or(0.5, |r| (r >> 11) as f64 / (1u64 << 53) as f64);
+    base.mul_f64(1.0 + spread * (2.0 * unit - 1.0))
+}
+
+/// An error with its causes, for a log line (tonic's transport errors hide the reason in the source).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_maximum_and_starts_over_after_a_delivery() {
+        let retry = Retry {
+            connect_interval: Duration::from_secs(3),
+            backoff_initial: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(60),
+            random_factor: 0.5,
+            jitter: false,
+        };
+        let mut backoff = Backoff::new(retry);
+        let pauses: Vec<u64> = (0..5).map(|_| backoff.next_pause().as_secs()).collect();
+        assert_eq!(pauses, [10, 20, 40, 60, 60]);
+        backoff.reset();
+        assert_eq!(backoff.next_pause().as_secs(), 10);
+
+        let mut jittered = Backoff::new(Retry {
+            jitter: true,
+            ..retry
+        });
+        for _ in 0..50 {
+            let pause = jittered.next_pause();
+            jittered.reset();
+            assert!(
+                (Duration::from_secs(5)..=Duration::from_secs(15)).contains(&pause),
+                "{pause:?}"
+            );
+        }
+    }
+}
