@@ -44,6 +44,9 @@ LABEL org.opencontainers.image.title="tollgate" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.base.name="gcr.io/distroless/cc-debian12:nonroot"
 COPY --from=builder /out/tollgate /usr/local/bin/tollgate
+# Envoy Gateway runs the rate limit container as `/bin/ratelimit` with no arguments. The same binary under
+# that name serves, driven by envoyproxy/ratelimit's environment (CONFIG_TYPE, GRPC_SERVER_USE_TLS...).
+COPY --from=builder /out/tollgate /bin/ratelimit
 # Rules are read from /etc/tollgate/rules (empty in the image: mount a directory of rules files, or a
 # ConfigMap as a directory, over it). Tollgate reloads it on any change.
 COPY --from=builder --chown=65532:65532 /out/rules /etc/tollgate/rules

@@ -145,8 +145,36 @@ struct QueryArgs {
     hits: u32,
 }
 
+/// The command line of the binary when invoked as `ratelimit` (envoyproxy/ratelimit's name, which Envoy
+/// Gateway runs as `/bin/ratelimit` with no arguments): `serve`, driven by the environment.
+#[derive(Debug, Parser)]
+#[command(
+    name = "ratelimit",
+    version,
+    about = "Tollgate, serving as envoyproxy/ratelimit's /bin/ratelimit"
+)]
+struct RatelimitCli {
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+/// Whether the binary was invoked under envoyproxy/ratelimit's name (a link or copy named `ratelimit`).
+fn invoked_as_ratelimit() -> bool {
+    std::env::args_os()
+        .next()
+        .and_then(|arg0| {
+            std::path::Path::new(&arg0)
+                .file_name()
+                .map(|name| name == "ratelimit")
+        })
+        .unwrap_or(false)
+}
+
 /// Parses the command line and runs the command.
 pub fn main() -> ExitCode {
+    if invoked_as_ratelimit() {
+        return report(serve(RatelimitCli::parse().serve));
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => report(serve(args)),

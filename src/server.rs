@@ -242,8 +242,9 @@ pub async fn run(
         trigger.cancel();
     });
     let (grpc_addr, http_addr, debug_addr) = addresses;
-    // Logged with the real ports so a caller that bound port 0 can find them.
-    tracing::info!(
+    // Logged with the real ports so a caller that bound port 0 can find them; at WARN, as the Go service
+    // logs its "Listening for ..." lines, so the default level (WARN) still shows where it serves.
+    tracing::warn!(
         grpc = %grpc_addr, http = %http_addr, debug = %debug_addr,
         rules = %origin, "tollgate serving"
     );

@@ -59,7 +59,8 @@ pub struct Settings {
     pub stop_cache_key_increment_when_overlimit: bool,
     /// `CACHE_KEY_PREFIX`.
     pub cache_key_prefix: String,
-    /// `LOG_LEVEL`: error, warn, info, debug, trace (any case), or a tracing filter directive.
+    /// `LOG_LEVEL`: error, warn (the default, as the Go service), info, debug, trace (any case), or a
+    /// tracing filter directive.
     pub log_level: String,
     /// `LOG_FORMAT`: `text` or `json`.
     #[serde(with = "as_text")]
@@ -466,7 +467,7 @@ impl Default for Settings {
             limit_reset_header: "RateLimit-Reset".into(),
             stop_cache_key_increment_when_overlimit: false,
             cache_key_prefix: String::new(),
-            log_level: "info".into(),
+            log_level: "warn".into(),
             log_format: LogFormat::Text,
             default_algorithm: Algorithm::FixedWindow,
             hash_key: Secret::default(),

@@ -1,7 +1,8 @@
 //! Logs and traces.
 //!
-//! - Logs: `LOG_LEVEL` (envoyproxy/ratelimit's names, any case, or a full tracing filter directive) and
-//!   `LOG_FORMAT` (`text` or `json`), to stderr.
+//! - Logs: `LOG_LEVEL` (envoyproxy/ratelimit's names, any case, or a full tracing filter directive;
+//!   `WARN` by default, as the Go service) and `LOG_FORMAT` (`text`, or `json` in the Go service's shape:
+//!   see [`super::go_json`]), to stderr.
 //! - Traces: OpenTelemetry over OTLP/gRPC, off unless `TRACING_ENABLED=true` (envoyproxy/ratelimit's
 //!   name). The exporter honours the standard variables: `OTEL_EXPORTER_OTLP_ENDPOINT` (default
 //!   `http://localhost:4317`), `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_BSP_*`. Sampling is parent-based with
@@ -26,6 +27,7 @@ use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing_subscriber::layer::SubscriberExt;
 
 use crate::settings::LogFormat;
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer as _};
 
@@ -108,17 +110,26 @@ pub fn init(
     format: LogFormat,
     traces: Option<&TraceSettings>,
 ) -> anyhow::Result<TelemetryGuard> {
-    let filter = EnvFilter::try_new(level.to_ascii_lowercase()).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_new(level.to_ascii_lowercase()).unwrap_or_else(|_| EnvFilter::new("warn"));
     let json = format == LogFormat::Json;
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         // Colour only on a terminal: escape codes in a log file or a collector break parsing.
         .with_ansi(std::io::stderr().is_terminal() && !json);
-    let fmt = if json { fmt.json().boxed() } else { fmt.boxed() };
+    let fmt = if json {
+        fmt.event_format(super::go_json::GoJson).boxed()
+    } else {
+        fmt.boxed()
+    };
+    // `LOG_LEVEL` filters the log alone: spans are INFO, and at the default WARN a global filter would
+    // stop them from reaching the trace exporter.
+    let fmt = fmt.with_filter(filter);
     let (otel, provider) = match traces {
         Some(settings) => {
             let provider = tracer_provider(settings)?;
-            let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("tollgate"));
+            let layer = tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer("tollgate"))
+                .with_filter(LevelFilter::INFO);
             (Some(layer), Some(provider))
         }
         None => (None, None),
@@ -132,11 +143,7 @@ pub fn init(
     });
     let _ = TRACES.set(provider.as_ref().and(every));
     // A second init (tests run several servers in one process) is harmless: the first one stays.
-    let _ = tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt)
-        .with(otel)
-        .try_init();
+    let _ = tracing_subscriber::registry().with(fmt).with(otel).try_init();
     Ok(TelemetryGuard { provider })
 }
 

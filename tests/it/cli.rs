@@ -15,7 +15,7 @@ use tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 
 use crate::common::{Guard, TestServer, http, wire_request};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
 const RULES: &str = r#"
 domain: cli
@@ -130,11 +130,16 @@ fn strip_ansi(line: &str) -> String {
     out
 }
 
-/// The addresses from the `tollgate serving grpc=ADDR http=ADDR debug=ADDR` log line.
+/// The addresses from the `tollgate serving grpc=ADDR http=ADDR debug=ADDR` log line (text, or the
+/// JSON of `LOG_FORMAT=json`).
 fn parse_serving(line: &str) -> Option<(SocketAddr, SocketAddr, SocketAddr)> {
     let line = strip_ansi(line);
     if !line.contains("tollgate serving") {
         return None;
+    }
+    if let Ok(json) = serde_json::from_str::<Value>(&line) {
+        let field = |name: &str| json[name].as_str()?.parse().ok();
+        return Some((field("grpc")?, field("http")?, field("debug")?));
     }
     let field = |name: &str| -> Option<SocketAddr> {
         line.split_whitespace()
@@ -145,18 +150,22 @@ fn parse_serving(line: &str) -> Option<(SocketAddr, SocketAddr, SocketAddr)> {
 }
 
 /// A running `tollgate serve`, killed on drop unless it exited.
-struct Served {
+pub(crate) struct Served {
     child: Guard,
-    grpc: SocketAddr,
-    http: SocketAddr,
-    debug: SocketAddr,
+    pub(crate) grpc: SocketAddr,
+    pub(crate) http: SocketAddr,
+    pub(crate) debug: SocketAddr,
     stderr: mpsc::Receiver<String>,
-    log: Vec<String>,
+    pub(crate) log: Vec<String>,
 }
 
 impl Served {
     async fn start(args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut command = tollgate(args, env);
+        Self::start_command(tollgate(args, env)).await
+    }
+
+    /// Starts `command` (a binary with its arguments and environment) and waits for its addresses.
+    pub(crate) async fn start_command(mut command: Command) -> Self {
         command.stdout(Stdio::null()).stderr(Stdio::piped());
         tokio::task::spawn_blocking(move || Self::start_blocking(command))
             .await
@@ -218,7 +227,7 @@ impl Served {
     }
 
     /// Sends SIGTERM and returns the exit code, bounded.
-    async fn terminate(self) -> Option<i32> {
+    pub(crate) async fn terminate(self) -> Option<i32> {
         self.signal_term();
         self.wait_exit().await
     }
@@ -337,6 +346,30 @@ async fn serve_with_go_environment_names() {
     assert_eq!((status, body.as_str()), (200, "OK"));
     let (_, body) = http(served.debug, "GET", "/rlconfig", "").await;
     assert!(body.contains("cli.user: unit=HOUR requests_per_unit=2"), "{body}");
+    assert_eq!(served.terminate().await, Some(0));
+}
+
+#[tokio::test]
+async fn json_logs_use_the_go_services_field_names_and_warn_is_the_default_level() {
+    let dir = rules_dir(&[("cli.yaml", RULES)]);
+    let config_dir = dir.path().to_str().expect("utf-8 path");
+    let served = Served::start(&serve_args(config_dir), &[("LOG_FORMAT", "json")]).await;
+    let lines: Vec<Value> = served
+        .log
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    let serving = lines
+        .iter()
+        .find(|l| l["@message"] == "tollgate serving")
+        .expect("the serving line");
+    assert_eq!(serving["level"], "warning", "{serving}");
+    let stamp = serving["@timestamp"].as_str().expect("@timestamp");
+    assert!(humantime::parse_rfc3339(stamp).is_ok(), "RFC 3339: {stamp}");
+    assert!(
+        lines.iter().all(|l| l["level"] != "info"),
+        "WARN by default, as the Go service: {lines:?}"
+    );
     assert_eq!(served.terminate().await, Some(0));
 }
 

@@ -9,6 +9,7 @@ mod cli;
 #[cfg(feature = "client")]
 mod client;
 mod compat;
+mod envoy_gateway;
 mod extensions;
 mod faults;
 mod grpc;

@@ -49,10 +49,26 @@ impl Ca {
         self.leaf(names, ExtendedKeyUsagePurpose::ClientAuth)
     }
 
+    /// A certificate for both ends of TLS, as Envoy Gateway issues its components' (the rate limit
+    /// service serves gRPC and is a client of the xDS server with the same `tls.crt`).
+    pub fn peer(&self, names: &[&str]) -> Leaf {
+        self.leaf_with(
+            names,
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        )
+    }
+
     fn leaf(&self, names: &[&str], usage: ExtendedKeyUsagePurpose) -> Leaf {
+        self.leaf_with(names, vec![usage])
+    }
+
+    fn leaf_with(&self, names: &[&str], usages: Vec<ExtendedKeyUsagePurpose>) -> Leaf {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = CertificateParams::new(names).expect("leaf params");
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = usages;
         let key = KeyPair::generate().expect("leaf key");
         let cert = params.signed_by(&key, &self.issuer).expect("leaf certificate");
         Leaf {
