@@ -102,19 +102,29 @@ def check_tollgate(r):
     d = r.tollgate_deployment()
     spec = d["spec"]["template"]["spec"]
     c = next(c for c in spec["containers"] if c["name"] == "tollgate")
-    probes = {}
-    for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
-        p = c.get(kind)
-        if not check(p and "grpc" in p, f"{r.name}: {kind} missing or not a gRPC probe"):
-            continue
-        check(isinstance(p["grpc"].get("port"), int), f"{r.name}: {kind} port is not a number: {p['grpc'].get('port')!r}")
-        probes[kind] = p["grpc"].get("service")
-    check(probes.get("readinessProbe") == "ratelimit", f"{r.name}: readiness does not ask for service ratelimit")
-    check(probes.get("livenessProbe") == "", f"{r.name}: liveness does not ask for service \"\"")
-    check(probes.get("startupProbe") == "", f"{r.name}: startup does not ask for service \"\"")
+    if r.settings().get("TOLLGATE_GRPC_SERVER_USE_TLS") == "true":
+        # The kubelet's gRPC probes speak plaintext: with TLS on gRPC they must use the HTTP port.
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+            check("grpc" not in (c.get(kind) or {"grpc": 1}), f"{r.name}: {kind} is a plaintext gRPC probe on a TLS port")
+        ready = c["readinessProbe"].get("httpGet", {})
+        check(ready.get("path") == "/healthcheck", f"{r.name}: readiness is not /healthcheck: {ready}")
+    else:
+        probes = {}
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+            p = c.get(kind)
+            if not check(p and "grpc" in p, f"{r.name}: {kind} missing or not a gRPC probe"):
+                continue
+            check(isinstance(p["grpc"].get("port"), int), f"{r.name}: {kind} port is not a number: {p['grpc'].get('port')!r}")
+            probes[kind] = p["grpc"].get("service")
+        check(probes.get("readinessProbe") == "ratelimit", f"{r.name}: readiness does not ask for service ratelimit")
+        check(probes.get("livenessProbe") == "", f"{r.name}: liveness does not ask for service \"\"")
+        check(probes.get("startupProbe") == "", f"{r.name}: startup does not ask for service \"\"")
 
+    over_xds = r.settings().get("TOLLGATE_CONFIG_TYPE") == "GRPC_XDS_SOTW"
     mounts = [m for m in c.get("volumeMounts", []) if m["mountPath"] == RULES_DIR]
-    if check(len(mounts) == 1, f"{r.name}: rules not mounted at {RULES_DIR}"):
+    if over_xds:
+        check(not mounts, f"{r.name}: rules mounted although they come over xDS")
+    elif check(len(mounts) == 1, f"{r.name}: rules not mounted at {RULES_DIR}"):
         check("subPath" not in mounts[0], f"{r.name}: rules mounted with subPath (ConfigMap updates would not reach the pod)")
         volume = next(v for v in spec["volumes"] if v["name"] == mounts[0]["name"])
         check("configMap" in volume, f"{r.name}: the rules volume is not a ConfigMap")
@@ -125,7 +135,7 @@ def check_tollgate(r):
           f"{r.name}: a checksum annotation other than settings (rules must hot-reload, not roll pods)")
 
     settings = r.settings()
-    check(settings.get("TOLLGATE_CONFIG_DIR") == RULES_DIR, f"{r.name}: TOLLGATE_CONFIG_DIR is not {RULES_DIR}")
+    check(over_xds or settings.get("TOLLGATE_CONFIG_DIR") == RULES_DIR, f"{r.name}: TOLLGATE_CONFIG_DIR is not {RULES_DIR}")
     drain = settings.get("TOLLGATE_DRAIN_PERIOD", "0s")
     check(re.fullmatch(r"[0-9]+s", drain), f"{r.name}: TOLLGATE_DRAIN_PERIOD {drain!r}")
     check(spec["terminationGracePeriodSeconds"] > int(drain.rstrip("s")), f"{r.name}: grace period not above the drain period")
@@ -149,9 +159,12 @@ def check_tollgate(r):
                 check(p.get("appProtocol") == "grpc", f"{r.name}: Service {s['metadata']['name']} grpc port lacks appProtocol grpc")
 
     hook_jobs = r.hooks("Job")
-    check(len(hook_jobs) == 1 and "pre-install" in hook_jobs[0]["metadata"]["annotations"]["helm.sh/hook"]
-          and "pre-upgrade" in hook_jobs[0]["metadata"]["annotations"]["helm.sh/hook"],
-          f"{r.name}: no pre-install/pre-upgrade check-config Job")
+    if r.settings().get("TOLLGATE_CONFIG_TYPE") == "GRPC_XDS_SOTW":
+        check(not hook_jobs, f"{r.name}: a check-config Job although rules come over xDS")
+    else:
+        check(len(hook_jobs) == 1 and "pre-install" in hook_jobs[0]["metadata"]["annotations"]["helm.sh/hook"]
+              and "pre-upgrade" in hook_jobs[0]["metadata"]["annotations"]["helm.sh/hook"],
+              f"{r.name}: no pre-install/pre-upgrade check-config Job")
     if hook_jobs:
         args = hook_jobs[0]["spec"]["template"]["spec"]["containers"][0]["args"]
         check(args[:2] == ["check-config", RULES_DIR], f"{r.name}: the hook Job does not run check-config {RULES_DIR}")
@@ -330,6 +343,27 @@ def main():
         sm = monitoring.of("ServiceMonitor")
         if sm:
             check(sm[0]["spec"]["endpoints"][0]["port"] == "http", "monitoring: ServiceMonitor does not scrape the http port")
+    # Envoy Gateway's shape: gRPC mTLS from the Secret, rules over xDS with TLS to the controller.
+    eg = rendered(args, "envoy-gateway", "-f", f"{args.chart}/ci/envoy-gateway-values.yaml")
+    if eg:
+        env = eg.settings()
+        expected = {
+            "TOLLGATE_GRPC_SERVER_USE_TLS": "true",
+            "TOLLGATE_GRPC_SERVER_TLS_CERT": "/etc/tollgate/grpc-tls/tls.crt",
+            "TOLLGATE_GRPC_CLIENT_TLS_CACERT": "/etc/tollgate/grpc-tls/ca.crt",
+            "TOLLGATE_CONFIG_TYPE": "GRPC_XDS_SOTW",
+            "TOLLGATE_CONFIG_GRPC_XDS_SERVER_URL": "envoy-gateway.envoy-gateway-system:18001",
+            "TOLLGATE_CONFIG_GRPC_XDS_SERVER_USE_TLS": "true",
+            "TOLLGATE_FORCE_START_WITHOUT_INITIAL_CONFIG": "true",
+        }
+        for name, value in expected.items():
+            check(env.get(name) == value, f"envoy-gateway: {name}={env.get(name)!r}, expected {value!r}")
+        check("TOLLGATE_CONFIG_DIR" not in env, "envoy-gateway: a rules directory is set although rules come over xDS")
+        volumes = {v["name"]: v for v in eg.tollgate_deployment()["spec"]["template"]["spec"]["volumes"]}
+        check(volumes.get("grpc-tls", {}).get("secret", {}).get("secretName") == "envoy-rate-limit",
+              "envoy-gateway: the gRPC TLS Secret is not mounted")
+    must_fail(args, "tls-without-secret", "grpcTls:\n  enabled: true\n", "grpcTls.secretName")
+    must_fail(args, "xds-without-server", "xds:\n  enabled: true\n", "xds.serverUrl")
     # A NetworkPolicy with no peers named: gRPC from anywhere, HTTP and debug from the namespace only.
     policy = rendered(args, "network-policy", "--set", "networkPolicy.enabled=true")
     if policy:

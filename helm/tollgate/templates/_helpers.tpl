@@ -198,6 +198,9 @@ check-config hook, so the hook validates the settings the pods will run with.
   "TOLLGATE_DEBUG_ADDR" (printf "0.0.0.0:%d" (int .Values.ports.debug))
   "TOLLGATE_DRAIN_PERIOD" (printf "%ds" (int .Values.drainPeriodSeconds))
   "TOLLGATE_REFUND_KEY_FILE" (printf "%s/%s" (include "tollgate.refundKeyDir" .) .Values.refundKey.key) }}
+{{- if .Values.xds.enabled }}
+{{- $_ := unset $env "TOLLGATE_CONFIG_DIR" }}
+{{- end }}
 {{- with include "tollgate.memoryMaxKeys" . }}
 {{- $_ := set $env "TOLLGATE_MEMORY_MAX_KEYS" . }}
 {{- end }}
@@ -208,6 +211,8 @@ check-config hook, so the hook validates the settings the pods will run with.
 {{- $_ := set $env "TOLLGATE_WORKER_THREADS" (include "tollgate.envString" .) }}
 {{- end }}
 {{- $env = merge $env (fromYaml (include "tollgate.redisEnv" .)) }}
+{{- $env = merge $env (fromYaml (include "tollgate.grpcTlsEnv" .)) }}
+{{- $env = merge $env (fromYaml (include "tollgate.xdsEnv" .)) }}
 {{- range $name, $value := .Values.settings }}
 {{- if not (kindIs "invalid" $value) }}
 {{- $_ := set $env (printf "TOLLGATE_%s" $name) (include "tollgate.envString" $value) }}
@@ -296,4 +301,58 @@ send it traffic and the Deployment's ReplicaSet would adopt it.
 {{- define "tollgate.testSelectorLabels" -}}
 app.kubernetes.io/name: {{ printf "%s-test" (include "tollgate.name" .) | trunc 63 | trimSuffix "-" }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Where the gRPC listener's TLS Secret is mounted. */}}
+{{- define "tollgate.grpcTlsDir" -}}
+/etc/tollgate/grpc-tls
+{{- end }}
+
+{{/* Where the xDS client's TLS Secret is mounted. */}}
+{{- define "tollgate.xdsTlsDir" -}}
+/etc/tollgate/xds-tls
+{{- end }}
+
+{{/* gRPC TLS settings (grpcTls). */}}
+{{- define "tollgate.grpcTlsEnv" -}}
+{{- $t := .Values.grpcTls }}
+{{- if $t.enabled }}
+{{- if not $t.secretName }}
+{{- fail "grpcTls.enabled needs grpcTls.secretName (a kubernetes.io/tls Secret)" }}
+{{- end }}
+{{- if and $t.clientSan (not $t.requireClientCertificate) }}
+{{- fail "grpcTls.clientSan needs grpcTls.requireClientCertificate" }}
+{{- end }}
+{{- $dir := include "tollgate.grpcTlsDir" . }}
+TOLLGATE_GRPC_SERVER_USE_TLS: "true"
+TOLLGATE_GRPC_SERVER_TLS_CERT: {{ printf "%s/tls.crt" $dir | quote }}
+TOLLGATE_GRPC_SERVER_TLS_KEY: {{ printf "%s/tls.key" $dir | quote }}
+{{- if $t.requireClientCertificate }}
+TOLLGATE_GRPC_CLIENT_TLS_CACERT: {{ printf "%s/ca.crt" $dir | quote }}
+{{- end }}
+{{- with $t.clientSan }}
+TOLLGATE_GRPC_CLIENT_TLS_SAN: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Rules over xDS (xds). */}}
+{{- define "tollgate.xdsEnv" -}}
+{{- $x := .Values.xds }}
+{{- if $x.enabled }}
+{{- if not $x.serverUrl }}
+{{- fail "xds.enabled needs xds.serverUrl (host:port of the management server)" }}
+{{- end }}
+TOLLGATE_CONFIG_TYPE: GRPC_XDS_SOTW
+TOLLGATE_CONFIG_GRPC_XDS_SERVER_URL: {{ $x.serverUrl | quote }}
+TOLLGATE_CONFIG_GRPC_XDS_NODE_ID: {{ $x.nodeId | quote }}
+TOLLGATE_FORCE_START_WITHOUT_INITIAL_CONFIG: {{ $x.forceStartWithoutInitialConfig | toString | quote }}
+{{- if $x.tlsSecret }}
+{{- $dir := include "tollgate.xdsTlsDir" . }}
+TOLLGATE_CONFIG_GRPC_XDS_SERVER_USE_TLS: "true"
+TOLLGATE_CONFIG_GRPC_XDS_CLIENT_TLS_CERT: {{ printf "%s/tls.crt" $dir | quote }}
+TOLLGATE_CONFIG_GRPC_XDS_CLIENT_TLS_KEY: {{ printf "%s/tls.key" $dir | quote }}
+TOLLGATE_CONFIG_GRPC_XDS_SERVER_TLS_CACERT: {{ printf "%s/ca.crt" $dir | quote }}
+{{- end }}
+{{- end }}
 {{- end }}
