@@ -169,7 +169,10 @@ def check_tollgate(r):
         args = hook_jobs[0]["spec"]["template"]["spec"]["containers"][0]["args"]
         check(args[:2] == ["check-config", RULES_DIR], f"{r.name}: the hook Job does not run check-config {RULES_DIR}")
     tests = r.hooks("Pod")
-    check(tests and tests[0]["spec"]["containers"][0]["args"][0] == "healthcheck", f"{r.name}: no helm test pod")
+    if r.settings().get("TOLLGATE_GRPC_SERVER_USE_TLS") == "true":
+        check(not tests, f"{r.name}: a plaintext helm test pod against a TLS gRPC port")
+    else:
+        check(tests and tests[0]["spec"]["containers"][0]["args"][0] == "healthcheck", f"{r.name}: no helm test pod")
 
 
 def check_selectors(r):
