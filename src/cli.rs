@@ -227,6 +227,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .tracing_enabled
         .then(|| crate::observe::telemetry::TraceSettings {
             service_name: settings.tracing_service_name.clone(),
+            service_namespace: settings.tracing_service_namespace.clone(),
+            service_instance_id: settings.tracing_service_instance_id.clone(),
             sampling_rate: settings.tracing_sampling_rate,
         });
     let telemetry =

@@ -121,6 +121,10 @@ pub struct Settings {
     pub tracing_enabled: bool,
     /// `TRACING_SERVICE_NAME`.
     pub tracing_service_name: String,
+    /// `TRACING_SERVICE_NAMESPACE`: `service.namespace` on spans (empty: not set).
+    pub tracing_service_namespace: String,
+    /// `TRACING_SERVICE_INSTANCE_ID`: `service.instance.id` on spans (empty: not set).
+    pub tracing_service_instance_id: String,
     /// `TRACING_SAMPLING_RATE`: fraction of new traces kept (a sampled parent is always followed).
     pub tracing_sampling_rate: f64,
     /// `TRACING_EXPORTER_PROTOCOL`: only `grpc` is built in.
@@ -494,6 +498,8 @@ impl Default for Settings {
             raw_body: false,
             tracing_enabled: false,
             tracing_service_name: "tollgate".into(),
+            tracing_service_namespace: String::new(),
+            tracing_service_instance_id: String::new(),
             tracing_sampling_rate: 1.0,
             tracing_exporter_protocol: "grpc".into(),
             memory_max_keys: DEFAULT_MEMORY_MAX_KEYS,
@@ -819,6 +825,8 @@ const GO_DIRECT: &[(&str, &str)] = &[
     ("NEAR_LIMIT_RATIO", "near_limit_ratio"),
     ("TRACING_ENABLED", "tracing_enabled"),
     ("TRACING_SERVICE_NAME", "tracing_service_name"),
+    ("TRACING_SERVICE_NAMESPACE", "tracing_service_namespace"),
+    ("TRACING_SERVICE_INSTANCE_ID", "tracing_service_instance_id"),
     ("TRACING_SAMPLING_RATE", "tracing_sampling_rate"),
     ("TRACING_EXPORTER_PROTOCOL", "tracing_exporter_protocol"),
     ("GRPC_UDS", "grpc_uds"),
@@ -1026,8 +1034,6 @@ const GO_IGNORED: &[(&str, &str)] = &[
         "per-second limits are counted in the main Redis (REDIS_URL)",
     ),
     ("MEMCACHE_", "there is no memcache backend"),
-    ("TRACING_SERVICE_NAMESPACE", "not set on spans"),
-    ("TRACING_SERVICE_INSTANCE_ID", "not set on spans"),
 ];
 
 /// Notes the envoyproxy/ratelimit settings Tollgate accepts without acting on them as warnings, saying

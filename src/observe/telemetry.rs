@@ -69,6 +69,11 @@ fn parent_sampled(traceparent: &str) -> Option<bool> {
 pub struct TraceSettings {
     /// `service.name` of the spans (`TRACING_SERVICE_NAME`).
     pub service_name: String,
+    /// `service.namespace` of the spans (`TRACING_SERVICE_NAMESPACE`), when not empty.
+    pub service_namespace: String,
+    /// `service.instance.id` of the spans (`TRACING_SERVICE_INSTANCE_ID`, Envoy Gateway gives the pod
+    /// name), when not empty.
+    pub service_instance_id: String,
     /// Fraction of new traces kept (`TRACING_SAMPLING_RATE`); parents' decisions are followed.
     pub sampling_rate: f64,
 }
@@ -149,9 +154,17 @@ pub fn init(
 
 fn tracer_provider(settings: &TraceSettings) -> anyhow::Result<SdkTracerProvider> {
     let exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic().build()?;
-    let resource = opentelemetry_sdk::Resource::builder()
-        .with_service_name(settings.service_name.clone())
-        .build();
+    let mut resource =
+        opentelemetry_sdk::Resource::builder().with_service_name(settings.service_name.clone());
+    for (key, value) in [
+        ("service.namespace", &settings.service_namespace),
+        ("service.instance.id", &settings.service_instance_id),
+    ] {
+        if !value.is_empty() {
+            resource = resource.with_attribute(opentelemetry::KeyValue::new(key, value.clone()));
+        }
+    }
+    let resource = resource.build();
     Ok(SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
         // The decision was already made by `should_trace`: keep what reaches the SDK.

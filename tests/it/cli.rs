@@ -642,8 +642,15 @@ fn serve_args(config_dir: &str) -> [&str; 9] {
     ]
 }
 
-/// An OTLP/gRPC trace receiver that forwards every export to a channel.
-struct Receiver(tokio::sync::mpsc::UnboundedSender<opentelemetry_proto::tonic::trace::v1::Span>);
+/// The attributes of the resource of the latest export.
+type ResourceAttributes =
+    std::sync::Arc<std::sync::Mutex<Vec<opentelemetry_proto::tonic::common::v1::KeyValue>>>;
+
+/// An OTLP/gRPC trace receiver that forwards every exported span to a channel and keeps the resource.
+struct Receiver(
+    tokio::sync::mpsc::UnboundedSender<opentelemetry_proto::tonic::trace::v1::Span>,
+    ResourceAttributes,
+);
 
 #[tonic::async_trait]
 impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService for Receiver {
@@ -655,6 +662,9 @@ impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::Tra
         tonic::Status,
     > {
         for resource in request.into_inner().resource_spans {
+            if let Some(attributes) = resource.resource.map(|r| r.attributes) {
+                *self.1.lock().expect("lock") = attributes;
+            }
             for scope in resource.scope_spans {
                 for span in scope.spans {
                     let _ = self.0.send(span);
@@ -672,18 +682,20 @@ async fn otlp_receiver() -> (
     String,
     tokio::sync::mpsc::UnboundedReceiver<ExportedSpan>,
     tokio::task::JoinHandle<()>,
+    ResourceAttributes,
 ) {
     use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
     let (spans, received) = tokio::sync::mpsc::unbounded_channel();
+    let resource = ResourceAttributes::default();
     let server = tonic::transport::Server::builder()
-        .add_service(TraceServiceServer::new(Receiver(spans)))
+        .add_service(TraceServiceServer::new(Receiver(spans, resource.clone())))
         .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
     let handle = tokio::spawn(async move {
         let _ = server.await;
     });
-    (endpoint, received, handle)
+    (endpoint, received, handle, resource)
 }
 
 /// Waits (bounded) for an exported span with this name.
@@ -718,15 +730,8 @@ const RPC_SPAN: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLi
 
 /// A server on the cli rules that exports every span to a local OTLP receiver; `extra` adds settings.
 /// Returns the server, the spans received, the receiver task and the rules directory (kept alive).
-async fn traced_server(
-    extra: &[(&str, &str)],
-) -> (
-    Served,
-    tokio::sync::mpsc::UnboundedReceiver<ExportedSpan>,
-    tokio::task::JoinHandle<()>,
-    tempfile::TempDir,
-) {
-    let (endpoint, received, receiver) = otlp_receiver().await;
+async fn traced_server(extra: &[(&str, &str)]) -> Traced {
+    let (endpoint, received, receiver, resource) = otlp_receiver().await;
     let dir = rules_dir(&[("cli.yaml", RULES)]);
     let config_dir = dir.path().to_str().expect("utf-8 path");
     let mut env = vec![
@@ -736,12 +741,37 @@ async fn traced_server(
     ];
     env.extend_from_slice(extra);
     let served = Served::start(&serve_args(config_dir), &env).await;
-    (served, received, receiver, dir)
+    Traced {
+        served,
+        received,
+        receiver,
+        resource,
+        _dir: dir,
+    }
+}
+
+/// A server exporting spans to a receiver in the test.
+struct Traced {
+    served: Served,
+    received: tokio::sync::mpsc::UnboundedReceiver<ExportedSpan>,
+    receiver: tokio::task::JoinHandle<()>,
+    resource: ResourceAttributes,
+    _dir: tempfile::TempDir,
 }
 
 #[tokio::test]
 async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
-    let (served, mut received, receiver, _dir) = traced_server(&[]).await;
+    let Traced {
+        served,
+        mut received,
+        receiver,
+        resource,
+        _dir,
+    } = traced_server(&[
+        ("TRACING_SERVICE_NAMESPACE", "edge-ns"),
+        ("TRACING_SERVICE_INSTANCE_ID", "ratelimit-7f9c"),
+    ])
+    .await;
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent_id = "00f067aa0ba902b7";
     let traceparent: tonic::metadata::MetadataValue<_> =
@@ -759,6 +789,21 @@ async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
     let span = span_named(&mut received, RPC_SPAN).await;
     let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
     assert_eq!(hex(&span.trace_id), trace_id, "joined the caller's trace");
+    let resource = resource.lock().expect("lock").clone();
+    for (key, expected) in [
+        ("service.namespace", "edge-ns"),
+        ("service.instance.id", "ratelimit-7f9c"),
+    ] {
+        let value = resource
+            .iter()
+            .find(|a| a.key == key)
+            .and_then(|a| a.value.clone());
+        let text = value.and_then(|v| match v.value {
+            Some(opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s)) => Some(s),
+            _ => None,
+        });
+        assert_eq!(text.as_deref(), Some(expected), "{key} on the resource");
+    }
     assert_eq!(hex(&span.parent_span_id), parent_id);
     assert_eq!(
         span.kind,
@@ -807,8 +852,13 @@ async fn the_redis_call_is_a_child_span_of_the_rpc() {
     crate::require_redis!();
     let redis = crate::common::redis::RedisServer::start();
     let url = redis.url();
-    let (served, mut received, receiver, _dir) =
-        traced_server(&[("REDIS_URL", &url), ("TOLLGATE_REDIS_DEADLINE", "2s")]).await;
+    let Traced {
+        served,
+        mut received,
+        receiver,
+        _dir,
+        ..
+    } = traced_server(&[("REDIS_URL", &url), ("TOLLGATE_REDIS_DEADLINE", "2s")]).await;
     let addr = served.grpc;
     let deadline = Instant::now() + Duration::from_secs(10);
     // Retry until Redis is connected (the server starts before it is).
@@ -935,13 +985,14 @@ async fn secrets_never_reach_the_output_of_a_failed_start() {
             "ring",
         ),
         (
-            "sentinel over TLS",
+            "a missing CA for the gRPC client certificates",
             vec![
-                ("REDIS_URL", "m,127.0.0.1:1"),
-                ("REDIS_TYPE", "sentinel"),
-                ("REDIS_TLS", "true"),
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", "/dev/null"),
+                ("GRPC_SERVER_TLS_KEY", "/dev/null"),
+                ("GRPC_CLIENT_TLS_CACERT", "/nonexistent/client-ca.crt"),
             ],
-            "Sentinel",
+            "GRPC_CLIENT_TLS_CACERT /nonexistent/client-ca.crt",
         ),
         (
             "a short refund key",

@@ -14,7 +14,9 @@ use tollgate::proto::rls::rate_limit_response::Code;
 use tollgate::store::lease::{AcquireRequest, LeaseItem, LeaseStore, ReleaseRequest};
 use tollgate::store::{Batch, BatchItem, CommitPolicy, Store};
 
-use crate::common::redis::{RedisCluster, RedisSentinel, RedisServer, cli, command_calls, connected_store};
+use crate::common::redis::{
+    RedisCluster, RedisSentinel, RedisServer, SentinelTls, cli, command_calls, connected_store,
+};
 use crate::common::{TestServer, http, wire_request};
 use crate::require_redis;
 
@@ -825,6 +827,60 @@ async fn sentinels_that_require_a_password_get_redis_sentinel_auth() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (status, _) = http(refused.http, "GET", "/healthcheck", "").await;
     assert_eq!(status, 500);
+    refused.stop().await;
+}
+
+/// `REDIS_TLS` with Sentinel, as the Go service: the sentinels and the master they name are both reached
+/// over TLS, verified by `REDIS_TLS_CACERT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_over_tls_reaches_sentinels_and_master_over_tls() {
+    require_redis!();
+    let ca = crate::common::certs::Ca::new("redis CA");
+    let leaf = ca.peer(&["localhost", "127.0.0.1"]);
+    let certs = tempfile::tempdir().expect("tempdir");
+    let write = |name: &str, text: &str| crate::common::certs::write_file(certs.path(), name, text);
+    let tls = SentinelTls {
+        cert: write("redis.crt", &leaf.cert),
+        key: write("redis.key", &leaf.key),
+        ca: write("ca.crt", &ca.pem()),
+    };
+    let sentinel = RedisSentinel::start_tls(&tls);
+    let url = sentinel.tls_url();
+    let env = [
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_URL", url.as_str()),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CACERT", tls.ca.as_str()),
+    ];
+    let server = start(&env, &rules(Algorithm::FixedWindow, 2)).await;
+    for expected in [Code::Ok, Code::Ok, Code::OverLimit] {
+        let answer = ask(&server, &[&[("k", "sentinel-tls")]]).await.expect("answer");
+        assert_eq!(answer.overall_code, expected as i32);
+    }
+    // The counter is on the master (read back over its plain port).
+    assert!(
+        sentinel
+            .master
+            .cli(&["KEYS", "rd_k_sentinel-tls_*"])
+            .contains("rd_k_sentinel-tls_")
+    );
+    server.stop().await;
+
+    // A CA that did not sign the sentinel's certificate: the master is never found.
+    let stranger = crate::common::certs::Ca::new("stranger");
+    let other_ca = crate::common::certs::write_file(certs.path(), "other.crt", &stranger.pem());
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("rd.yaml"), rules(Algorithm::FixedWindow, 2)).expect("rules");
+    let env = [
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_URL", url.as_str()),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CACERT", other_ca.as_str()),
+    ];
+    let refused = TestServer::start_unready(dir, &env).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, _) = http(refused.http, "GET", "/healthcheck", "").await;
+    assert_eq!(status, 500, "unverified TLS is not ready");
     refused.stop().await;
 }
 

@@ -334,8 +334,10 @@ impl RedisStore {
                 master,
                 sentinels,
                 node,
+                tls,
             } => {
-                let link = SentinelLink::connect(master, sentinels, node, self.manager_config()).await?;
+                let tls = tls.map(|mode| (mode, self.options.tls.clone()));
+                let link = SentinelLink::connect(master, sentinels, node, tls, self.manager_config()).await?;
                 Ok(Connections::Sentinel(Arc::new(link)))
             }
         }

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{ConnectionInfo, RedisConnectionInfo};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{ConnectionInfo, RedisConnectionInfo, TlsCertificates, TlsMode};
 use tokio::sync::Mutex;
 
 /// Shortest pause between two re-resolutions, so a burst of failing calls asks the sentinels once.
@@ -28,18 +28,50 @@ pub(crate) struct SentinelLink {
 }
 
 impl SentinelLink {
-    /// Asks the sentinels for `master` and connects to it.
+    /// Asks the sentinels for `master` and connects to it. With `tls`, both the sentinels and the master
+    /// are reached over TLS, verified with `certificates` when given (else the system's roots).
     pub(crate) async fn connect(
         master: &str,
         sentinels: &[ConnectionInfo],
         node: &RedisConnectionInfo,
+        tls: Option<(TlsMode, Option<TlsCertificates>)>,
         config: ConnectionManagerConfig,
     ) -> redis::RedisResult<Self> {
-        let node = SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(node.clone())
-            .set_tcp_settings(super::target::tcp_settings());
-        let mut client =
-            SentinelClient::build(sentinels.to_vec(), master, Some(node), SentinelServerType::Master)?;
+        let mut builder = SentinelClientBuilder::new(
+            sentinels.iter().map(|s| s.addr().clone()),
+            master,
+            SentinelServerType::Master,
+        )?
+        .set_client_to_sentinel_tcp_settings(super::target::tcp_settings())
+        .set_client_to_redis_tcp_settings(super::target::tcp_settings())
+        .set_client_to_redis_db(node.db());
+        // The sentinels' own credentials (`REDIS_SENTINEL_AUTH`) ride on their addresses; the master's
+        // (`REDIS_AUTH`) on `node`.
+        if let Some(sentinel) = sentinels.first().map(ConnectionInfo::redis_settings) {
+            if let Some(user) = sentinel.username() {
+                builder = builder.set_client_to_sentinel_username(user);
+            }
+            if let Some(password) = sentinel.password() {
+                builder = builder.set_client_to_sentinel_password(password);
+            }
+        }
+        if let Some(user) = node.username() {
+            builder = builder.set_client_to_redis_username(user);
+        }
+        if let Some(password) = node.password() {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if let Some((mode, certificates)) = tls {
+            builder = builder
+                .set_client_to_sentinel_tls_mode(mode)
+                .set_client_to_redis_tls_mode(mode);
+            if let Some(certificates) = certificates {
+                builder = builder
+                    .set_client_to_sentinel_certificates(certificates.clone())
+                    .set_client_to_redis_certificates(certificates);
+            }
+        }
+        let mut client = builder.build()?;
         let manager =
             ConnectionManager::new_with_config(client.async_get_client().await?, config.clone()).await?;
         Ok(Self {

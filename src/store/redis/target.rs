@@ -8,7 +8,8 @@
 //!   `REDIS_AUTH` applies to the master, sentinels are reached without a password).
 //!
 //! TLS: `REDIS_TLS=true` with `host:port`, or a `rediss://` URL; certificates come separately (see
-//! [`super::RedisOptions::tls`]). Sentinel over TLS is refused clearly.
+//! [`super::RedisOptions::tls`]). With Sentinel, `REDIS_TLS` covers both the sentinels and the master
+//! they name, as in the Go service.
 
 use std::fmt;
 
@@ -40,6 +41,8 @@ pub enum RedisMode {
         sentinels: Vec<ConnectionInfo>,
         /// Credentials and database for the master.
         node: redis::RedisConnectionInfo,
+        /// TLS to the sentinels and the master (`REDIS_TLS`), and whether it verifies the host name.
+        tls: Option<redis::TlsMode>,
     },
 }
 
@@ -57,9 +60,6 @@ pub enum TargetError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A feature this build does not offer.
-    #[error("{0}")]
-    Unsupported(&'static str),
 }
 
 impl fmt::Display for RedisTarget {
@@ -88,17 +88,19 @@ impl RedisTarget {
                 _ => return Err(bad(url, "a single Redis takes exactly one address")),
             },
             "cluster" => RedisMode::Cluster(addresses.iter().map(|a| one(a)).collect::<Result<_, _>>()?),
-            "sentinel" if tls => {
-                return Err(TargetError::Unsupported("TLS to Redis Sentinel is not supported"));
-            }
             "sentinel" => match addresses.as_slice() {
                 [master, sentinels @ ..] if !sentinels.is_empty() => RedisMode::Sentinel {
                     master: (*master).to_owned(),
                     sentinels: sentinels
                         .iter()
-                        .map(|a| node(a, socket_type, sentinel_auth, false, false))
+                        .map(|a| node(a, socket_type, sentinel_auth, tls, skip_hostname_verification))
                         .collect::<Result<_, _>>()?,
                     node: credentials(redis::RedisConnectionInfo::default(), auth),
+                    tls: tls.then_some(if skip_hostname_verification {
+                        redis::TlsMode::Insecure
+                    } else {
+                        redis::TlsMode::Secure
+                    }),
                 },
                 _ => return Err(bad(url, "sentinel takes master_name,sentinel_host:port[,...]")),
             },
@@ -215,9 +217,11 @@ mod tests {
         );
         let t = RedisTarget::parse("rediss://h:6380", "", "", "", "", false, false).expect("rediss");
         assert!(matches!(&t.mode, RedisMode::Single(i) if matches!(i.addr(), ConnectionAddr::TcpTls { .. })));
+        let t = RedisTarget::parse("m,s:1", "sentinel", "", "", "", true, false).expect("sentinel over TLS");
         assert!(matches!(
-            RedisTarget::parse("m,s:1", "sentinel", "", "", "", true, false),
-            Err(TargetError::Unsupported(_))
+            &t.mode,
+            RedisMode::Sentinel { sentinels, tls: Some(redis::TlsMode::Secure), .. }
+                if matches!(sentinels[0].addr(), ConnectionAddr::TcpTls { insecure: false, .. })
         ));
     }
 
@@ -270,7 +274,7 @@ mod tests {
         )
         .expect("sentinel");
         assert!(
-            matches!(&t.mode, RedisMode::Sentinel { master, sentinels, node } if master == "mymaster" && sentinels.len() == 2 && node.password() == Some("pw"))
+            matches!(&t.mode, RedisMode::Sentinel { master, sentinels, node, .. } if master == "mymaster" && sentinels.len() == 2 && node.password() == Some("pw"))
         );
         let err = RedisTarget::parse("redis://u:pw@", "", "", "", "", false, false).expect_err("no host");
         assert!(!err.to_string().contains("pw"), "{err}");

@@ -288,6 +288,13 @@ impl RedisCluster {
     }
 }
 
+/// The PEM files a TLS sentinel setup serves with.
+pub struct SentinelTls {
+    pub cert: String,
+    pub key: String,
+    pub ca: String,
+}
+
 /// A master, one replica and one sentinel (quorum 1) watching them as `mymaster`, with failover
 /// timings short enough for a test.
 pub struct RedisSentinel {
@@ -296,6 +303,8 @@ pub struct RedisSentinel {
     /// The sentinel's own `requirepass`, if any.
     pub password: Option<String>,
     pub port: u16,
+    /// The sentinel's TLS port, with [`RedisSentinel::start_tls`].
+    pub tls_port: Option<u16>,
     _dir: TempDir,
     child: Child,
 }
@@ -307,8 +316,49 @@ impl RedisSentinel {
 
     /// A sentinel that requires `password` from its clients (`requirepass` in sentinel.conf).
     pub fn start_with_password(password: Option<&str>) -> Self {
-        let master = RedisServer::start();
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+        Self::start_full(password, None)
+    }
+
+    /// Master, replica and sentinel each also serving TLS with `tls` (certificate, key, CA files),
+    /// replicating and monitoring over TLS: the sentinel names the master's TLS port.
+    pub fn start_tls(tls: &SentinelTls) -> Self {
+        Self::start_full(None, Some(tls))
+    }
+
+    fn start_full(password: Option<&str>, tls: Option<&SentinelTls>) -> Self {
+        let tls_args = |port: u16| -> Vec<String> {
+            let Some(tls) = tls else { return Vec::new() };
+            [
+                "--tls-port",
+                &port.to_string(),
+                "--tls-cert-file",
+                &tls.cert,
+                "--tls-key-file",
+                &tls.key,
+                "--tls-ca-cert-file",
+                &tls.ca,
+                "--tls-auth-clients",
+                "no",
+                "--tls-replication",
+                "yes",
+            ]
+            .map(str::to_owned)
+            .to_vec()
+        };
+        let master_tls = free_port();
+        let master_args = tls_args(master_tls);
+        let master_args: Vec<&str> = master_args.iter().map(String::as_str).collect();
+        let master = RedisServer::start_with(&master_args);
+        // Over TLS the replica and the sentinel reach the master on its TLS port.
+        let master_port = if tls.is_some() { master_tls } else { master.port };
+        let mut replica_args = vec![
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            master_port.to_string(),
+        ];
+        replica_args.extend(tls_args(free_port()));
+        let replica_args: Vec<&str> = replica_args.iter().map(String::as_str).collect();
+        let replica = RedisServer::start_with(&replica_args);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !replica
             .cli(&["INFO", "replication"])
@@ -319,14 +369,18 @@ impl RedisSentinel {
         }
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
+        let tls_port = free_port();
         let conf = dir.path().join("sentinel.conf");
+        let tls_conf = tls_args(tls_port)
+            .chunks(2)
+            .map(|pair| format!("{} {}\n", pair[0].trim_start_matches("--"), pair[1]))
+            .collect::<String>();
         std::fs::write(
             &conf,
             format!(
-                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\n\
-                 sentinel down-after-milliseconds mymaster 500\nsentinel failover-timeout mymaster 2000\n{}",
+                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {master_port} 1\n\
+                 sentinel down-after-milliseconds mymaster 500\nsentinel failover-timeout mymaster 2000\n{}{tls_conf}",
                 dir.path().display(),
-                master.port,
                 password.map(|p| format!("requirepass {p}\n")).unwrap_or_default()
             ),
         )
@@ -343,14 +397,20 @@ impl RedisSentinel {
             replica,
             password: password.map(str::to_owned),
             port,
+            tls_port: tls.map(|_| tls_port),
             _dir: dir,
             child,
         };
-        while sentinel.master_port() != Some(sentinel.master.port) {
+        while sentinel.master_port() != Some(master_port) {
             assert!(Instant::now() < deadline, "the sentinel never saw the master");
             std::thread::sleep(Duration::from_millis(50));
         }
         sentinel
+    }
+
+    /// The sentinel `REDIS_URL` through its TLS port (with [`RedisSentinel::start_tls`]).
+    pub fn tls_url(&self) -> String {
+        format!("mymaster,127.0.0.1:{}", self.tls_port.expect("a TLS sentinel"))
     }
 
     /// envoyproxy/ratelimit's sentinel `REDIS_URL`: `master_name,sentinel_host:port`.
