@@ -103,6 +103,37 @@ struct BenchArgs {
     /// Which API to load: Envoy's ShouldRateLimit, or Tollgate's native Check.
     #[arg(long, value_enum, default_value = "envoy")]
     api: crate::loadgen::Api,
+    /// TLS: the PEM CA that signed the server's certificate (use an `https://` address).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// mTLS: a PEM client certificate (with `--tls-key`).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// mTLS: the client certificate's PEM key.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// TLS: the name the server's certificate must carry (default: the address's host).
+    #[arg(long)]
+    tls_domain: Option<String>,
+}
+
+/// The bench's TLS options as a client configuration (`None`: plaintext).
+fn bench_tls(args: &BenchArgs) -> anyhow::Result<Option<tonic::transport::ClientTlsConfig>> {
+    use anyhow::Context as _;
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let Some(ca) = &args.tls_ca else {
+        anyhow::ensure!(args.tls_cert.is_none(), "--tls-cert needs --tls-ca");
+        return Ok(None);
+    };
+    let read = |path: &PathBuf| std::fs::read(path).with_context(|| format!("cannot read {}", path.display()));
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    if let Some(domain) = &args.tls_domain {
+        tls = tls.domain_name(domain.clone());
+    }
+    Ok(Some(tls))
 }
 
 #[derive(Debug, Args)]
@@ -250,6 +281,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let tls = bench_tls(&args)?;
     let plan = crate::loadgen::LoadPlan {
         addr: args.target.addr,
         domain: args.target.domain,
@@ -260,6 +292,7 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
         duration: args.duration,
         redis_url: args.redis_url,
         api: args.api,
+        tls,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let report = runtime.block_on(crate::loadgen::run(plan))?;

@@ -38,6 +38,8 @@ pub(crate) struct LoadPlan {
     pub(crate) redis_url: Option<String>,
     /// Which API to call.
     pub(crate) api: Api,
+    /// TLS to the server (an `https://` address), with a client certificate for mTLS when it has one.
+    pub(crate) tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 /// The API a load run calls.
@@ -158,7 +160,11 @@ pub(crate) async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
     let templates = plan.descriptors;
     let mut channels = Vec::with_capacity(plan.connections.max(1));
     for _ in 0..plan.connections.max(1) {
-        channels.push(Channel::from_shared(plan.addr.clone())?.connect().await?);
+        let mut endpoint = Channel::from_shared(plan.addr.clone())?;
+        if let Some(tls) = &plan.tls {
+            endpoint = endpoint.tls_config(tls.clone())?;
+        }
+        channels.push(endpoint.connect().await?);
     }
     let redis_before = match &plan.redis_url {
         Some(url) => Some(redis_script_calls(url).await?),
