@@ -19,3 +19,6 @@ cargo build --locked --all-targets --all-features
 cargo test --locked --all-features
 # The same wire-level test bodies again, every server backed by its own real redis-server.
 TOLLGATE_TEST_STORE=redis cargo test --locked --all-features --test it -- grpc:: headers:: hostile_input:: json_endpoint:: native:: reload::
+# And once more with the rules pushed over xDS by a management server in the test process, wherever a
+# test's rules have an xDS form (envoyproxy/ratelimit's fields only; see tests/it/common/xds_rules.rs).
+TOLLGATE_TEST_RULES=xds cargo test --locked --all-features --test it -- grpc:: headers:: hostile_input:: json_endpoint:: native::

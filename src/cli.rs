@@ -125,7 +125,8 @@ fn bench_tls(args: &BenchArgs) -> anyhow::Result<Option<tonic::transport::Client
         anyhow::ensure!(args.tls_cert.is_none(), "--tls-cert needs --tls-ca");
         return Ok(None);
     };
-    let read = |path: &PathBuf| std::fs::read(path).with_context(|| format!("cannot read {}", path.display()));
+    let read =
+        |path: &PathBuf| std::fs::read(path).with_context(|| format!("cannot read {}", path.display()));
     let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));

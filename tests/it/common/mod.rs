@@ -7,6 +7,7 @@ pub mod ads;
 pub mod certs;
 pub mod fault_proxy;
 pub mod redis;
+pub mod xds_rules;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -180,6 +181,8 @@ impl Drop for Guard {
 pub struct TestServer {
     /// The server's own Redis when the suite runs with `TOLLGATE_TEST_STORE=redis`.
     pub redis: Option<redis::RedisServer>,
+    /// The management server pushing the rules, under `TOLLGATE_TEST_RULES=xds`.
+    pub ads: Option<ads::AdsServer>,
     pub grpc: SocketAddr,
     pub http: SocketAddr,
     pub debug: SocketAddr,
@@ -221,6 +224,17 @@ impl TestServer {
                 .or_insert_with(|| "2s".into());
             server
         });
+        // `TOLLGATE_TEST_RULES=xds`: the same rules, pushed by a management server in the test process.
+        let ads = match xds_rules::rules_over_xds().then(|| xds_rules::configs(dir.path())) {
+            Some(Some(configs)) => {
+                let ads = ads::AdsServer::start().await;
+                ads.push("1", &configs);
+                env.insert("CONFIG_TYPE".into(), "GRPC_XDS_SOTW".into());
+                env.insert("CONFIG_GRPC_XDS_SERVER_URL".into(), ads.addr.to_string());
+                Some(ads)
+            }
+            _ => None,
+        };
         let flags = [
             ("config_dir", dir.path().to_string_lossy().into_owned()),
             ("grpc_addr", "127.0.0.1:0".to_owned()),
@@ -243,6 +257,7 @@ impl TestServer {
         }));
         Self {
             redis,
+            ads,
             grpc,
             http,
             debug,
