@@ -17,13 +17,6 @@ server=""
 cleanup_more() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }
 # shellcheck source=scripts/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
-mkdir -p "$work/rules"
-cat > "$work/rules/bench.yaml" <<'RULES'
-domain: bench
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 1000000000, algorithm: token_bucket}
-RULES
 
 turn() { # name binary store api
   local name="$1" binary="$2" store="$3" api="$4" port

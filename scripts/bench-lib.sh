@@ -1,7 +1,8 @@
 # Shared by the bench scripts (sourced, not run): a work directory and a throwaway redis-server, both
 # removed on exit, and free loopback ports. Needs redis-server, redis-cli and python3 on PATH.
 #
-# After sourcing: $work (a temporary directory), $redis_port (a running redis-server, no persistence),
+# After sourcing: $work (a temporary directory) with the benchmark's rules in $work/rules (domain bench,
+# key user, a token bucket no load reaches), $redis_port (a running redis-server, no persistence),
 # free_port, wait_ready BINARY PORT, and an EXIT trap that runs `bench_cleanup` plus whatever the
 # script put in `cleanup_more` (a function it may define).
 
@@ -28,3 +29,11 @@ trap bench_cleanup EXIT
 redis_port="$(free_port)"
 redis-server --port "$redis_port" --save '' --appendonly no --daemonize yes --logfile "$work/redis.log"
 until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
+
+mkdir -p "$work/rules"
+cat > "$work/rules/bench.yaml" <<'RULES'
+domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1000000000, algorithm: token_bucket}
+RULES

@@ -345,8 +345,11 @@ fn healthcheck(args: HealthcheckArgs) -> ExitCode {
 /// algorithm, `MERGE_DOMAIN_CONFIG`), and refuses a malformed setting or Redis address as `serve`
 /// does. Files a pod mounts (certificates, the refund key) are not read: a deploy hook lacks them.
 fn check_config(args: CheckConfigArgs) -> ExitCode {
-    let settings = Settings::load(args.settings.as_deref(), &[])
-        .and_then(|settings| crate::server::redis_target(&settings).map(|_| settings));
+    let settings = Settings::load(args.settings.as_deref(), &[]).and_then(|settings| {
+        crate::server::redis_target(&settings)?;
+        crate::server::redis_persecond_target(&settings)?;
+        Ok(settings)
+    });
     let settings = match settings {
         Ok(settings) => settings,
         Err(error) => {

@@ -15,7 +15,8 @@
 //!   the rules-file format (envoyproxy/ratelimit's YAML plus Tollgate's keys); [`rules::reload`] loads
 //!   and hot-reloads a rules directory.
 //! - [`store`]: where state lives; one atomic batch per request. [`store::memory`] is the embedded store,
-//!   [`store::redis`] the shared one, [`store::lease`] the concurrency leases' trait and types.
+//!   [`store::redis`] the shared one, [`store::per_second`] the optional per-second Redis
+//!   (`REDIS_PERSECOND`), [`store::lease`] the concurrency leases' trait and types.
 //! - [`clock`]: time for the embedded store.
 //! - [`limiter`]: the decision core: rules + store → a neutral verdict (exact counts and durations).
 //! - [`api`]: the protocols' messages ↔ the limiter, no transport: Envoy's ([`api::envoy`], with its

@@ -332,7 +332,7 @@ impl LimiterError {
     /// The error's kind.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            LimiterError::Store(StoreError::CrossSlot) => ErrorKind::NotAtomic,
+            LimiterError::Store(StoreError::CrossSlot | StoreError::AcrossStores) => ErrorKind::NotAtomic,
             LimiterError::NoConfig | LimiterError::Store(_) | LimiterError::NoRandomness => {
                 ErrorKind::Unavailable
             }

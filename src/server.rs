@@ -32,6 +32,7 @@ use crate::settings::{ConfigType, HeaderStyle, Settings, SettingsError, without_
 use crate::store::AnyStore;
 use crate::store::local_cache::LocalCache;
 use crate::store::memory::MemoryStore;
+use crate::store::per_second::RedisStores;
 use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
 
 /// How often the embedded store drops state that can no longer affect a decision.
@@ -140,13 +141,10 @@ pub async fn run(
     let stop = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
     let store = build_store(&settings, Arc::clone(&clock), stop.clone())?;
-    if let AnyStore::Redis(cache) = &store {
+    if let AnyStore::Redis(stores) = &store {
         health.set_store_reachable(false).await;
-        tasks.spawn(watch_redis(
-            Arc::clone(cache.inner()),
-            health.clone(),
-            stop.clone(),
-        ));
+        let redis = stores.all().map(|cache| Arc::clone(cache.inner())).collect();
+        tasks.spawn(watch_redis(redis, health.clone(), stop.clone()));
     }
     let mut options = limiter_options(&settings);
     if settings.stop_cache_key_increment_when_overlimit && store.is_cluster() {
@@ -395,20 +393,29 @@ fn build_store(
             settings.memory_max_keys,
         )));
     };
-    let options = RedisOptions {
-        target,
-        connections: settings.redis_pool_size,
-        deadline: settings.redis_deadline,
-        connect_timeout: settings.redis_connect_timeout,
-        expiration_jitter_max_secs: settings.expiration_jitter_max_seconds,
-        tls: redis_tls_certificates(settings)?,
+    let tls = redis_tls_certificates(settings)?;
+    let cached = |target, connections, connect_timeout| {
+        let options = RedisOptions {
+            target,
+            connections,
+            deadline: settings.redis_deadline,
+            connect_timeout,
+            expiration_jitter_max_secs: settings.expiration_jitter_max_seconds,
+            tls: tls.clone(),
+        };
+        let redis = RedisStore::start(options, Arc::clone(&clock), stop.clone());
+        LocalCache::new(redis, settings.local_cache_size_in_bytes, Arc::clone(&clock))
     };
-    let redis = RedisStore::start(options, Arc::clone(&clock), stop);
-    Ok(AnyStore::Redis(LocalCache::new(
-        redis,
-        settings.local_cache_size_in_bytes,
-        clock,
-    )))
+    let main = cached(target, settings.redis_pool_size, settings.redis_connect_timeout);
+    let per_second = redis_persecond_target(settings)?.map(|target| {
+        tracing::info!(redis = %target, "per-second limits are counted in their own Redis (REDIS_PERSECOND)");
+        cached(
+            target,
+            settings.redis_persecond_pool_size,
+            settings.redis_persecond_connect_timeout,
+        )
+    });
+    Ok(AnyStore::Redis(RedisStores { main, per_second }))
 }
 
 /// Shortest refund key accepted: 128 bits as hex (`openssl rand -hex 16`) or more.
@@ -461,8 +468,9 @@ fn refund_keys(settings: &Settings) -> anyhow::Result<Option<RefundKeys>> {
     Ok(Some(keys))
 }
 
-/// Keeps readiness in step with Redis: a PING every [`STORE_PROBE_INTERVAL`]; state changes are logged.
-async fn watch_redis(redis: Arc<RedisStore>, health: Health, stop: CancellationToken) {
+/// Keeps readiness in step with Redis (every Redis in use: the main one and the per-second one): a PING
+/// every [`STORE_PROBE_INTERVAL`]; state changes are logged.
+async fn watch_redis(redis: Vec<Arc<RedisStore>>, health: Health, stop: CancellationToken) {
     let mut ticker = tokio::time::interval(STORE_PROBE_INTERVAL);
     let mut reachable = false;
     loop {
@@ -470,7 +478,8 @@ async fn watch_redis(redis: Arc<RedisStore>, health: Health, stop: CancellationT
             _ = stop.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let now = redis.ping().await;
+        let pings = futures_util::future::join_all(redis.iter().map(|r| r.ping())).await;
+        let now = pings.into_iter().all(|up| up);
         if now != reachable {
             reachable = now;
             if reachable {
@@ -536,21 +545,64 @@ pub(crate) fn redis_target(settings: &Settings) -> Result<Option<RedisTarget>, S
     if settings.redis_url.trim().is_empty() {
         return Ok(None);
     }
-    let target = RedisTarget::parse(
+    parse_target(
+        "redis_url",
         &settings.redis_url,
         &settings.redis_type,
         &settings.redis_socket_type,
         settings.redis_auth.expose(),
         settings.redis_sentinel_auth.expose(),
         settings.redis_tls,
+        settings,
+    )
+    .map(Some)
+}
+
+/// Where the per-second Redis is (`REDIS_PERSECOND`), or `None` when per-second limits stay in the
+/// main one.
+pub(crate) fn redis_persecond_target(settings: &Settings) -> Result<Option<RedisTarget>, SettingsError> {
+    if !settings.redis_persecond {
+        return Ok(None);
+    }
+    parse_target(
+        "redis_persecond_url",
+        &settings.redis_persecond_url,
+        &settings.redis_persecond_type,
+        &settings.redis_persecond_socket_type,
+        settings.redis_persecond_auth.expose(),
+        settings.redis_persecond_sentinel_auth.expose(),
+        settings.redis_persecond_tls,
+        settings,
+    )
+    .map(Some)
+}
+
+/// One Redis location; the error names the setting and the URL without its userinfo.
+#[allow(clippy::too_many_arguments)]
+fn parse_target(
+    name: &'static str,
+    url: &str,
+    kind: &str,
+    socket_type: &str,
+    auth: &str,
+    sentinel_auth: &str,
+    tls: bool,
+    settings: &Settings,
+) -> Result<RedisTarget, SettingsError> {
+    RedisTarget::parse(
+        url,
+        kind,
+        socket_type,
+        auth,
+        sentinel_auth,
+        tls,
         settings.redis_tls_skip_hostname_verification,
     )
     .map_err(|e| SettingsError::BadValue {
-        name: "redis_url",
-        value: without_userinfo(&settings.redis_url),
+        name,
+        value: without_userinfo(url),
         reason: e.to_string(),
-    })?;
-    Ok(Some(target))
+    })
 }
 
 /// The contents of the file a setting names; the error names the setting and the path.

@@ -99,6 +99,26 @@ pub struct Settings {
     pub redis_tls_skip_hostname_verification: bool,
     /// `REDIS_POOL_SIZE`: multiplexed connections to a single node, used round-robin.
     pub redis_pool_size: usize,
+    /// `REDIS_PERSECOND`: count per-second limits in a second Redis (`redis_persecond_*`), as the Go
+    /// service does.
+    pub redis_persecond: bool,
+    /// `REDIS_PERSECOND_URL`: the per-second Redis, in the forms of `redis_url`.
+    pub redis_persecond_url: String,
+    /// `REDIS_PERSECOND_TYPE`: `single`, `cluster` or `sentinel`.
+    pub redis_persecond_type: String,
+    /// `REDIS_PERSECOND_SOCKET_TYPE`: `tcp` or `unix`.
+    pub redis_persecond_socket_type: String,
+    /// `REDIS_PERSECOND_AUTH`: `password` or `user:password`.
+    pub redis_persecond_auth: Secret,
+    /// `REDIS_PERSECOND_SENTINEL_AUTH`: the per-second sentinels' own password.
+    pub redis_persecond_sentinel_auth: Secret,
+    /// `REDIS_PERSECOND_TLS`: TLS to the per-second Redis (with the `REDIS_TLS_*` certificates).
+    pub redis_persecond_tls: bool,
+    /// `REDIS_PERSECOND_POOL_SIZE`: multiplexed connections to a per-second node.
+    pub redis_persecond_pool_size: usize,
+    /// `REDIS_PERSECOND_TIMEOUT`: longest a connection attempt to it takes.
+    #[serde(with = "humantime_serde")]
+    pub redis_persecond_connect_timeout: Duration,
     /// Longest a decision waits for Redis before the rule's failure mode applies.
     #[serde(with = "humantime_serde")]
     pub redis_deadline: Duration,
@@ -272,6 +292,11 @@ impl std::fmt::Debug for Settings {
             .field("redis_url", &without_userinfo(&self.redis_url))
             .field("redis_type", &self.redis_type)
             .field("redis_auth", &self.redis_auth)
+            .field(
+                "redis_persecond_url",
+                &without_userinfo(&self.redis_persecond_url),
+            )
+            .field("redis_persecond_auth", &self.redis_persecond_auth)
             .field("redis_sentinel_auth", &self.redis_sentinel_auth)
             .field("refund_key", &self.refund_key)
             .finish_non_exhaustive()
@@ -489,6 +514,15 @@ impl Default for Settings {
             redis_tls_client_key: String::new(),
             redis_tls_skip_hostname_verification: false,
             redis_pool_size: DEFAULT_REDIS_CONNECTIONS,
+            redis_persecond: false,
+            redis_persecond_url: String::new(),
+            redis_persecond_type: "single".into(),
+            redis_persecond_socket_type: "tcp".into(),
+            redis_persecond_auth: Secret::default(),
+            redis_persecond_sentinel_auth: Secret::default(),
+            redis_persecond_tls: false,
+            redis_persecond_pool_size: DEFAULT_REDIS_CONNECTIONS,
+            redis_persecond_connect_timeout: Duration::from_secs(1),
             redis_deadline: DEFAULT_REDIS_DEADLINE,
             redis_connect_timeout: Duration::from_secs(1),
             expiration_jitter_max_seconds: 300,
@@ -734,6 +768,24 @@ impl Settings {
                 );
             }
         }
+        if self.redis_persecond {
+            if self.redis_url.trim().is_empty() || self.redis_persecond_url.trim().is_empty() {
+                return bad(
+                    "redis_persecond_url",
+                    &self.redis_persecond_url,
+                    "REDIS_PERSECOND needs both REDIS_URL and REDIS_PERSECOND_URL",
+                );
+            }
+            // That setting settles every request across its descriptors, which two Redis cannot do in
+            // one step: refused rather than applied on half of a request.
+            if self.stop_cache_key_increment_when_overlimit {
+                return bad(
+                    "stop_cache_key_increment_when_overlimit",
+                    "true",
+                    "cannot be exact with REDIS_PERSECOND (a request's counters would be in two Redis)",
+                );
+            }
+        }
         if self.use_prometheus && !self.prometheus_path.starts_with('/') {
             return bad("prometheus_path", &self.prometheus_path, "must start with /");
         }
@@ -755,6 +807,11 @@ impl Settings {
                     ));
                 }
             }
+        }
+        if !self.redis_persecond && !self.redis_persecond_url.is_empty() {
+            unused.push(
+                "ignoring REDIS_PERSECOND_URL: REDIS_PERSECOND is false, every limit is in REDIS_URL".into(),
+            );
         }
         if self.config_type == ConfigType::File && self.config_grpc_xds_server_use_tls {
             unused.push("ignoring CONFIG_GRPC_XDS_SERVER_USE_TLS: CONFIG_TYPE is FILE".into());
@@ -820,6 +877,15 @@ const GO_DIRECT: &[(&str, &str)] = &[
     ),
     ("REDIS_POOL_SIZE", "redis_pool_size"),
     ("REDIS_TIMEOUT", "redis_connect_timeout"),
+    ("REDIS_PERSECOND", "redis_persecond"),
+    ("REDIS_PERSECOND_URL", "redis_persecond_url"),
+    ("REDIS_PERSECOND_TYPE", "redis_persecond_type"),
+    ("REDIS_PERSECOND_SOCKET_TYPE", "redis_persecond_socket_type"),
+    ("REDIS_PERSECOND_AUTH", "redis_persecond_auth"),
+    ("REDIS_PERSECOND_SENTINEL_AUTH", "redis_persecond_sentinel_auth"),
+    ("REDIS_PERSECOND_TLS", "redis_persecond_tls"),
+    ("REDIS_PERSECOND_POOL_SIZE", "redis_persecond_pool_size"),
+    ("REDIS_PERSECOND_TIMEOUT", "redis_persecond_connect_timeout"),
     ("EXPIRATION_JITTER_MAX_SECONDS", "expiration_jitter_max_seconds"),
     ("LOCAL_CACHE_SIZE_IN_BYTES", "local_cache_size_in_bytes"),
     ("NEAR_LIMIT_RATIO", "near_limit_ratio"),
@@ -896,6 +962,8 @@ const GO_BOOLS: &[&str] = &[
     "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
     "REDIS_TLS",
     "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+    "REDIS_PERSECOND",
+    "REDIS_PERSECOND_TLS",
     "TRACING_ENABLED",
     "GRPC_SERVER_USE_TLS",
     "FORCE_START_WITHOUT_INITIAL_CONFIG",
@@ -1030,8 +1098,16 @@ const GO_IGNORED: &[(&str, &str)] = &[
         "Tollgate starts at once and connects to Redis in the background",
     ),
     (
-        "REDIS_PERSECOND",
-        "per-second limits are counted in the main Redis (REDIS_URL)",
+        "REDIS_PERSECOND_PIPELINE_",
+        "concurrent requests share script calls instead",
+    ),
+    (
+        "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+        "one script call per slot, all in parallel",
+    ),
+    (
+        "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+        "connections are multiplexed: no pool runs empty",
     ),
     ("MEMCACHE_", "there is no memcache backend"),
 ];
@@ -1044,10 +1120,6 @@ fn go_warnings(env: &HashMap<String, String>, warnings: &mut Vec<String>) -> Res
     let mut names: Vec<&String> = env.keys().collect();
     names.sort();
     for name in names {
-        // Switched off, the Go switch asks for nothing Tollgate lacks.
-        if name == "REDIS_PERSECOND" && !parse_go_bool("REDIS_PERSECOND", &env[name])? {
-            continue;
-        }
         if let Some((_, instead)) = GO_IGNORED.iter().find(|(known, _)| name.starts_with(known)) {
             warnings.push(format!("ignoring {name}: {instead}"));
         }
@@ -1155,17 +1227,11 @@ mod tests {
                 ("CACHE_KEY_PREFIX", "pre:"),
                 ("LIMIT_RESPONSE_HEADERS_ENABLED", "1"),
                 ("REDIS_SENTINEL_AUTH", "sentinel-secret"),
-                ("REDIS_PERSECOND", "true"),
             ]),
             &[],
         )
         .expect("loads");
         assert_eq!(s.redis_sentinel_auth.expose(), "sentinel-secret");
-        assert!(
-            s.warnings.iter().any(|w| w.contains("REDIS_PERSECOND:")),
-            "{:?}",
-            s.warnings
-        );
         assert!(
             !format!("{s:?}").contains("sentinel-secret"),
             "secrets are redacted"
@@ -1343,6 +1409,42 @@ mod tests {
                 s.warnings
             );
         }
+    }
+
+    #[test]
+    fn the_per_second_redis_is_read_and_refused_where_it_cannot_be_exact() {
+        let base = [
+            ("REDIS_URL", "main:6379"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_URL", "persecond:6379"),
+            ("REDIS_PERSECOND_TYPE", "cluster"),
+            ("REDIS_PERSECOND_AUTH", "second-secret"),
+            ("REDIS_PERSECOND_POOL_SIZE", "4"),
+            ("REDIS_PERSECOND_PIPELINE_WINDOW", "150us"),
+        ];
+        let s = Settings::load_from(None, &env(&base), &[]).expect("loads");
+        assert!(s.redis_persecond);
+        assert_eq!(s.redis_persecond_type, "cluster");
+        assert_eq!(s.redis_persecond_pool_size, 4);
+        assert_eq!(s.redis_persecond_auth.expose(), "second-secret");
+        assert!(!format!("{s:?}").contains("second-secret"));
+        assert!(
+            s.warnings
+                .iter()
+                .any(|w| w.contains("REDIS_PERSECOND_PIPELINE_WINDOW")),
+            "{:?}",
+            s.warnings
+        );
+        let err = Settings::load_from(None, &env(&base[1..2]), &[]).expect_err("no URLs");
+        assert!(err.to_string().contains("REDIS_PERSECOND_URL"), "{err}");
+        let mut stop = base.to_vec();
+        stop.push(("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"));
+        let err = Settings::load_from(None, &env(&stop), &[]).expect_err("not exact");
+        assert!(
+            err.to_string()
+                .contains("stop_cache_key_increment_when_overlimit"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 pub mod lease;
 pub mod local_cache;
 pub mod memory;
+pub mod per_second;
 pub mod redis;
 
 use std::future::Future;
@@ -67,7 +68,8 @@ pub enum CommitPolicy {
     Refund,
 }
 
-/// A store failure. Every variant but [`StoreError::CrossSlot`] is transient: the request may succeed
+/// A store failure. Every variant but [`StoreError::CrossSlot`] and [`StoreError::AcrossStores`] is
+/// transient: the request may succeed
 /// later, so the caller applies the rule's failure mode (or answers UNAVAILABLE and lets Envoy's
 /// `failure_mode_deny` decide).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -79,6 +81,11 @@ pub enum StoreError {
         "all-or-nothing across Redis Cluster slots is not atomic; set all_or_nothing: true on the domain"
     )]
     CrossSlot,
+    /// A batch that settles across descriptors (`all_or_nothing`) with some descriptors in the
+    /// per-second Redis (`REDIS_PERSECOND`) and some in the main one: two Redis cannot decide it
+    /// atomically.
+    #[error("all-or-nothing across the per-second Redis (REDIS_PERSECOND) and the main Redis is not atomic")]
+    AcrossStores,
     /// The store could not be reached or refused the command.
     #[error("store unavailable: {0}")]
     Unavailable(String),
@@ -93,7 +100,7 @@ pub enum StoreError {
 impl StoreError {
     /// Whether the same call may succeed later (a failure mode may answer for it meanwhile).
     pub fn is_transient(&self) -> bool {
-        !matches!(self, StoreError::CrossSlot)
+        !matches!(self, StoreError::CrossSlot | StoreError::AcrossStores)
     }
 }
 
@@ -165,8 +172,9 @@ pub trait Store: lease::LeaseStore + Send + Sync + 'static {
 pub enum AnyStore {
     /// No Redis configured.
     Memory(memory::MemoryStore),
-    /// `REDIS_URL` set.
-    Redis(local_cache::LocalCache<std::sync::Arc<redis::RedisStore>>),
+    /// `REDIS_URL` set (and `REDIS_PERSECOND_URL` with `REDIS_PERSECOND`), each Redis behind its local
+    /// over-limit cache.
+    Redis(per_second::RedisStores),
 }
 
 /// What the store has done so far, for `/metrics` (all zero on the embedded store).
@@ -194,14 +202,18 @@ impl AnyStore {
                 memory_evictions: store.evictions(),
                 ..StoreCounters::default()
             },
-            AnyStore::Redis(cache) => StoreCounters {
-                local_cache_hits: cache.hits(),
-                redis_batches: cache.inner().batches(),
-                redis_script_calls: cache.inner().script_calls(),
-                redis_queue_full: cache.inner().queue_full(),
-                redis_abandoned: cache.inner().abandoned(),
-                memory_evictions: 0,
-            },
+            AnyStore::Redis(stores) => {
+                stores
+                    .all()
+                    .fold(StoreCounters::default(), |sum, cache| StoreCounters {
+                        local_cache_hits: sum.local_cache_hits + cache.hits(),
+                        redis_batches: sum.redis_batches + cache.inner().batches(),
+                        redis_script_calls: sum.redis_script_calls + cache.inner().script_calls(),
+                        redis_queue_full: sum.redis_queue_full + cache.inner().queue_full(),
+                        redis_abandoned: sum.redis_abandoned + cache.inner().abandoned(),
+                        memory_evictions: 0,
+                    })
+            }
         }
     }
 }
@@ -209,7 +221,7 @@ impl AnyStore {
 impl AnyStore {
     /// Whether counters live in a Redis Cluster (where one script call reaches one hash slot).
     pub fn is_cluster(&self) -> bool {
-        matches!(self, AnyStore::Redis(cache) if cache.inner().is_cluster())
+        matches!(self, AnyStore::Redis(stores) if stores.all().any(|cache| cache.inner().is_cluster()))
     }
 }
 

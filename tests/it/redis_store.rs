@@ -1069,3 +1069,72 @@ async fn tls_to_redis_verified_by_a_private_ca() {
     assert_eq!(error.code(), tonic::Code::Unavailable);
     unverified.stop().await;
 }
+
+/// `REDIS_PERSECOND`: per-second limits in their own Redis, the rest in the main one, with the Go
+/// service's keys in each; a request with both is split and answered in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_second_limits_are_counted_in_their_own_redis() {
+    require_redis!();
+    let (main, mut per_second) = (RedisServer::start(), RedisServer::start());
+    let (main_url, second_url) = (main.url(), per_second.url());
+    let rules = "domain: rd\ndescriptors:\n  - key: ps\n    rate_limit: {unit: second, requests_per_unit: 100}\n  - key: pm\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+    let env = [
+        ("REDIS_URL", main_url.as_str()),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_URL", second_url.as_str()),
+    ];
+    let server = start(&env, rules).await;
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let answer = ask(&server, &[&[("ps", "a")], &[("pm", "b")]])
+            .await
+            .expect("answer");
+        assert_eq!(answer.statuses.len(), 2);
+        assert_eq!(
+            answer.statuses[0]
+                .current_limit
+                .as_ref()
+                .map(|l| l.requests_per_unit),
+            Some(100),
+            "the per-second status comes first, as asked"
+        );
+        codes.push(answer.statuses[1].code);
+    }
+    assert_eq!(codes, [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]);
+    assert!(
+        per_second.cli(&["KEYS", "rd_ps_a_*"]).contains("rd_ps_a_"),
+        "per-second key in the per-second Redis"
+    );
+    assert!(
+        main.cli(&["KEYS", "rd_ps_a_*"]).trim().is_empty(),
+        "and not in the main one"
+    );
+    assert!(
+        main.cli(&["KEYS", "rd_pm_b_*"]).contains("rd_pm_b_"),
+        "per-minute key in the main Redis"
+    );
+    assert!(per_second.cli(&["KEYS", "rd_pm_b_*"]).trim().is_empty());
+    server.stop().await;
+
+    // An all-or-nothing request across the two cannot be atomic: refused, nothing counted.
+    let all_or_nothing = format!("all_or_nothing: true\n{rules}");
+    let server = start(&env, &all_or_nothing).await;
+    let refused = ask(&server, &[&[("ps", "c")], &[("pm", "d")]])
+        .await
+        .expect_err("not atomic");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert!(main.cli(&["KEYS", "rd_pm_d_*"]).trim().is_empty());
+    ask(&server, &[&[("ps", "c")]]).await.expect("one Redis is fine");
+
+    // Ready only while both answer.
+    per_second.kill();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while http(server.http, "GET", "/healthcheck", "").await.0 != 500 {
+        assert!(
+            Instant::now() < deadline,
+            "still ready without the per-second Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.stop().await;
+}

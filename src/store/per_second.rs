@@ -1,0 +1,164 @@
+//! `REDIS_PERSECOND`: per-second limits counted in a Redis of their own, as envoyproxy/ratelimit does.
+//!
+//! Per-second counters are the busiest and the shortest-lived; the Go service lets an operator give
+//! them their own Redis (`REDIS_PERSECOND_URL`...) so they do not load the one that holds the long
+//! windows. [`RedisStores`] is the Redis side of the store with that optional second Redis: a request's
+//! descriptors whose every limit has a one-second window go to the per-second Redis, the others to the
+//! main one, and a request with both kinds is split into two batches sent at once, its decisions put
+//! back in order. The keys are the same as the Go service's in each Redis, so a mixed fleet shares
+//! counters.
+//!
+//! A split request is two atomic steps, not one: a policy that settles across descriptors
+//! (`all_or_nothing`) cannot hold across the two and is refused ([`StoreError::AcrossStores`]);
+//! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, which always settles across descriptors, is refused with
+//! `REDIS_PERSECOND` at startup.
+
+use std::sync::Arc;
+
+use super::local_cache::LocalCache;
+use super::redis::RedisStore;
+use super::{Batch, BatchItem, CommitPolicy, Store, StoreError, lease};
+use crate::algorithm::Decision;
+
+/// A Redis store behind its local over-limit cache.
+pub type CachedRedis = LocalCache<Arc<RedisStore>>;
+
+/// The window of a per-second limit, in µs.
+const SECOND_US: u64 = 1_000_000;
+
+/// The main Redis and, with `REDIS_PERSECOND`, the per-second one.
+#[derive(Debug)]
+pub struct RedisStores {
+    /// `REDIS_URL`: every limit, or every limit but the per-second ones.
+    pub main: CachedRedis,
+    /// `REDIS_PERSECOND_URL`: the per-second limits, when configured.
+    pub per_second: Option<CachedRedis>,
+}
+
+impl RedisStores {
+    /// Every Redis in use, the main one first.
+    pub fn all(&self) -> impl Iterator<Item = &CachedRedis> {
+        std::iter::once(&self.main).chain(&self.per_second)
+    }
+}
+
+/// Which Redis each item goes to: `true` for the per-second one. A descriptor (a group) goes whole, to
+/// the per-second Redis only when every one of its limits has a one-second window, so the limits of
+/// one descriptor still pass or fail together.
+fn routes(items: &[BatchItem]) -> Vec<bool> {
+    let mut routes = vec![false; items.len()];
+    let mut start = 0;
+    while start < items.len() {
+        let group = items[start].group;
+        let end = items[start..]
+            .iter()
+            .position(|item| item.group != group)
+            .map_or(items.len(), |len| start + len);
+        let per_second = items[start..end]
+            .iter()
+            .all(|item| item.limit.window_us == SECOND_US);
+        routes[start..end].fill(per_second);
+        start = end;
+    }
+    routes
+}
+
+/// The items of `batch` routed to one side (`per_second` or not), as a batch of their own.
+fn part(batch: &Batch, routes: &[bool], per_second: bool) -> Batch {
+    Batch {
+        items: batch
+            .items
+            .iter()
+            .zip(routes)
+            .filter(|(_, to_second)| **to_second == per_second)
+            .map(|(item, _)| item.clone())
+            .collect(),
+        policy: batch.policy,
+        scope_len: batch.scope_len,
+        keep_together: batch.keep_together,
+        once: batch.once.clone(),
+    }
+}
+
+impl Store for RedisStores {
+    async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
+        let Some(per_second) = &self.per_second else {
+            return self.main.apply(batch).await;
+        };
+        let routes = routes(&batch.items);
+        if routes.iter().all(|to_second| !to_second) {
+            return self.main.apply(batch).await;
+        }
+        if routes.iter().all(|to_second| *to_second) {
+            return per_second.apply(batch).await;
+        }
+        if matches!(
+            batch.policy,
+            CommitPolicy::AllOrNothing | CommitPolicy::StopIncrementWhenOverLimit
+        ) {
+            return Err(StoreError::AcrossStores);
+        }
+        let (main_part, second_part) = (part(batch, &routes, false), part(batch, &routes, true));
+        let (main_decisions, second_decisions) =
+            tokio::join!(self.main.apply(&main_part), per_second.apply(&second_part));
+        let (mut main_decisions, mut second_decisions) =
+            (main_decisions?.into_iter(), second_decisions?.into_iter());
+        routes
+            .iter()
+            .map(|to_second| {
+                let next = if *to_second {
+                    second_decisions.next()
+                } else {
+                    main_decisions.next()
+                };
+                next.ok_or_else(|| {
+                    StoreError::Unavailable("a Redis answered fewer decisions than asked".into())
+                })
+            })
+            .collect()
+    }
+}
+
+/// Concurrency leases stay in the main Redis.
+impl lease::LeaseStore for RedisStores {
+    async fn acquire(&self, request: &lease::AcquireRequest) -> Result<Vec<lease::LeaseSlot>, StoreError> {
+        self.main.acquire(request).await
+    }
+
+    async fn release(&self, request: &lease::ReleaseRequest) -> Result<Vec<lease::Released>, StoreError> {
+        self.main.release(request).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, Limit};
+
+    fn item(group: u32, window_us: u64) -> BatchItem {
+        BatchItem {
+            key: format!("k{group}"),
+            limit: Limit {
+                algorithm: Algorithm::FixedWindow,
+                requests: 10,
+                window_us,
+                burst: 10,
+            },
+            cost: 1,
+            group,
+        }
+    }
+
+    #[test]
+    fn a_descriptor_goes_to_the_per_second_redis_only_when_all_its_limits_are_per_second() {
+        let items = [
+            item(0, SECOND_US),
+            item(1, 60 * SECOND_US),
+            item(2, SECOND_US),
+            item(2, 3600 * SECOND_US),
+            item(3, SECOND_US),
+            item(3, SECOND_US),
+        ];
+        assert_eq!(routes(&items), [true, false, false, false, true, true]);
+    }
+}
