@@ -760,6 +760,54 @@ struct Traced {
 }
 
 #[tokio::test]
+async fn json_log_lines_inside_a_traced_call_carry_its_trace_id() {
+    let Traced {
+        mut served,
+        receiver,
+        _dir,
+        ..
+    } = traced_server(&[("LOG_FORMAT", "json"), ("LOG_LEVEL", "info")]).await;
+    let trace_id = "5cf92f3577b34da6a3ce929d0e0e4737";
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", served.grpc))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut rls = RateLimitServiceClient::new(channel);
+    for _ in 0..3 {
+        let mut request = tonic::Request::new(wire_request("cli", &[&[("user", "json-traced")]]));
+        let traceparent = format!("00-{trace_id}-00f067aa0ba902b7-01")
+            .parse()
+            .expect("ascii");
+        request.metadata_mut().insert("traceparent", traceparent);
+        rls.should_rate_limit(request).await.expect("answer");
+    }
+    // The third call is over the limit: the denial log writes a line inside its span.
+    let deadline = Instant::now() + STARTUP;
+    let line = loop {
+        served.log.extend(served.stderr.try_iter());
+        let found = served
+            .log
+            .iter()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .find(|line| line["@message"] == "over limit");
+        if let Some(line) = found {
+            break line;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no over-limit line:\n{}",
+            served.log.join("\n")
+        );
+        tokio::time::sleep(POLL).await;
+    };
+    assert_eq!(line["trace_id"], trace_id, "{line}");
+    assert_eq!(line["level"], "info", "{line}");
+    assert_eq!(served.terminate().await, Some(0));
+    receiver.abort();
+}
+
+#[tokio::test]
 async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
     let Traced {
         served,
@@ -902,12 +950,14 @@ fn serve_on_free_ports(dir: &str) -> [&str; 9] {
 }
 
 /// Secrets in every place a deployment puts them. None may appear in any output or endpoint.
-const SECRETS: [&str; 5] = [
+const SECRETS: [&str; 7] = [
     "urlpass-4b1f",
     "authpass-8c2e",
     "sentinelpass-9d3a",
     "refundkey-5e7b-0123456789abcdef0123456789",
     "hashkey-6f1c",
+    "persecondpass-7a4d",
+    "persecondurl-2c9e",
 ];
 
 /// The environment of a deployment carrying every secret, plus `extra`.
@@ -917,6 +967,7 @@ fn secret_env<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
         ("REDIS_SENTINEL_AUTH", SECRETS[2]),
         ("TOLLGATE_REFUND_KEY", SECRETS[3]),
         ("TOLLGATE_HASH_KEY", SECRETS[4]),
+        ("REDIS_PERSECOND_AUTH", SECRETS[5]),
         ("LOG_LEVEL", "trace"),
     ];
     for (name, value) in extra {
@@ -948,13 +999,23 @@ async fn secrets_never_reach_the_output_of_a_failed_start() {
     let dir = rules.path().to_str().expect("utf-8 path");
     let url = format!("redis://admin:{}@127.0.0.1:notaport", SECRETS[0]);
     let good_url = format!("redis://admin:{}@127.0.0.1:1", SECRETS[0]);
+    let per_second_url = format!("redis://admin:{}@127.0.0.1:notaport", SECRETS[6]);
     let short_key = &SECRETS[3][..20];
     // (case, extra environment, what the error must name)
-    let cases: [FailedStart<'_>; 11] = [
+    let cases: [FailedStart<'_>; 12] = [
         (
             "TLS expected on the gRPC listener",
             vec![("GRPC_SERVER_USE_TLS", "true")],
             "GRPC_SERVER_USE_TLS",
+        ),
+        (
+            "bad port in REDIS_PERSECOND_URL",
+            vec![
+                ("REDIS_URL", good_url.as_str()),
+                ("REDIS_PERSECOND", "true"),
+                ("REDIS_PERSECOND_URL", per_second_url.as_str()),
+            ],
+            "redis_persecond_url",
         ),
         (
             "a missing gRPC certificate",
@@ -1049,7 +1110,12 @@ async fn secrets_never_reach_a_running_servers_endpoints_or_log() {
     )]);
     let dir = rules.path().to_str().expect("utf-8 path");
     let url = format!("redis://admin:{}@127.0.0.1:1", SECRETS[0]);
-    let env = secret_env(&[("REDIS_URL", url.as_str())]);
+    let per_second_url = format!("redis://admin:{}@127.0.0.1:2", SECRETS[6]);
+    let env = secret_env(&[
+        ("REDIS_URL", url.as_str()),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_URL", per_second_url.as_str()),
+    ]);
     let mut served = Served::start(&serve_on_free_ports(dir), &env).await;
     // A decision answered by the failure mode, so the store's error paths run too.
     let answer = ask_user(served.grpc, "d", "someone").await;

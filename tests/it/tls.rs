@@ -9,6 +9,10 @@ use tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
+use tonic_reflection::pb::v1::ServerReflectionRequest;
+use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
 use crate::common::certs::{Ca, CertDir, Leaf, tls_channel};
 use crate::common::{TestServer, http, wire_request};
@@ -67,13 +71,39 @@ async fn mtls_serves_the_right_client_and_refuses_every_other() {
         .expect("the right client connects");
     assert_eq!(decide(channel.clone()).await.expect("decided"), Code::Ok as i32);
     // Health shares the listener, and so its TLS.
-    let health = HealthClient::new(channel)
+    let health = HealthClient::new(channel.clone())
         .check(HealthCheckRequest {
             service: "ratelimit".into(),
         })
         .await
         .expect("health over mTLS");
     assert_eq!(health.into_inner().status, 1, "SERVING");
+    // And reflection: the services listed over the same mTLS connection.
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let listed = ServerReflectionClient::new(channel.clone())
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .expect("reflection over mTLS")
+        .into_inner()
+        .message()
+        .await
+        .expect("reflection stream")
+        .and_then(|r| r.message_response);
+    let Some(MessageResponse::ListServicesResponse(services)) = listed else {
+        panic!("no service list: {listed:?}");
+    };
+    let names: Vec<&str> = services.service.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        names.contains(&"envoy.service.ratelimit.v3.RateLimitService"),
+        "{names:?}"
+    );
+    assert!(
+        !names.iter().any(|n| n.contains("discovery")),
+        "the xDS client's protocol is not listed as served: {names:?}"
+    );
 
     let plain = Channel::from_shared(format!("http://{}", server.grpc)).expect("uri");
     let plain = match plain.connect().await {
