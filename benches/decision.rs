@@ -62,6 +62,7 @@ fn limiter(algorithm: Algorithm) -> Limiter<MemoryStore> {
         &[domain],
         CompileOptions {
             default_algorithm: algorithm,
+            ..Default::default()
         },
     )
     .expect("compiles");

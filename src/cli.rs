@@ -362,6 +362,7 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
         args.merge_domains || settings.merge_domain_config,
         CompileOptions {
             default_algorithm: settings.default_algorithm,
+            split_per_second: settings.redis_persecond,
         },
         &Metrics::default(),
     ) {

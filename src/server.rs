@@ -13,7 +13,7 @@ use arc_swap::ArcSwapOption;
 use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+use tonic::metadata::{MetadataKey, MetadataValue};
 
 use crate::api::envoy::EnvoyOptions;
 use crate::api::headers::{HeaderNames, HeaderOptions};
@@ -26,7 +26,7 @@ use crate::observe::metrics::Metrics;
 use crate::proto::envoy::config::core::v3::Node;
 use crate::proto::envoy::config::core::v3::node::UserAgentVersionType;
 use crate::rules::reload::Reloader;
-use crate::rules::xds::{Retry, XdsClient, XdsServer};
+use crate::rules::xds::{Retry, XdsClient, XdsServer, XdsTls};
 use crate::rules::{CompileOptions, RuleSet, ValueHasher};
 use crate::settings::{ConfigType, HeaderStyle, Settings, SettingsError, without_userinfo};
 use crate::store::AnyStore;
@@ -98,9 +98,13 @@ pub async fn run(
     clock: Arc<dyn Clock>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // Before anything is spawned: a certificate that does not load stops startup with nothing left
+    // running.
+    let tls = server_tls(&settings)?;
     let envoy = envoy_options(&settings);
     let options = CompileOptions {
         default_algorithm: settings.default_algorithm,
+        split_per_second: settings.redis_persecond,
     };
     let metrics = Metrics::new();
     let addresses = (
@@ -139,6 +143,9 @@ pub async fn run(
     };
 
     let stop = CancellationToken::new();
+    // Whatever way `run` returns (an error after the store started connecting, say), every task it
+    // spawned is told to stop.
+    let _stop_on_return = stop.clone().drop_guard();
     let tasks = tokio_util::task::TaskTracker::new();
     let store = build_store(&settings, Arc::clone(&clock), stop.clone())?;
     if let AnyStore::Redis(stores) = &store {
@@ -208,7 +215,6 @@ pub async fn run(
         let router = crate::http::prometheus_router(Arc::clone(&limiter), &settings.prometheus_path);
         axum::serve(listener, router).with_graceful_shutdown(async move { stopped.cancelled().await })
     });
-    let tls = server_tls(&settings)?;
     if let Some(tls) = &tls {
         tasks.spawn(Arc::clone(tls).watch(settings.reload_interval, stop.clone()));
     }
@@ -279,55 +285,91 @@ fn xds_client(
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<XdsClient> {
     let tls = if settings.config_grpc_xds_server_use_tls {
-        let read = read_setting_file;
-        let ca = match settings.config_grpc_xds_server_tls_cacert.as_str() {
-            "" => anyhow::bail!(
+        if settings.config_grpc_xds_server_tls_cacert.is_empty() {
+            anyhow::bail!(
                 "CONFIG_GRPC_XDS_SERVER_USE_TLS needs CONFIG_GRPC_XDS_SERVER_TLS_CACERT (the system's roots are not built in)"
-            ),
-            path => read("config_grpc_xds_server_tls_cacert", path)?,
-        };
-        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
-        match (
+            );
+        }
+        let identity = match (
             settings.config_grpc_xds_client_tls_cert.as_str(),
             settings.config_grpc_xds_client_tls_key.as_str(),
         ) {
-            ("", "") => {}
+            ("", "") => None,
             (cert, key) if !cert.is_empty() && !key.is_empty() => {
-                let cert = read("config_grpc_xds_client_tls_cert", cert)?;
-                let key = read("config_grpc_xds_client_tls_key", key)?;
-                tls = tls.identity(Identity::from_pem(cert, key));
+                Some((PathBuf::from(cert), PathBuf::from(key)))
             }
             _ => anyhow::bail!(
                 "CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY go together"
             ),
-        }
-        if !settings.config_grpc_xds_server_tls_san.is_empty() {
-            tls = tls.domain_name(settings.config_grpc_xds_server_tls_san.clone());
-        }
+        };
+        let tls = XdsTls {
+            ca: PathBuf::from(&settings.config_grpc_xds_server_tls_cacert),
+            identity,
+            server_name: Some(settings.config_grpc_xds_server_tls_san.clone()).filter(|san| !san.is_empty()),
+        };
+        // Read once now, so a missing file stops startup naming it; then at every connection attempt.
+        tls.load()
+            .context("cannot read the xDS TLS files (CONFIG_GRPC_XDS_SERVER_TLS_CACERT, CONFIG_GRPC_XDS_CLIENT_TLS_CERT/_KEY)")?;
         Some(tls)
     } else {
         None
     };
-    let pairs = |text: &str, separator: char| -> Vec<(String, String)> {
-        text.split(',')
-            .filter_map(|pair| pair.split_once(separator))
-            .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-            .collect()
-    };
-    let metadata = pairs(&settings.config_grpc_xds_node_metadata, '=')
-        .into_iter()
-        .map(|(k, v)| {
-            let value = prost_types::Value {
-                kind: Some(prost_types::value::Kind::StringValue(v)),
-            };
-            (k, value)
-        })
-        .collect();
+    // Go's list forms: `k=v,k2=v2` (node metadata), `k:v,k2:v2` (headers); an entry without the
+    // separator is refused, not dropped.
+    let pairs =
+        |name: &'static str, text: &str, separator: char| -> Result<Vec<(String, String)>, SettingsError> {
+            text.split(',')
+                .filter(|pair| !pair.trim().is_empty())
+                .map(|pair| {
+                    let (k, v) = pair
+                        .split_once(separator)
+                        .ok_or_else(|| SettingsError::BadValue {
+                            name,
+                            value: "<redacted>".into(),
+                            reason: format!("an entry is not key{separator}value"),
+                        })?;
+                    Ok((k.trim().to_owned(), v.trim().to_owned()))
+                })
+                .collect()
+        };
+    // Header values are often tokens: errors name the key only.
+    let headers = pairs(
+        "config_grpc_xds_client_additional_headers",
+        &settings.config_grpc_xds_client_additional_headers,
+        ':',
+    )?
+    .into_iter()
+    .map(|(key, value)| {
+        let bad = |reason: &str| SettingsError::BadValue {
+            name: "config_grpc_xds_client_additional_headers",
+            value: "<redacted>".into(),
+            reason: format!("header {key:?}: {reason}"),
+        };
+        let name = MetadataKey::from_bytes(key.to_ascii_lowercase().as_bytes())
+            .map_err(|_| bad("not a valid ASCII metadata name"))?;
+        let value =
+            MetadataValue::try_from(value.as_str()).map_err(|_| bad("the value is not printable ASCII"))?;
+        Ok((name, value))
+    })
+    .collect::<Result<Vec<_>, SettingsError>>()?;
+    let metadata = pairs(
+        "config_grpc_xds_node_metadata",
+        &settings.config_grpc_xds_node_metadata,
+        '=',
+    )?
+    .into_iter()
+    .map(|(k, v)| {
+        let value = prost_types::Value {
+            kind: Some(prost_types::value::Kind::StringValue(v)),
+        };
+        (k, value)
+    })
+    .collect();
     Ok(XdsClient {
         server: XdsServer {
             url: settings.config_grpc_xds_server_url.clone(),
             tls,
-            headers: pairs(&settings.config_grpc_xds_client_additional_headers, ':'),
+            headers,
             max_message_bytes: settings.xds_client_max_msg_size_in_bytes,
         },
         node: Node {
@@ -356,7 +398,7 @@ fn xds_client(
 fn grpc_address(listener: &GrpcListener) -> String {
     match listener {
         GrpcListener::Tcp(tcp) => tcp.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string()),
-        GrpcListener::Unix(_, path) => format!("unix:{}", path.display()),
+        GrpcListener::Unix(socket) => format!("unix:{}", socket.path().display()),
     }
 }
 

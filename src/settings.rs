@@ -670,6 +670,10 @@ impl Settings {
         for (name, value) in [
             ("redis_deadline", self.redis_deadline),
             ("redis_connect_timeout", self.redis_connect_timeout),
+            (
+                "redis_persecond_connect_timeout",
+                self.redis_persecond_connect_timeout,
+            ),
             ("reload_interval", self.reload_interval),
         ] {
             if value.is_zero() {
@@ -759,6 +763,13 @@ impl Settings {
                 if value.is_zero() {
                     return bad(name, "0s", "must be longer than zero");
                 }
+            }
+            if self.xds_client_backoff_max_interval < self.xds_client_backoff_initial_interval {
+                return bad(
+                    "xds_client_backoff_max_interval",
+                    &humantime::format_duration(self.xds_client_backoff_max_interval).to_string(),
+                    "must be at least XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+                );
             }
             if !(0.0..=1.0).contains(&self.xds_client_backoff_random_factor) {
                 return bad(
@@ -1351,6 +1362,7 @@ mod tests {
             "TOLLGATE_RELOAD_INTERVAL",
             "TOLLGATE_REDIS_DEADLINE",
             "TOLLGATE_REDIS_CONNECT_TIMEOUT",
+            "TOLLGATE_REDIS_PERSECOND_CONNECT_TIMEOUT",
         ] {
             let err = Settings::load_from(None, &env(&[(name, "0s")]), &[]).expect_err(name);
             let setting = name.trim_start_matches("TOLLGATE_").to_ascii_lowercase();
@@ -1375,6 +1387,13 @@ mod tests {
             (
                 &[("USE_PROMETHEUS", "true"), ("PROMETHEUS_PATH", "metrics")][..],
                 "prometheus_path",
+            ),
+            (
+                &[
+                    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "1s"),
+                ][..],
+                "xds_client_backoff_max_interval",
             ),
         ] {
             let err = Settings::load_from(None, &env(pairs), &[]).expect_err(name);

@@ -1,14 +1,22 @@
 //! The gRPC listener's connections: TCP (`GRPC_HOST:GRPC_PORT`) or a unix socket (`GRPC_UDS`), plain
-//! or TLS (`GRPC_SERVER_USE_TLS`), as one stream of [`Conn`]s for tonic.
+//! or TLS (`GRPC_SERVER_USE_TLS`, on either), as one stream of [`Conn`]s for tonic.
 //!
 //! One accept task per listener. TLS handshakes run in their own tasks, so a client that connects and
 //! says nothing holds neither the accept loop nor anyone else's handshake; each has
-//! [`HANDSHAKE_TIMEOUT`], and at most [`MAX_HANDSHAKES`] run at once (beyond, accepting waits: the
-//! kernel's backlog holds the rest).
+//! [`HANDSHAKE_TIMEOUT`], and at most [`MAX_HANDSHAKES`] run at once. Beyond that a new connection is
+//! closed at once (and counted as a failed handshake) while accepting goes on, so idle connections can
+//! delay clients by at most one handshake timeout, never stop the listener.
+//!
+//! A connection also ends, forcibly, [`ConnectionAge::hard_limit`] after it was accepted: tonic sends
+//! GOAWAY at `GRPC_MAX_CONNECTION_AGE` and waits for the calls in flight, and this bounds that wait to
+//! `GRPC_MAX_CONNECTION_AGE_GRACE`. (tonic's own grace setting closes the connection without the
+//! GOAWAY, so it is not used.)
 
+use std::future::Future as _;
 use std::io;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -17,14 +25,16 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{Semaphore, mpsc};
+use tokio::time::Sleep;
+use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use super::tls::ServerTls;
 use crate::observe::metrics::Metrics;
 
-/// Longest a TLS handshake may take before the connection is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a TLS handshake may take before the connection is dropped. Envoy's take milliseconds.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Most TLS handshakes in progress at once.
 const MAX_HANDSHAKES: usize = 256;
@@ -37,8 +47,25 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 pub enum GrpcListener {
     /// A TCP address (`GRPC_HOST:GRPC_PORT`).
     Tcp(TcpListener),
-    /// A unix socket (`GRPC_UDS`), removed when the listener is dropped.
-    Unix(UnixListener, PathBuf),
+    /// A unix socket (`GRPC_UDS`).
+    Unix(UnixSocket),
+}
+
+/// A bound unix socket, whose file is removed when it is dropped, unless another process has bound a
+/// socket at that path since.
+#[derive(Debug)]
+pub struct UnixSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    /// Device and inode of the socket file this listener created.
+    file: (u64, u64),
+}
+
+impl UnixSocket {
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
 }
 
 impl GrpcListener {
@@ -46,23 +73,36 @@ impl GrpcListener {
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
         match self {
             GrpcListener::Tcp(listener) => listener.local_addr().ok(),
-            GrpcListener::Unix(..) => None,
+            GrpcListener::Unix(_) => None,
         }
     }
 
-    /// Binds a unix socket at `path`, replacing a stale socket file left by a previous run (as the Go
-    /// service does); any other kind of file there is an error.
+    /// Binds a unix socket at `path`. A socket file left there by a process that is gone is replaced; one
+    /// that still accepts connections is another server's, and binding fails rather than steal it. Any
+    /// other kind of file there is an error too.
     pub fn bind_unix(path: PathBuf) -> io::Result<Self> {
         use std::os::unix::fs::FileTypeExt as _;
         if let Ok(meta) = std::fs::symlink_metadata(&path)
             && meta.file_type().is_socket()
         {
+            if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    "another server accepts connections on this socket",
+                ));
+            }
             std::fs::remove_file(&path)?;
         }
-        Ok(GrpcListener::Unix(UnixListener::bind(&path)?, path))
+        let listener = UnixListener::bind(&path)?;
+        let meta = std::fs::symlink_metadata(&path)?;
+        Ok(GrpcListener::Unix(UnixSocket {
+            listener,
+            path,
+            file: (meta.dev(), meta.ino()),
+        }))
     }
 
-    async fn accept(&self) -> io::Result<Conn> {
+    async fn accept(&self) -> io::Result<Io> {
         match self {
             GrpcListener::Tcp(listener) => {
                 let (stream, _) = listener.accept().await?;
@@ -70,30 +110,54 @@ impl GrpcListener {
                 // written while an earlier one is unacknowledged waits for the client's delayed ACK
                 // (40 ms on Linux), which showed as a 41 ms p99.9 whenever responses left in bursts.
                 stream.set_nodelay(true)?;
-                Ok(Conn::Tcp(stream))
+                Ok(Io::Tcp(stream))
             }
-            GrpcListener::Unix(listener, _) => Ok(Conn::Unix(listener.accept().await?.0)),
+            GrpcListener::Unix(socket) => Ok(Io::Unix(socket.listener.accept().await?.0)),
         }
     }
 }
 
-impl Drop for GrpcListener {
+impl Drop for UnixSocket {
     fn drop(&mut self) {
-        if let GrpcListener::Unix(_, path) = self {
-            let _ = std::fs::remove_file(path);
+        let ours =
+            std::fs::symlink_metadata(&self.path).is_ok_and(|meta| (meta.dev(), meta.ino()) == self.file);
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
         }
+    }
+}
+
+/// How long connections live (`GRPC_MAX_CONNECTION_AGE` and `_GRACE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ConnectionAge {
+    /// GOAWAY after this (sent by tonic).
+    pub(super) max: Duration,
+    /// Calls in flight may finish for this long after the GOAWAY.
+    pub(super) grace: Duration,
+}
+
+impl ConnectionAge {
+    /// When a connection is closed whatever it is doing.
+    fn hard_limit(&self) -> Duration {
+        self.max.saturating_add(self.grace)
     }
 }
 
 /// One accepted gRPC connection.
 #[derive(Debug)]
-pub enum Conn {
-    /// Plain TCP.
+pub struct Conn {
+    io: Io,
+    /// Fires at the connection's hard age limit; then reads and writes fail and the connection ends.
+    expires: Option<Pin<Box<Sleep>>>,
+}
+
+/// The transport under a [`Conn`].
+#[derive(Debug)]
+enum Io {
     Tcp(TcpStream),
-    /// TLS over TCP.
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-    /// A unix socket.
+    Tls(Box<TlsStream<TcpStream>>),
     Unix(UnixStream),
+    UnixTls(Box<TlsStream<UnixStream>>),
 }
 
 /// Accepts connections on `listener` (with TLS when `tls` is given) until the returned stream is
@@ -101,61 +165,73 @@ pub enum Conn {
 pub(super) fn incoming(
     listener: GrpcListener,
     tls: Option<Arc<ServerTls>>,
+    age: Option<ConnectionAge>,
     metrics: Arc<Metrics>,
 ) -> ReceiverStream<io::Result<Conn>> {
     let (sender, receiver) = mpsc::channel(MAX_HANDSHAKES);
-    tokio::spawn(accept_loop(listener, tls, metrics, sender));
+    tokio::spawn(accept_loop(listener, tls, age, metrics, sender));
     ReceiverStream::new(receiver)
 }
 
 async fn accept_loop(
     listener: GrpcListener,
     tls: Option<Arc<ServerTls>>,
+    age: Option<ConnectionAge>,
     metrics: Arc<Metrics>,
     sender: mpsc::Sender<io::Result<Conn>>,
 ) {
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let conn = move |io| Conn {
+        io,
+        expires: age.map(|age| Box::pin(tokio::time::sleep(age.hard_limit()))),
+    };
     loop {
         let accepted = tokio::select! {
             _ = sender.closed() => return,
             accepted = listener.accept() => accepted,
         };
-        let conn = match accepted {
-            Ok(conn) => conn,
+        let io = match accepted {
+            Ok(io) => io,
             Err(error) => {
                 tracing::warn!(%error, "gRPC listener cannot accept a connection");
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
         };
-        let (tls, tcp) = match (&tls, conn) {
-            (Some(tls), Conn::Tcp(tcp)) => (tls, tcp),
-            (_, conn) => {
-                if sender.send(Ok(conn)).await.is_err() {
-                    return;
-                }
-                continue;
+        let Some(tls) = &tls else {
+            if sender.send(Ok(conn(io))).await.is_err() {
+                return;
             }
+            continue;
         };
-        let Ok(permit) = Arc::clone(&handshakes).acquire_owned().await else {
-            return;
+        let Ok(permit) = Arc::clone(&handshakes).try_acquire_owned() else {
+            metrics.tls_handshake_failures.add(1);
+            tracing::debug!("gRPC TLS handshakes at their limit; connection closed");
+            continue;
         };
         let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
         let (sender, metrics) = (sender.clone(), Arc::clone(&metrics));
         tokio::spawn(async move {
-            let peer = tcp.peer_addr().ok();
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => {
-                    drop(permit);
-                    let _ = sender.send(Ok(Conn::Tls(Box::new(stream)))).await;
+            let handshake = async {
+                match io {
+                    Io::Tcp(tcp) => acceptor.accept(tcp).await.map(|s| Io::Tls(Box::new(s))),
+                    Io::Unix(unix) => acceptor.accept(unix).await.map(|s| Io::UnixTls(Box::new(s))),
+                    already => Ok(already),
+                }
+            };
+            let outcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await;
+            drop(permit);
+            match outcome {
+                Ok(Ok(io)) => {
+                    let _ = sender.send(Ok(conn(io))).await;
                 }
                 Ok(Err(error)) => {
                     metrics.tls_handshake_failures.add(1);
-                    tracing::debug!(?peer, %error, "gRPC TLS handshake refused");
+                    tracing::debug!(%error, "gRPC TLS handshake refused");
                 }
                 Err(_) => {
                     metrics.tls_handshake_failures.add(1);
-                    tracing::debug!(?peer, "gRPC TLS handshake timed out");
+                    tracing::debug!("gRPC TLS handshake timed out");
                 }
             }
         });
@@ -166,43 +242,61 @@ impl Connected for Conn {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        let tcp = match self {
-            Conn::Tcp(tcp) => tcp,
-            Conn::Tls(tls) => tls.get_ref().0,
-            Conn::Unix(_) => {
-                return TcpConnectInfo {
-                    local_addr: None,
-                    remote_addr: None,
-                };
-            }
+        let tcp = match &self.io {
+            Io::Tcp(tcp) => Some(tcp),
+            Io::Tls(tls) => Some(tls.get_ref().0),
+            Io::Unix(_) | Io::UnixTls(_) => None,
         };
         TcpConnectInfo {
-            local_addr: tcp.local_addr().ok(),
-            remote_addr: tcp.peer_addr().ok(),
+            local_addr: tcp.and_then(|t| t.local_addr().ok()),
+            remote_addr: tcp.and_then(|t| t.peer_addr().ok()),
         }
     }
 }
 
-/// Runs `$call` on whichever stream `$self` holds.
+impl Conn {
+    /// An error once the connection is past its hard age limit (registering the timer's wake-up
+    /// otherwise, so an idle connection is woken to be closed).
+    fn expired(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        let expires = self.expires.as_mut()?;
+        expires.as_mut().poll(cx).is_ready().then(|| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                "connection closed past GRPC_MAX_CONNECTION_AGE + GRPC_MAX_CONNECTION_AGE_GRACE",
+            )
+        })
+    }
+}
+
+/// Runs `$call` on whichever stream `$io` holds.
 macro_rules! each {
-    ($self:ident, $stream:ident => $call:expr) => {
-        match $self.get_mut() {
-            Conn::Tcp($stream) => $call,
-            Conn::Tls($stream) => $call,
-            Conn::Unix($stream) => $call,
+    ($io:expr, $stream:ident => $call:expr) => {
+        match $io {
+            Io::Tcp($stream) => $call,
+            Io::Tls($stream) => $call,
+            Io::Unix($stream) => $call,
+            Io::UnixTls($stream) => $call,
         }
     };
 }
 
 impl AsyncRead for Conn {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        each!(self, s => Pin::new(s).poll_read(cx, buf))
+        let this = self.get_mut();
+        if let Some(error) = this.expired(cx) {
+            return Poll::Ready(Err(error));
+        }
+        each!(&mut this.io, s => Pin::new(s).poll_read(cx, buf))
     }
 }
 
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        each!(self, s => Pin::new(s).poll_write(cx, buf))
+        let this = self.get_mut();
+        if let Some(error) = this.expired(cx) {
+            return Poll::Ready(Err(error));
+        }
+        each!(&mut this.io, s => Pin::new(s).poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -210,22 +304,22 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        each!(self, s => Pin::new(s).poll_write_vectored(cx, bufs))
+        let this = self.get_mut();
+        if let Some(error) = this.expired(cx) {
+            return Poll::Ready(Err(error));
+        }
+        each!(&mut this.io, s => Pin::new(s).poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
-        match self {
-            Conn::Tcp(s) => s.is_write_vectored(),
-            Conn::Tls(s) => s.is_write_vectored(),
-            Conn::Unix(s) => s.is_write_vectored(),
-        }
+        each!(&self.io, s => s.is_write_vectored())
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        each!(self, s => Pin::new(s).poll_flush(cx))
+        each!(&mut self.get_mut().io, s => Pin::new(s).poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        each!(self, s => Pin::new(s).poll_shutdown(cx))
+        each!(&mut self.get_mut().io, s => Pin::new(s).poll_shutdown(cx))
     }
 }

@@ -24,7 +24,7 @@ use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
 use crate::store::Store;
 
 pub use envoy_rls::EnvoyRateLimitService;
-pub use incoming::{Conn, GrpcListener};
+pub use incoming::{Conn, GrpcListener, UnixSocket};
 pub use limits::GrpcLimits;
 pub use native::NativeService;
 use tls::ServerTls;
@@ -46,7 +46,11 @@ where
 {
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
-    let connections = incoming::incoming(listener, tls, Arc::clone(limiter.metrics()));
+    let age = limits.max_connection_age.map(|max| incoming::ConnectionAge {
+        max,
+        grace: limits.max_connection_age_grace,
+    });
+    let connections = incoming::incoming(listener, tls, age, Arc::clone(limiter.metrics()));
     let native = RateLimiterServer::new(NativeService::new(Arc::clone(&limiter), options.headers.clone()))
         .max_decoding_message_size(limits.max_message_bytes);
     let rls = RateLimitServiceServer::new(EnvoyRateLimitService::new(limiter, options))
@@ -57,11 +61,9 @@ where
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .max_concurrent_streams(Some(limits.max_concurrent_streams));
     if let Some(age) = limits.max_connection_age {
-        // GOAWAY after the age, then at most the grace for calls in flight: Envoy reconnects and so
-        // spreads over replicas added since it first connected.
-        server = server
-            .max_connection_age(age)
-            .max_connection_age_grace(limits.max_connection_age_grace);
+        // GOAWAY after the age: Envoy reconnects and so spreads over replicas added since it first
+        // connected. The grace is enforced on the connection itself (see `incoming`).
+        server = server.max_connection_age(age);
     }
     server
         .layer(tower::layer::layer_fn(limits::ResourceExhausted))

@@ -39,13 +39,24 @@ where
         event.record(&mut fields);
         let message = fields.0.remove("message").unwrap_or(Value::String(String::new()));
         line.insert("@message".into(), message);
-        line.extend(fields.0);
+        for (name, value) in fields.0 {
+            // A field named like one of the line's own keys is kept as `fields.NAME`, as logrus does.
+            let name = if RESERVED.contains(&name.as_str()) {
+                format!("fields.{name}")
+            } else {
+                name
+            };
+            line.insert(name, value);
+        }
         if let Some(trace_id) = trace_id(ctx) {
             line.insert("trace_id".into(), trace_id.into());
         }
         writeln!(writer, "{}", Value::Object(line))
     }
 }
+
+/// The keys of the line itself.
+const RESERVED: [&str; 4] = ["@timestamp", "level", "@message", "trace_id"];
 
 /// logrus' level names (`warning`, not `warn`).
 fn level_name(level: Level) -> &'static str {

@@ -115,7 +115,8 @@ pub fn init(
     format: LogFormat,
     traces: Option<&TraceSettings>,
 ) -> anyhow::Result<TelemetryGuard> {
-    let filter = EnvFilter::try_new(level.to_ascii_lowercase()).unwrap_or_else(|_| EnvFilter::new("warn"));
+    let filter =
+        EnvFilter::try_new(go_level(&level.to_ascii_lowercase())).unwrap_or_else(|_| EnvFilter::new("warn"));
     let json = format == LogFormat::Json;
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -152,6 +153,17 @@ pub fn init(
     Ok(TelemetryGuard { provider })
 }
 
+/// logrus' level names that tracing does not know, as their tracing level: `warning` is `warn`, and
+/// `fatal` and `panic` (which logrus logs before exiting) are `error`. Anything else passes through
+/// (tracing's own names and filter directives).
+fn go_level(level: &str) -> &str {
+    match level {
+        "warning" => "warn",
+        "fatal" | "panic" => "error",
+        other => other,
+    }
+}
+
 fn tracer_provider(settings: &TraceSettings) -> anyhow::Result<SdkTracerProvider> {
     let exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic().build()?;
     let mut resource =
@@ -176,6 +188,15 @@ fn tracer_provider(settings: &TraceSettings) -> anyhow::Result<SdkTracerProvider
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logrus_level_names_map_to_tracing_levels() {
+        assert_eq!(go_level("warning"), "warn");
+        assert_eq!(go_level("fatal"), "error");
+        assert_eq!(go_level("panic"), "error");
+        assert_eq!(go_level("debug"), "debug");
+        assert_eq!(go_level("tollgate=trace"), "tollgate=trace");
+    }
 
     #[test]
     fn traceparent_flags_decide_sampling() {

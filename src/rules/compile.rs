@@ -20,6 +20,9 @@ pub struct CompileOptions {
     /// The algorithm of rules that do not name one (`TOLLGATE_DEFAULT_ALGORITHM`; fixed window, as
     /// envoyproxy/ratelimit, unless changed).
     pub default_algorithm: Algorithm,
+    /// `REDIS_PERSECOND`: per-second limits live in a Redis of their own, so an `all_or_nothing`
+    /// domain may not mix them with longer ones (no request of it could be settled atomically).
+    pub split_per_second: bool,
 }
 
 impl RuleSet {
@@ -44,6 +47,12 @@ impl RuleSet {
                 rules: Vec::new(),
             };
             let root = ctx.level(&config.descriptors, &config.domain)?;
+            if options.split_per_second && config.all_or_nothing {
+                check_one_store(&ctx.rules).map_err(|message| ConfigError::Invalid {
+                    file: config.file.clone(),
+                    message: format!("domain '{}': {message}", config.domain),
+                })?;
+            }
             let domain = Domain {
                 name: config.domain.clone(),
                 all_or_nothing: config.all_or_nothing,
@@ -54,6 +63,30 @@ impl RuleSet {
         }
         Ok(set)
     }
+}
+
+/// With `REDIS_PERSECOND`, an `all_or_nothing` domain's rules must all count in one Redis: all
+/// per-second (every limit a one-second window), or none.
+fn check_one_store(rules: &[Arc<Rule>]) -> Result<(), String> {
+    let per_second = |rule: &Rule| {
+        rule.limits
+            .iter()
+            .filter_map(|limit| limit.rate)
+            .all(|rate| rate.limit.window_us == 1_000_000)
+    };
+    let counted: Vec<&Arc<Rule>> = rules
+        .iter()
+        .filter(|rule| rule.limits.iter().any(|limit| limit.rate.is_some()))
+        .collect();
+    let seconds = counted.iter().filter(|rule| per_second(rule)).count();
+    if seconds > 0 && seconds < counted.len() {
+        return Err(
+            "all_or_nothing with REDIS_PERSECOND: per-second limits and longer ones would be in two Redis, \
+             which cannot settle a request atomically"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 struct Context<'a> {

@@ -15,6 +15,7 @@
 //! `XDS_CLIENT_BACKOFF_RANDOM_FACTOR` when `XDS_CLIENT_BACKOFF_JITTER` is on; a stream that delivered
 //! a response starts the backoff over.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,8 +23,8 @@ use prost::Message as _;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::metadata::{MetadataKey, MetadataValue};
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::metadata::{Ascii, MetadataKey, MetadataValue};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use super::file::load_xds;
 use super::reload::install;
@@ -43,6 +44,10 @@ pub const RATE_LIMIT_CONFIG_TYPE: &str = "type.googleapis.com/ratelimit.config.r
 /// gRPC's default largest message, used when `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES` is 0.
 const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 << 20;
 
+/// HTTP/2 pings on the stream, and how long one may go unanswered before the stream is reopened.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// `google.rpc.Code.INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
 const INVALID_ARGUMENT: i32 = 3;
 
@@ -52,11 +57,84 @@ pub struct XdsServer {
     /// `CONFIG_GRPC_XDS_SERVER_URL`: `host:port` (or a full `http(s)://` URI).
     pub url: String,
     /// TLS to the server (`CONFIG_GRPC_XDS_SERVER_USE_TLS` and its certificates), or plaintext.
-    pub tls: Option<ClientTlsConfig>,
-    /// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS`: metadata sent with the stream.
-    pub headers: Vec<(String, String)>,
+    pub tls: Option<XdsTls>,
+    /// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS`: metadata sent with the stream (checked at startup).
+    pub headers: Vec<(MetadataKey<Ascii>, MetadataValue<Ascii>)>,
     /// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES` (0: gRPC's default 4 MiB).
     pub max_message_bytes: usize,
+}
+
+/// TLS to the management server. The files are read at every connection attempt: Envoy Gateway
+/// rotates the certificates it mounts, and a reconnect after a rotation must present the new ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdsTls {
+    /// `CONFIG_GRPC_XDS_SERVER_TLS_CACERT`: the CA of the server's certificate (PEM).
+    pub ca: PathBuf,
+    /// `CONFIG_GRPC_XDS_CLIENT_TLS_CERT` and `_KEY`: a client certificate and its key (PEM), for mTLS.
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// `CONFIG_GRPC_XDS_SERVER_TLS_SAN`: the name the server's certificate must carry (else the URL's
+    /// host).
+    pub server_name: Option<String>,
+}
+
+/// A TLS file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsFileError {
+    /// It could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It holds no PEM of the kind expected.
+    #[error("{path}: {reason}")]
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl XdsTls {
+    /// Reads the files into a client configuration, checking that each holds PEM of its kind (tonic
+    /// would only find out when connecting, and then retry forever).
+    pub fn load(&self) -> Result<ClientTlsConfig, TlsFileError> {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let read = |path: &PathBuf| {
+            std::fs::read(path).map_err(|source| TlsFileError::Read {
+                path: path.clone(),
+                source,
+            })
+        };
+        let pem = |path: &PathBuf, reason: String| TlsFileError::Pem {
+            path: path.clone(),
+            reason,
+        };
+        let certificates = |path: &PathBuf, bytes: &[u8]| match CertificateDer::pem_slice_iter(bytes).next() {
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => Err(pem(path, format!("unreadable PEM: {e}"))),
+            None => Err(pem(path, "no PEM certificate in the file".into())),
+        };
+        let ca = read(&self.ca)?;
+        certificates(&self.ca, &ca)?;
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+        if let Some((cert_path, key_path)) = &self.identity {
+            let (cert, key) = (read(cert_path)?, read(key_path)?);
+            certificates(cert_path, &cert)?;
+            PrivateKeyDer::from_pem_slice(&key)
+                .map_err(|e| pem(key_path, format!("no PEM private key: {e}")))?;
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = &self.server_name {
+            tls = tls.domain_name(name.clone());
+        }
+        Ok(tls)
+    }
 }
 
 /// How long to wait between attempts.
@@ -91,6 +169,15 @@ pub struct XdsClient {
     pub metrics: Arc<Metrics>,
 }
 
+/// Why a connection attempt failed.
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    #[error(transparent)]
+    Tls(TlsFileError),
+    #[error(transparent)]
+    Transport(#[from] tonic::transport::Error),
+}
+
 /// Why a stream ended.
 #[derive(Debug, thiserror::Error)]
 enum StreamError {
@@ -100,8 +187,6 @@ enum StreamError {
     Broken(tonic::Status),
     #[error("the server closed the stream")]
     Closed,
-    #[error("bad CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS entry {0:?}")]
-    Header(String),
 }
 
 impl XdsClient {
@@ -155,11 +240,16 @@ impl XdsClient {
                     format!("{scheme}://{}", self.server.url)
                 };
                 let mut endpoint = Endpoint::from_shared(uri)?
-                    .connect_timeout(self.retry.connect_interval.max(Duration::from_secs(1)));
+                    .connect_timeout(self.retry.connect_interval.max(Duration::from_secs(1)))
+                    // The stream idles between pushes: without pings a management server that vanished
+                    // without a reset would leave the rules frozen, unnoticed.
+                    .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+                    .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                    .keep_alive_while_idle(true);
                 if let Some(tls) = &self.server.tls {
-                    endpoint = endpoint.tls_config(tls.clone())?;
+                    endpoint = endpoint.tls_config(tls.load().map_err(ConnectError::Tls)?)?;
                 }
-                endpoint.connect().await
+                Ok::<_, ConnectError>(endpoint.connect().await?)
             };
             let failed = tokio::select! {
                 _ = stop.cancelled() => return None,
@@ -247,13 +337,7 @@ impl Session<'_> {
         let _ = requests.try_send(self.client.request(self.version, "", None));
         let mut call = tonic::Request::new(ReceiverStream::new(outgoing));
         for (key, value) in &server.headers {
-            let (Ok(key), Ok(value)) = (
-                MetadataKey::from_bytes(key.as_bytes()),
-                MetadataValue::try_from(value.as_str()),
-            ) else {
-                return StreamError::Header(format!("{key}:{value}"));
-            };
-            call.metadata_mut().insert(key, value);
+            call.metadata_mut().insert(key.clone(), value.clone());
         }
         let mut responses = match ads.stream_aggregated_resources(call).await {
             Ok(responses) => responses.into_inner(),
@@ -315,7 +399,7 @@ impl Backoff {
 
     fn next_pause(&mut self) -> Duration {
         let base = self.next.min(self.retry.backoff_max);
-        self.next = (base * 2).min(self.retry.backoff_max);
+        self.next = base.saturating_mul(2).min(self.retry.backoff_max);
         if self.retry.jitter {
             spread(base, self.retry.random_factor)
         } else {
@@ -327,7 +411,9 @@ impl Backoff {
 /// `base` times a random factor in `[1 - spread, 1 + spread]`.
 fn spread(base: Duration, spread: f64) -> Duration {
     let unit = getrandom::u64().map_or(0.5, |r| (r >> 11) as f64 / (1u64 << 53) as f64);
-    base.mul_f64(1.0 + spread * (2.0 * unit - 1.0))
+    // Saturating: an absurd interval in the settings must not panic here.
+    Duration::try_from_secs_f64(base.as_secs_f64() * (1.0 + spread * (2.0 * unit - 1.0)))
+        .unwrap_or(Duration::MAX)
 }
 
 /// An error with its causes, for a log line (tonic's transport errors hide the reason in the source).

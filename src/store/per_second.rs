@@ -8,10 +8,15 @@
 //! back in order. The keys are the same as the Go service's in each Redis, so a mixed fleet shares
 //! counters.
 //!
-//! A split request is two atomic steps, not one: a policy that settles across descriptors
-//! (`all_or_nothing`) cannot hold across the two and is refused ([`StoreError::AcrossStores`]);
-//! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, which always settles across descriptors, is refused with
-//! `REDIS_PERSECOND` at startup.
+//! A split request is two atomic steps, not one:
+//! - a policy that settles across descriptors cannot hold across the two. A per-call all-or-nothing
+//!   check is refused ([`StoreError::AcrossStores`], `FAILED_PRECONDITION`); an `all_or_nothing` domain
+//!   mixing per-second and longer limits is refused when the rules load; and
+//!   `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, which always settles across descriptors, is refused
+//!   with `REDIS_PERSECOND` at startup;
+//! - when one Redis fails and the other answers, the request fails as a whole (the rules' failure
+//!   modes answer it) while the half that reached the working Redis stays counted there, as in the
+//!   Go service, whose two Redis are just as independent.
 
 use std::sync::Arc;
 

@@ -950,7 +950,7 @@ fn serve_on_free_ports(dir: &str) -> [&str; 9] {
 }
 
 /// Secrets in every place a deployment puts them. None may appear in any output or endpoint.
-const SECRETS: [&str; 7] = [
+const SECRETS: [&str; 8] = [
     "urlpass-4b1f",
     "authpass-8c2e",
     "sentinelpass-9d3a",
@@ -958,6 +958,7 @@ const SECRETS: [&str; 7] = [
     "hashkey-6f1c",
     "persecondpass-7a4d",
     "persecondurl-2c9e",
+    "xdstoken-3f8a",
 ];
 
 /// The environment of a deployment carrying every secret, plus `extra`.
@@ -1000,9 +1001,10 @@ async fn secrets_never_reach_the_output_of_a_failed_start() {
     let url = format!("redis://admin:{}@127.0.0.1:notaport", SECRETS[0]);
     let good_url = format!("redis://admin:{}@127.0.0.1:1", SECRETS[0]);
     let per_second_url = format!("redis://admin:{}@127.0.0.1:notaport", SECRETS[6]);
+    let xds_headers = format!("authorization:Bearer {},x-broken", SECRETS[7]);
     let short_key = &SECRETS[3][..20];
     // (case, extra environment, what the error must name)
-    let cases: [FailedStart<'_>; 12] = [
+    let cases: [FailedStart<'_>; 13] = [
         (
             "TLS expected on the gRPC listener",
             vec![("GRPC_SERVER_USE_TLS", "true")],
@@ -1016,6 +1018,14 @@ async fn secrets_never_reach_the_output_of_a_failed_start() {
                 ("REDIS_PERSECOND_URL", per_second_url.as_str()),
             ],
             "redis_persecond_url",
+        ),
+        (
+            "a malformed xDS header list carrying a token",
+            vec![
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", xds_headers.as_str()),
+            ],
+            "config_grpc_xds_client_additional_headers",
         ),
         (
             "a missing gRPC certificate",
@@ -1033,7 +1043,7 @@ async fn secrets_never_reach_the_output_of_a_failed_start() {
                 ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
                 ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/nonexistent/ca.crt"),
             ],
-            "config_grpc_xds_server_tls_cacert",
+            "cannot read /nonexistent/ca.crt",
         ),
         (
             "bad port in REDIS_URL",

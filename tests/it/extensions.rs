@@ -300,6 +300,7 @@ fn more_than_sixty_four_limits_on_one_key_are_refused_by_name() {
     let domain = tollgate::rules::file::parse_file("many.yaml", &yaml).expect("valid YAML and rules");
     let options = tollgate::rules::CompileOptions {
         default_algorithm: Algorithm::FixedWindow,
+        ..Default::default()
     };
     let error = tollgate::rules::RuleSet::compile(&[domain], options).expect_err("65 limits");
     assert!(
@@ -317,6 +318,7 @@ async fn the_sliding_log_cap_holds_for_the_default_algorithm_and_for_overrides()
     let domain = tollgate::rules::file::parse_file("log.yaml", yaml).expect("valid without an algorithm");
     let options = tollgate::rules::CompileOptions {
         default_algorithm: Algorithm::SlidingLog,
+        ..Default::default()
     };
     let error = tollgate::rules::RuleSet::compile(&[domain], options).expect_err("over the cap");
     assert!(

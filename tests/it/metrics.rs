@@ -109,6 +109,7 @@ async fn a_million_distinct_values_add_no_series() {
     let domain = parse_file("m.yaml", RULES).expect("rules");
     let options = CompileOptions {
         default_algorithm: Algorithm::FixedWindow,
+        ..Default::default()
     };
     let rules = RuleSet::compile_with_metrics(&[domain], options, &metrics).expect("compile");
     let clock = ManualClock::new(T0_US);

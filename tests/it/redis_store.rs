@@ -1116,15 +1116,44 @@ async fn per_second_limits_are_counted_in_their_own_redis() {
     assert!(per_second.cli(&["KEYS", "rd_pm_b_*"]).trim().is_empty());
     server.stop().await;
 
-    // An all-or-nothing request across the two cannot be atomic: refused, nothing counted.
+    // A domain that is all-or-nothing across the two cannot be atomic: refused when the rules load.
     let all_or_nothing = format!("all_or_nothing: true\n{rules}");
-    let server = start(&env, &all_or_nothing).await;
-    let refused = ask(&server, &[&[("ps", "c")], &[("pm", "d")]])
+    let domain = tollgate::rules::file::parse_file("rd.yaml", &all_or_nothing).expect("valid file");
+    let options = tollgate::rules::CompileOptions {
+        split_per_second: true,
+        ..Default::default()
+    };
+    let error = tollgate::rules::RuleSet::compile(&[domain], options).expect_err("two Redis");
+    assert!(error.to_string().contains("REDIS_PERSECOND"), "{error}");
+
+    // A single all-or-nothing call across the two: FAILED_PRECONDITION, nothing counted.
+    let server = start(&env, rules).await;
+    let mut native = RateLimiterClient::new(server.channel().await);
+    let call = |entries: &[(&str, &str)]| CheckRequest {
+        domain: "rd".into(),
+        descriptors: entries
+            .iter()
+            .map(|(k, v)| Descriptor {
+                entries: vec![Entry {
+                    key: (*k).into(),
+                    value: (*v).into(),
+                }],
+                cost: None,
+            })
+            .collect(),
+        cost: 1,
+        mode: 2,
+    };
+    let refused = native
+        .check(call(&[("ps", "c"), ("pm", "d")]))
         .await
         .expect_err("not atomic");
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
     assert!(main.cli(&["KEYS", "rd_pm_d_*"]).trim().is_empty());
-    ask(&server, &[&[("ps", "c")]]).await.expect("one Redis is fine");
+    native
+        .check(call(&[("ps", "c")]))
+        .await
+        .expect("one Redis is fine");
 
     // Ready only while both answer.
     per_second.kill();

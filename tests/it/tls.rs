@@ -193,15 +193,7 @@ async fn grpc_serves_on_a_unix_socket() {
     drop(std::os::unix::net::UnixListener::bind(&socket).expect("stale socket"));
     let path = socket.to_string_lossy().into_owned();
     let server = TestServer::start(&[("edge.yaml", RULES)], &[("GRPC_UDS", path.as_str())]).await;
-    let connect_to = socket.clone();
-    let channel = Endpoint::from_static("http://unix.socket")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = connect_to.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
+    let channel = unix_channel(&socket, None)
         .await
         .expect("connects over the socket");
     assert_eq!(decide(channel).await.expect("decided"), Code::Ok as i32);
@@ -209,27 +201,124 @@ async fn grpc_serves_on_a_unix_socket() {
     assert!(!socket.exists(), "the socket file is removed at shutdown");
 }
 
+/// A channel over the unix socket at `path`, with TLS when `tls` is given.
+async fn unix_channel(
+    path: &std::path::Path,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+) -> Result<Channel, tonic::transport::Error> {
+    let endpoint = match tls {
+        Some(tls) => Endpoint::from_static("https://localhost").tls_config(tls)?,
+        None => Endpoint::from_static("http://localhost"),
+    };
+    let path = path.to_owned();
+    endpoint
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+}
+
 #[tokio::test]
-async fn connections_are_aged_out_with_goaway() {
+async fn a_unix_socket_another_server_is_serving_is_not_taken_over() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("busy.sock");
+    let _other = tokio::net::UnixListener::bind(&socket).expect("another server");
+    let refused = tollgate::grpc::GrpcListener::bind_unix(socket.clone()).expect_err("in use");
+    assert_eq!(refused.kind(), std::io::ErrorKind::AddrInUse);
+    assert!(socket.exists(), "the other server's socket is left alone");
+}
+
+#[tokio::test]
+async fn tls_applies_on_a_unix_socket_too() {
+    let (ca, client_ca) = (Ca::new("server CA"), Ca::new("client CA"));
+    let certs = CertDir::new(&ca.server(&["localhost"]), &client_ca);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("tls.sock");
+    let (cert, key, client) = (
+        certs.path_str("tls.crt"),
+        certs.path_str("tls.key"),
+        certs.path_str("ca.crt"),
+    );
+    let path = socket.to_string_lossy().into_owned();
     let env = [
-        ("GRPC_MAX_CONNECTION_AGE", "1s"),
-        ("GRPC_MAX_CONNECTION_AGE_GRACE", "1s"),
+        ("GRPC_UDS", path.as_str()),
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", cert.as_str()),
+        ("GRPC_SERVER_TLS_KEY", key.as_str()),
+        ("GRPC_CLIENT_TLS_CACERT", client.as_str()),
     ];
     let server = TestServer::start(&[("edge.yaml", RULES)], &env).await;
+    let plain = match unix_channel(&socket, None).await {
+        Ok(channel) => decide(channel).await.is_ok(),
+        Err(_) => false,
+    };
+    assert!(!plain, "plaintext on the socket is refused");
+    let leaf = client_ca.client(&["envoy"]);
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(ca.pem()))
+        .identity(tonic::transport::Identity::from_pem(&leaf.cert, &leaf.key))
+        .domain_name("localhost");
+    let channel = unix_channel(&socket, Some(tls))
+        .await
+        .expect("mTLS over the socket");
+    assert_eq!(decide(channel).await.expect("decided"), Code::Ok as i32);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn connections_get_goaway_at_their_age_and_are_closed_after_the_grace() {
+    let env = [
+        ("GRPC_MAX_CONNECTION_AGE", "1s"),
+        ("GRPC_MAX_CONNECTION_AGE_GRACE", "2s"),
+    ];
+    let server = TestServer::start(&[("edge.yaml", RULES)], &env).await;
+
+    // An idle connection: GOAWAY at the age, and then it closes at once (nothing in flight), long
+    // before age + grace.
     let tcp = tokio::net::TcpStream::connect(server.grpc)
         .await
         .expect("connect");
     let started = Instant::now();
     let (_send, connection) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
-    // The connection future ends when the server sends GOAWAY and closes the idle connection.
-    tokio::time::timeout(Duration::from_secs(5), connection)
+    tokio::time::timeout(Duration::from_secs(10), connection)
         .await
-        .expect("the server ends the connection after its age")
-        .expect("a graceful close");
+        .expect("the server ends the connection")
+        .expect("a graceful close (GOAWAY), not a reset");
     let lived = started.elapsed();
     assert!(
-        lived >= Duration::from_millis(900),
-        "not before the age: {lived:?}"
+        (Duration::from_millis(900)..Duration::from_millis(2500)).contains(&lived),
+        "GOAWAY at the age, not before and not at age + grace: {lived:?}"
+    );
+
+    // A call that never finishes (its request body never comes) holds the connection past the GOAWAY,
+    // until the grace runs out.
+    let tcp = tokio::net::TcpStream::connect(server.grpc)
+        .await
+        .expect("connect");
+    let started = Instant::now();
+    let (send, connection) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
+    let connection = tokio::spawn(connection);
+    let mut send = send.ready().await.expect("ready");
+    let request = tonic::codegen::http::Request::post(format!(
+        "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        server.grpc
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .expect("request");
+    let (_response, _body) = send.send_request(request, false).expect("stream opened");
+    let _ = tokio::time::timeout(Duration::from_secs(10), connection)
+        .await
+        .expect("the server ends the connection");
+    let lived = started.elapsed();
+    assert!(
+        (Duration::from_millis(2800)..Duration::from_secs(6)).contains(&lived),
+        "closed at age + grace: {lived:?}"
     );
     server.stop().await;
 }

@@ -130,7 +130,14 @@ pub fn rules(files: &[&str], default_algorithm: Algorithm) -> RuleSet {
         .enumerate()
         .map(|(i, text)| parse_file(&format!("test-{i}.yaml"), text).expect("valid rules"))
         .collect();
-    RuleSet::compile(&domains, CompileOptions { default_algorithm }).expect("rules compile")
+    RuleSet::compile(
+        &domains,
+        CompileOptions {
+            default_algorithm,
+            ..CompileOptions::default()
+        },
+    )
+    .expect("rules compile")
 }
 
 /// Shorthand assertions on a status.
