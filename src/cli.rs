@@ -97,10 +97,12 @@ struct BenchArgs {
     /// How long to run (e.g. 10s).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     duration: std::time::Duration,
-    /// The server's Redis (`redis://host:port`), to report Redis commands per decision.
+    /// The server's Redis (`redis://host:port`), to report what the run cost it: process CPU and each
+    /// command's calls and time per decision (and the target of `--api redis-floor`).
     #[arg(long)]
     redis_url: Option<String>,
-    /// Which API to load: Envoy's ShouldRateLimit, or Tollgate's native Check.
+    /// Which API to load: Envoy's ShouldRateLimit, Tollgate's native Check, or (redis-floor) no rate
+    /// limiter at all, INCRBY + EXPIRE straight to --redis-url, the Go service's fixed-window cost.
     #[arg(long, value_enum, default_value = "envoy")]
     api: crate::loadgen::Api,
     /// TLS: the PEM CA that signed the server's certificate (use an `https://` address).

@@ -1192,3 +1192,51 @@ async fn ignored_settings_are_warned_about_in_the_log() {
     }
     served.terminate().await;
 }
+
+/// `tollgate bench --redis-url` reports what the run cost Redis, and `--api redis-floor` measures the
+/// Go service's fixed-window commands sent straight to Redis.
+#[tokio::test]
+async fn bench_reports_the_redis_cost_of_a_run_and_the_floor() {
+    crate::require_redis!();
+    let redis = crate::common::redis::RedisServer::start();
+    let url = format!("redis://{}", redis.addr());
+    let output = run(
+        &[
+            "bench",
+            "--api",
+            "redis-floor",
+            "--redis-url",
+            &url,
+            "--domain",
+            "bench",
+            "-d",
+            "user=v-{i}",
+            "-d",
+            "path=v-{i}",
+            "--keys",
+            "50",
+            "--concurrency",
+            "4",
+            "--duration",
+            "300ms",
+        ],
+        &[],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("µs process CPU per decision"), "{stdout}");
+    // Two descriptors: two INCRBY and two EXPIRE per decision, as envoyproxy/ratelimit sends them.
+    for command in ["incrby", "expire"] {
+        let line = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(command))
+            .unwrap_or_else(|| panic!("no {command} line: {stdout}"));
+        assert!(line.contains("2.000 calls/decision"), "{line}");
+    }
+    assert!(redis.cli(&["KEYS", "bench_user_v-*"]).contains("bench_user_v-"));
+}

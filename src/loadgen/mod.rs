@@ -5,10 +5,19 @@
 //! `concurrency` workers each keep one request in flight, spread over `connections` HTTP/2 connections.
 //! Each request carries one descriptor per `-d` template, with `{i}` replaced by a key index cycling
 //! through `keys` distinct values, so the store sees realistic key churn.
+//!
+//! With `--redis-url`, the run also reports what it cost that Redis (`redis_cost`). `--api redis-floor`
+//! skips the rate limiter and sends envoyproxy/ratelimit's fixed-window commands straight to Redis
+//! (`INCRBY` + `EXPIRE` per descriptor, pipelined per request): the Redis cost no fixed-window limiter
+//! can go below, measured the same way.
+
+mod redis_cost;
 
 use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
+
+use self::redis_cost::{RedisCost, RedisSnapshot};
 
 use crate::proto::descriptor::RateLimitDescriptor;
 use crate::proto::native;
@@ -49,18 +58,25 @@ pub(crate) enum Api {
     Envoy,
     /// `tollgate.v1.RateLimiter/Check` (consuming; each allowed answer carries a refund token).
     Native,
+    /// No rate limiter: `INCRBY` + `EXPIRE` per descriptor, pipelined per request, straight to
+    /// `--redis-url`, as envoyproxy/ratelimit counts a fixed window.
+    RedisFloor,
 }
 
-/// A client of either API.
+/// A client of one API (clones share the connection).
+#[derive(Clone)]
 enum Caller {
     Envoy(RateLimitServiceClient<Channel>),
     Native(RateLimiterClient<Channel>),
+    RedisFloor(redis::aio::MultiplexedConnection),
 }
 
 /// One request, built before it is timed.
 enum Call {
     Envoy(RateLimitRequest),
     Native(native::CheckRequest),
+    /// The keys of one request's counters.
+    Redis(Vec<String>),
 }
 
 impl Caller {
@@ -86,6 +102,23 @@ impl Caller {
                 cost: 1,
                 mode: native::Mode::Consume as i32,
             }),
+            // envoyproxy/ratelimit's key: domain, then key_value per entry, then the window start.
+            Caller::RedisFloor(_) => Call::Redis(
+                templates
+                    .iter()
+                    .map(|t| {
+                        let mut key = domain.to_owned();
+                        for (k, v) in entries(t) {
+                            key.push('_');
+                            key.push_str(&k);
+                            key.push('_');
+                            key.push_str(&v);
+                        }
+                        key.push_str("_60");
+                        key
+                    })
+                    .collect(),
+            ),
         }
     }
 
@@ -98,6 +131,17 @@ impl Caller {
             }
             (Caller::Native(client), Call::Native(request)) => {
                 Ok(!client.check(request).await?.into_inner().allowed)
+            }
+            (Caller::RedisFloor(conn), Call::Redis(keys)) => {
+                let mut pipe = redis::pipe();
+                for key in &keys {
+                    pipe.cmd("INCRBY").arg(key).arg(1).ignore();
+                    pipe.cmd("EXPIRE").arg(key).arg(60).ignore();
+                }
+                pipe.query_async::<()>(conn)
+                    .await
+                    .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+                Ok(false)
             }
             _ => Err(tonic::Status::internal("a request built for the other API")),
         }
@@ -125,8 +169,8 @@ pub(crate) struct LoadReport {
     pub(crate) elapsed: Duration,
     /// Latency percentiles (p50, p90, p99, p99.9, max).
     pub(crate) latency: [Duration; 5],
-    /// Commands clients sent to Redis during the run (script calls), when a Redis URL was given.
-    pub(crate) redis_commands: Option<u64>,
+    /// What the run cost the Redis at `--redis-url`, when given.
+    pub(crate) redis: Option<RedisCost>,
 }
 
 impl std::fmt::Display for LoadReport {
@@ -144,12 +188,8 @@ impl std::fmt::Display for LoadReport {
             f,
             "latency:     p50 {p50:.2?}  p90 {p90:.2?}  p99 {p99:.2?}  p99.9 {p999:.2?}  max {max:.2?}"
         )?;
-        if let Some(commands) = self.redis_commands {
-            let per_decision = commands as f64 / self.requests.max(1) as f64;
-            write!(
-                f,
-                "\nredis:       {commands} commands ({per_decision:.3} per decision)"
-            )?;
+        if let Some(cost) = &self.redis {
+            write!(f, "\n{cost}")?;
         }
         Ok(())
     }
@@ -158,27 +198,23 @@ impl std::fmt::Display for LoadReport {
 /// Runs the plan and reports.
 pub(crate) async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
     let templates = plan.descriptors;
-    let mut channels = Vec::with_capacity(plan.connections.max(1));
-    for _ in 0..plan.connections.max(1) {
-        let mut endpoint = Channel::from_shared(plan.addr.clone())?;
-        if let Some(tls) = &plan.tls {
-            endpoint = endpoint.tls_config(tls.clone())?;
-        }
-        channels.push(endpoint.connect().await?);
-    }
+    let callers = callers(
+        &plan.addr,
+        plan.api,
+        plan.tls.as_ref(),
+        plan.redis_url.as_deref(),
+        plan.connections,
+    )
+    .await?;
     let redis_before = match &plan.redis_url {
-        Some(url) => Some(redis_script_calls(url).await?),
+        Some(url) => Some(RedisSnapshot::take(url).await?),
         None => None,
     };
     let start = Instant::now();
     let deadline = start + plan.duration;
     let workers: Vec<_> = (0..plan.concurrency.max(1))
         .map(|worker| {
-            let channel = channels[worker % channels.len()].clone();
-            let client = match plan.api {
-                Api::Envoy => Caller::Envoy(RateLimitServiceClient::new(channel)),
-                Api::Native => Caller::Native(RateLimiterClient::new(channel)),
-            };
+            let client = callers[worker % callers.len()].clone();
             let (templates, domain) = (templates.clone(), plan.domain.clone());
             let stride = plan.concurrency.max(1) as u64;
             tokio::spawn(work(
@@ -203,7 +239,9 @@ pub(crate) async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
     }
     report.elapsed = start.elapsed();
     if let (Some(url), Some(before)) = (&plan.redis_url, redis_before) {
-        report.redis_commands = Some(redis_script_calls(url).await?.saturating_sub(before));
+        let mut cost = RedisSnapshot::take(url).await?.since(&before);
+        cost.decisions = report.requests;
+        report.redis = Some(cost);
     }
     latencies.sort_unstable();
     report.latency = [0.5, 0.9, 0.99, 0.999, 1.0].map(|q| percentile(&latencies, q));
@@ -244,31 +282,38 @@ async fn work(
     ((answered, over, errors), latencies)
 }
 
-/// Client-issued script calls so far (`FCALL`, `FUNCTION ...`, `EVALSHA`, `EVAL`, `SCRIPT ...`), from
-/// `INFO commandstats`.
-/// Commands a script runs internally are counted by Redis too, so they are deliberately left out:
-/// the question is how many round trips decisions cost, and Tollgate sends nothing but scripts.
-async fn redis_script_calls(url: &str) -> anyhow::Result<u64> {
-    let mut conn = redis::Client::open(url)?
-        .get_multiplexed_async_connection()
-        .await?;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await?;
-    Ok(info
-        .lines()
-        .filter_map(|line| {
-            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let counted = matches!(
-                name,
-                "fcall" | "fcall_ro" | "evalsha" | "eval" | "evalsha_ro" | "eval_ro"
-            ) || name.starts_with("function")
-                || name.starts_with("script");
-            let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            counted.then(|| calls.parse::<u64>().ok()).flatten()
-        })
-        .sum())
+/// One caller per connection: a gRPC channel to the server in the plan's API, or a Redis connection for
+/// the floor.
+async fn callers(
+    addr: &str,
+    api: Api,
+    tls: Option<&tonic::transport::ClientTlsConfig>,
+    redis_url: Option<&str>,
+    connections: usize,
+) -> anyhow::Result<Vec<Caller>> {
+    let mut callers = Vec::with_capacity(connections.max(1));
+    for _ in 0..connections.max(1) {
+        let caller = if api == Api::RedisFloor {
+            let url = redis_url.ok_or_else(|| anyhow::anyhow!("--api redis-floor needs --redis-url"))?;
+            Caller::RedisFloor(
+                redis::Client::open(url)?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            )
+        } else {
+            let mut endpoint = Channel::from_shared(addr.to_owned())?;
+            if let Some(tls) = tls {
+                endpoint = endpoint.tls_config(tls.clone())?;
+            }
+            let channel = endpoint.connect().await?;
+            match api {
+                Api::Native => Caller::Native(RateLimiterClient::new(channel)),
+                _ => Caller::Envoy(RateLimitServiceClient::new(channel)),
+            }
+        };
+        callers.push(caller);
+    }
+    Ok(callers)
 }
 
 fn percentile(sorted: &[Duration], q: f64) -> Duration {
