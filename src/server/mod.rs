@@ -1,0 +1,359 @@
+//! Startup and shutdown: binds nothing itself (the caller hands in bound listeners, so tests use port 0),
+//! loads the rules, wires the store, limiter and front ends, and owns the shutdown order:
+//! flip health to NOT_SERVING, keep answering for the drain period, stop accepting, finish in-flight
+//! calls.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use arc_swap::ArcSwapOption;
+use axum::serve::ListenerExt as _;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::grpc::{GrpcLimits, GrpcListener};
+use crate::limiter::{Limiter, RefundKeys, RulesHandle};
+use crate::observe::health::Health;
+use crate::observe::metrics::Metrics;
+use crate::rules::reload::Reloader;
+use crate::rules::{CompileOptions, RuleSet, ValueHasher};
+use crate::settings::{ConfigType, Settings};
+use crate::store::AnyStore;
+use crate::store::memory::MemoryStore;
+
+mod options;
+mod rules_source;
+mod store;
+
+pub(crate) use store::{redis_persecond_target, redis_target};
+
+use options::{envoy_options, limiter_options, refund_keys, server_tls};
+use rules_source::{RulesSource, xds_client};
+use store::{build_store, watch_redis};
+
+/// How often the embedded store drops state that can no longer affect a decision.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The bound listeners.
+#[derive(Debug)]
+pub struct Listeners {
+    /// gRPC (Envoy RLS, health, reflection): TCP, or a unix socket with `GRPC_UDS`.
+    pub grpc: GrpcListener,
+    /// HTTP admin (`/healthcheck`).
+    pub http: TcpListener,
+    /// Debug (`/rlconfig`).
+    pub debug: TcpListener,
+    /// The Go service's metrics listener, with `USE_PROMETHEUS`.
+    pub prometheus: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the addresses in `settings`; port 0 picks a free port.
+    pub async fn bind(settings: &Settings) -> anyhow::Result<Self> {
+        let bind = |addr: String, what: &'static str| async move {
+            TcpListener::bind(&addr)
+                .await
+                .with_context(|| format!("cannot bind the {what} listener to {addr}"))
+        };
+        let grpc = if settings.grpc_uds.is_empty() {
+            GrpcListener::Tcp(bind(settings.grpc_addr.clone(), "gRPC").await?)
+        } else {
+            let path = PathBuf::from(&settings.grpc_uds);
+            GrpcListener::bind_unix(path.clone())
+                .with_context(|| format!("cannot bind the gRPC unix socket {}", path.display()))?
+        };
+        let prometheus = match settings.use_prometheus {
+            // Go's `:9090` means every interface.
+            true => Some(bind(listen_addr(&settings.prometheus_addr), "Prometheus").await?),
+            false => None,
+        };
+        Ok(Self {
+            grpc,
+            http: bind(settings.http_addr.clone(), "HTTP").await?,
+            debug: bind(settings.debug_addr.clone(), "debug").await?,
+            prometheus,
+        })
+    }
+}
+
+/// A Go listen address (`:9090`, `host:9090`) as one Tokio binds.
+fn listen_addr(addr: &str) -> String {
+    match addr.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => addr.to_owned(),
+    }
+}
+
+/// Runs the service until `shutdown` completes, then drains and returns. Fails at startup if the rules
+/// do not load (naming the file and the reason). `clock` is the embedded store's and the local cache's
+/// time ([`crate::clock::SystemClock`] in production; tests hand in a [`crate::clock::ManualClock`] to move time
+/// without sleeping). Redis keeps its own clock.
+pub async fn run(
+    settings: Settings,
+    listeners: Listeners,
+    clock: Arc<dyn Clock>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    // Before anything is spawned: a certificate that does not load stops startup with nothing left
+    // running.
+    let tls = server_tls(&settings)?;
+    let envoy = envoy_options(&settings);
+    let options = CompileOptions {
+        default_algorithm: settings.default_algorithm,
+        split_per_second: settings.redis_persecond,
+    };
+    let metrics = Metrics::new();
+    let addresses = (
+        grpc_address(&listeners.grpc),
+        listeners.http.local_addr()?,
+        listeners.debug.local_addr()?,
+    );
+    let rules: RulesHandle = Arc::new(ArcSwapOption::empty());
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let health = Health::new(reporter).await;
+    let source = match settings.config_type {
+        ConfigType::File => {
+            let reloader = Reloader {
+                dir: settings.config_dir.clone(),
+                merge_domains: settings.merge_domain_config,
+                options,
+                interval: settings.reload_interval,
+                metrics: Arc::clone(&metrics),
+            };
+            let version = reloader.load_into(&rules).context("cannot load the rules")?;
+            health.set_rules_loaded(true).await;
+            RulesSource::Files(reloader, version)
+        }
+        ConfigType::GrpcXdsSotw => {
+            let client = xds_client(&settings, options, Arc::clone(&metrics))?;
+            if settings.force_start_without_initial_config {
+                rules.store(Some(Arc::new(RuleSet::compile(&[], options)?)));
+                health.set_rules_loaded(true).await;
+            } else {
+                tracing::info!(
+                    "not ready until the xDS server sends rules (FORCE_START_WITHOUT_INITIAL_CONFIG is false)"
+                );
+            }
+            RulesSource::Xds(Box::new(client))
+        }
+    };
+
+    let stop = CancellationToken::new();
+    // Whatever way `run` returns (an error after the store started connecting, say), every task it
+    // spawned is told to stop.
+    let _stop_on_return = stop.clone().drop_guard();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let store = build_store(&settings, Arc::clone(&clock), stop.clone())?;
+    if let AnyStore::Redis(stores) = &store {
+        health.set_store_reachable(false).await;
+        let redis = stores.all().map(|cache| Arc::clone(cache.inner())).collect();
+        tasks.spawn(watch_redis(redis, health.clone(), stop.clone()));
+    }
+    let mut options = limiter_options(&settings);
+    if settings.stop_cache_key_increment_when_overlimit && store.is_cluster() {
+        // Exact rather than racy: one script call sees every descriptor of a request.
+        options.keep_domains_together = true;
+        tracing::warn!(
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT on Redis Cluster: each domain's counters live in one \
+             hash slot (keys tagged {{prefix+domain}}), so a request over one limit leaves its other \
+             descriptors untouched; these keys are not envoyproxy/ratelimit's and a domain's load is on \
+             one master"
+        );
+    }
+    let limiter = Limiter::new(
+        Arc::clone(&rules),
+        store,
+        ValueHasher::new(settings.hash_key.expose()),
+        options,
+    )
+    .with_metrics(metrics);
+    let limiter = limiter.with_local_fallback(MemoryStore::with_max_keys(
+        Arc::clone(&clock),
+        settings.memory_max_keys,
+    ));
+    let keys = refund_keys(&settings)?.or_else(RefundKeys::random);
+    let limiter = Arc::new(limiter.with_refund_keys(keys, Arc::clone(&clock)));
+    let origin = match source {
+        RulesSource::Files(reloader, version) => {
+            let origin = reloader.dir.display().to_string();
+            tasks.spawn(reloader.run(Arc::clone(&rules), Some(version), stop.clone()));
+            origin
+        }
+        RulesSource::Xds(client) => {
+            let origin = format!("xds:{}", client.server.url);
+            tasks.spawn(client.run(Arc::clone(&rules), health.clone(), stop.clone()));
+            origin
+        }
+    };
+    tasks.spawn(sweep(Arc::clone(&limiter), stop.clone()));
+    tasks.spawn(log_offenders(Arc::clone(&limiter), stop.clone()));
+
+    let stopped = stop.clone();
+    let admin = crate::http::Admin {
+        health: health.clone(),
+        limiter: Arc::clone(&limiter),
+        options: envoy.clone(),
+        max_body_bytes: settings.max_request_bytes,
+    };
+    // TCP_NODELAY, as on the gRPC port: `/json` and `/v1/*` answers must not wait for a delayed ACK.
+    let http_listener = listeners.http.tap_io(|tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY on an HTTP connection");
+        }
+    });
+    let http = axum::serve(http_listener, crate::http::admin_router(admin))
+        .with_graceful_shutdown(async move { stopped.cancelled().await });
+    let stopped = stop.clone();
+    let debug = axum::serve(listeners.debug, crate::http::debug_router(Arc::clone(&limiter)))
+        .with_graceful_shutdown(async move { stopped.cancelled().await });
+    let prometheus = listeners.prometheus.map(|listener| {
+        let stopped = stop.clone();
+        let router = crate::http::prometheus_router(Arc::clone(&limiter), &settings.prometheus_path);
+        axum::serve(listener, router).with_graceful_shutdown(async move { stopped.cancelled().await })
+    });
+    if let Some(tls) = &tls {
+        tasks.spawn(Arc::clone(tls).watch(settings.reload_interval, stop.clone()));
+    }
+    let stopped = stop.clone();
+    let limits = GrpcLimits {
+        max_message_bytes: settings.max_request_bytes,
+        max_concurrent_streams: settings.grpc_max_concurrent_streams,
+        // Zero is never, as in grpc-go.
+        max_connection_age: Some(settings.grpc_max_connection_age).filter(|age| !age.is_zero()),
+        max_connection_age_grace: settings.grpc_max_connection_age_grace,
+    };
+    let grpc = crate::grpc::serve(
+        listeners.grpc,
+        tls,
+        limiter,
+        envoy,
+        limits,
+        health_service,
+        async move { stopped.cancelled().await },
+    );
+
+    let drain = settings.drain_period;
+    let trigger = stop.clone();
+    tasks.spawn(async move {
+        shutdown.await;
+        tracing::info!(?drain, "shutting down: reporting NOT_SERVING, then draining");
+        health.set_draining().await;
+        tokio::time::sleep(drain).await;
+        trigger.cancel();
+    });
+    let (grpc_addr, http_addr, debug_addr) = addresses;
+    // Logged with the real ports so a caller that bound port 0 can find them; at WARN, as the Go service
+    // logs its "Listening for ..." lines, so the default level (WARN) still shows where it serves.
+    tracing::warn!(
+        grpc = %grpc_addr, http = %http_addr, debug = %debug_addr,
+        rules = %origin, "tollgate serving"
+    );
+    let prometheus = async move {
+        match prometheus {
+            Some(serving) => serving.await,
+            None => Ok(()),
+        }
+    };
+    let (grpc, http, debug, prometheus) = tokio::join!(grpc, http, debug, prometheus);
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    grpc.context("gRPC server failed")?;
+    http.context("HTTP server failed")?;
+    debug.context("debug server failed")?;
+    prometheus.context("Prometheus server failed")?;
+    Ok(())
+}
+
+/// How the gRPC listener is named in the log: its TCP address, or `unix:PATH`.
+fn grpc_address(listener: &GrpcListener) -> String {
+    match listener {
+        GrpcListener::Tcp(tcp) => tcp.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string()),
+        GrpcListener::Unix(socket) => format!("unix:{}", socket.path().display()),
+    }
+}
+
+/// Sweeps the embedded stores (see [`Limiter::sweep`]) every [`SWEEP_INTERVAL`] off the runtime's threads (one shard locked at a
+/// time, so no request waits on more than one shard's sweep), and says once a minute when the key cap
+/// made it evict.
+async fn sweep(limiter: Arc<Limiter<AnyStore>>, stop: CancellationToken) {
+    let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
+    let (mut reported, mut last_report) = (0, tokio::time::Instant::now());
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let swept = Arc::clone(&limiter);
+        let Ok(dropped) = tokio::task::spawn_blocking(move || swept.sweep()).await else {
+            continue;
+        };
+        tracing::trace!(dropped, "swept expired state");
+        let evictions = limiter.store_counters().memory_evictions;
+        if evictions > reported && last_report.elapsed() >= EVICTION_LOG_INTERVAL {
+            tracing::warn!(
+                evicted = evictions - reported,
+                "the embedded store is full (TOLLGATE_MEMORY_MAX_KEYS): live keys were evicted"
+            );
+            (reported, last_report) = (evictions, tokio::time::Instant::now());
+        }
+    }
+}
+
+/// Evictions are logged at most this often.
+const EVICTION_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// How often the heaviest callers are summarised in the log.
+const OFFENDER_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Logs the three heaviest callers of every domain once a minute, when there are any, so a spike of
+/// refusals is visible in the logs as well as at `/top`.
+async fn log_offenders(limiter: Arc<Limiter<AnyStore>>, stop: CancellationToken) {
+    let mut ticker = tokio::time::interval(OFFENDER_LOG_INTERVAL);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        for (domain, offenders) in limiter.offenders().top(3) {
+            let summary: Vec<String> = offenders
+                .iter()
+                .map(|o| format!("{}={}", o.key, o.count))
+                .collect();
+            tracing::info!(%domain, top = %summary.join(" "), "top offenders (refused or near the limit)");
+        }
+    }
+}
+
+/// Completes on SIGTERM or Ctrl-C (in a container the first signal is SIGTERM). The SIGTERM handler is
+/// installed by this call, not when the future is first polled: the server announces it is serving
+/// before that poll may happen (always, on a current-thread runtime), and a SIGTERM in between would
+/// otherwise kill the process without draining. Call it inside the runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    async move {
+        #[cfg(unix)]
+        match term {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the server");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! Settings turned into the options of the parts the server wires: the limiter's, the Envoy API's
+//! answers, the refund keys, and the gRPC listener's TLS.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+
+use crate::api::envoy::EnvoyOptions;
+use crate::api::headers::{HeaderNames, HeaderOptions};
+use crate::grpc::tls::{ServerTls, TlsFiles};
+use crate::limiter::{LimiterOptions, RefundKeys};
+use crate::settings::{HeaderStyle, Settings, SettingsError};
+
+/// The gRPC listener's TLS (`GRPC_SERVER_USE_TLS`), read from its files; `None` for plaintext.
+pub(super) fn server_tls(settings: &Settings) -> anyhow::Result<Option<Arc<ServerTls>>> {
+    if !settings.grpc_server_use_tls {
+        return Ok(None);
+    }
+    let optional = |value: &str| Some(value.to_owned()).filter(|v| !v.is_empty());
+    let files = TlsFiles {
+        cert: PathBuf::from(&settings.grpc_server_tls_cert),
+        key: PathBuf::from(&settings.grpc_server_tls_key),
+        client_ca: optional(&settings.grpc_client_tls_cacert).map(PathBuf::from),
+        client_san: optional(&settings.grpc_client_tls_san),
+    };
+    let tls = ServerTls::load(files).context("cannot start TLS on the gRPC listener")?;
+    tracing::info!(
+        client_certificates = !settings.grpc_client_tls_cacert.is_empty(),
+        "gRPC listener serves TLS"
+    );
+    Ok(Some(Arc::new(tls)))
+}
+
+/// Shortest refund key accepted: 128 bits as hex (`openssl rand -hex 16`) or more.
+const MIN_REFUND_KEY_LEN: usize = 32;
+
+/// The fleet's refund-token keys (`TOLLGATE_REFUND_KEY`, else `TOLLGATE_REFUND_KEY_FILE`), or `None`:
+/// then the limiter signs with a random key of this process, and says so.
+pub(super) fn refund_keys(settings: &Settings) -> anyhow::Result<Option<RefundKeys>> {
+    let text = if !settings.refund_key.is_empty() {
+        settings.refund_key.expose().to_owned()
+    } else if !settings.refund_key_file.is_empty() {
+        std::fs::read_to_string(&settings.refund_key_file).map_err(|e| SettingsError::BadValue {
+            name: "refund_key_file",
+            value: settings.refund_key_file.clone(),
+            reason: e.to_string(),
+        })?
+    } else {
+        tracing::warn!(
+            "no TOLLGATE_REFUND_KEY or TOLLGATE_REFUND_KEY_FILE: refund tokens are signed with a random key \
+             of this process, so a refund only works on the instance that issued its token"
+        );
+        return Ok(None);
+    };
+    let secrets: Vec<&str> = text
+        .split([',', '\n'])
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .collect();
+    let Some((current, previous)) = secrets.split_first() else {
+        return Err(SettingsError::BadValue {
+            name: "refund_key",
+            value: "<redacted>".into(),
+            reason: "holds no key".into(),
+        }
+        .into());
+    };
+    if let Some(short) = secrets.iter().position(|k| k.len() < MIN_REFUND_KEY_LEN) {
+        // A short key can be found offline from any one token: it would let callers forge refunds.
+        return Err(SettingsError::BadValue {
+            name: "refund_key",
+            value: "<redacted>".into(),
+            reason: format!("key {} is shorter than {MIN_REFUND_KEY_LEN} bytes", short + 1),
+        }
+        .into());
+    }
+    let previous: Vec<&[u8]> = previous.iter().map(|k| k.as_bytes()).collect();
+    let keys = RefundKeys::new(current.as_bytes(), &previous)
+        .context("the operating system gave no randomness for refund token ids")?;
+    tracing::info!(keys = secrets.len(), "refund tokens signed with the fleet's key");
+    Ok(Some(keys))
+}
+
+pub(super) fn limiter_options(settings: &Settings) -> LimiterOptions {
+    LimiterOptions {
+        cache_key_prefix: settings.cache_key_prefix.clone(),
+        stop_increment_when_over_limit: settings.stop_cache_key_increment_when_overlimit,
+        keep_domains_together: false,
+        global_shadow_mode: settings.shadow_mode,
+        global_quota_mode: settings.quota_mode,
+        default_algorithm: settings.default_algorithm,
+        max_descriptors: settings.max_descriptors,
+        near_limit_ratio: settings.near_limit_ratio,
+        show_caller_values: settings.show_caller_values,
+        fleet_size: settings.fleet_size,
+    }
+}
+
+pub(super) fn envoy_options(settings: &Settings) -> EnvoyOptions {
+    EnvoyOptions {
+        headers: header_options(settings),
+        dynamic_metadata: settings.response_dynamic_metadata,
+    }
+}
+
+/// The header styles and body to add to answers.
+pub(super) fn header_options(settings: &Settings) -> HeaderOptions {
+    let trio = || HeaderNames {
+        limit: settings.limit_limit_header.clone(),
+        remaining: settings.limit_remaining_header.clone(),
+        reset: settings.limit_reset_header.clone(),
+    };
+    let mut options = HeaderOptions {
+        trio: settings.limit_response_headers_enabled.then(trio),
+        raw_body: settings.raw_body,
+        ..HeaderOptions::default()
+    };
+    for style in &settings.response_headers.0 {
+        match style {
+            HeaderStyle::RateLimit => options.trio = Some(trio()),
+            HeaderStyle::XRateLimit => options.x_ratelimit = true,
+            HeaderStyle::Ietf => options.ietf = true,
+            HeaderStyle::RetryAfter => options.retry_after = true,
+        }
+    }
+    options
+}
+
+/// The contents of the file a setting names; the error names the setting and the path.
+pub(super) fn read_setting_file(name: &'static str, path: &str) -> Result<Vec<u8>, SettingsError> {
+    std::fs::read(path).map_err(|e| SettingsError::BadValue {
+        name,
+        value: path.into(),
+        reason: e.to_string(),
+    })
+}
