@@ -28,7 +28,7 @@ use arc_swap::ArcSwapOption;
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::{Clock, SystemClock};
 use crate::observe::denial_log::DenialLog;
-use crate::observe::metrics::Metrics;
+use crate::observe::metrics::{Method, Metrics};
 use crate::observe::offenders::TopOffenders;
 use crate::rules::file::{FailureMode, Unit, sliding_log_too_large};
 use crate::rules::{DescriptorEntry, Rate, Rule, RuleLimit, RuleSet, ValueHasher};
@@ -567,19 +567,23 @@ impl<S: Store> Limiter<S> {
         // Envoy's path counts as envoyproxy/ratelimit does, even a cost no limit can admit: Go replicas
         // may share the counters.
         let call = Call::Envoy { cost };
-        self.counted(self.decide_request(domain, descriptors, call)).await
+        self.counted(
+            Method::ShouldRateLimit,
+            self.decide_request(domain, descriptors, call),
+        )
+        .await
     }
 
     /// Runs one request, Envoy's or the native API's, and counts it in the metrics: every request
     /// once, with its latency and, if it failed, why.
     async fn counted(
         &self,
+        method: Method,
         request: impl Future<Output = Result<Verdict, LimiterError>>,
     ) -> Result<Verdict, LimiterError> {
         let started = Instant::now();
-        self.metrics.total_requests.add(1);
         let result = request.await;
-        self.observe(started, result.as_ref().err());
+        self.observe(method, started, result.as_ref().err());
         result
     }
 
@@ -598,7 +602,8 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Verdict, LimiterError> {
         let cost = if mode == Mode::Peek { cost } else { cost.max(1) };
         let call = Call::Check { mode, cost };
-        self.counted(self.decide_request(domain, descriptors, call)).await
+        self.counted(Method::Check, self.decide_request(domain, descriptors, call))
+            .await
     }
 
     /// The native API's Refund: gives units back to the descriptors of the Check that issued `token`,
@@ -613,7 +618,7 @@ impl<S: Store> Limiter<S> {
         cost: u64,
         token: &str,
     ) -> Result<Verdict, LimiterError> {
-        self.counted(async {
+        self.counted(Method::Refund, async {
             // The request's bounds first: the token's MAC reads every descriptor.
             self.validate(domain, descriptors)?;
             let keys = self.refunds.keys.as_ref().ok_or(LimiterError::NoRandomness)?;
@@ -629,9 +634,9 @@ impl<S: Store> Limiter<S> {
         .await
     }
 
-    /// Records a call's latency and, if it failed, why.
-    fn observe(&self, started: Instant, error: Option<&LimiterError>) {
-        self.metrics.response_time.observe(started.elapsed());
+    /// Records a call of `method`, its latency and, if it failed, why.
+    fn observe(&self, method: Method, started: Instant, error: Option<&LimiterError>) {
+        self.metrics.request(method, started.elapsed());
         match error {
             Some(LimiterError::Store(_)) => self.metrics.store_errors.add(1),
             Some(_) => self.metrics.service_errors.add(1),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Limiter, LimiterError, RequestDescriptor};
+use crate::observe::metrics::Method;
 use crate::rules::Rule;
 use crate::rules::file::{ConcurrencyConfig, FailureMode};
 use crate::store::Store;
@@ -95,11 +96,10 @@ impl<S: Store> Limiter<S> {
             return Err(LimiterError::InvalidLeaseTtl);
         }
         let started = Instant::now();
-        self.metrics.total_requests.add(1);
         let result = self
             .acquire_leases(domain, descriptors, lease_id, renew, ttl)
             .await;
-        self.observe(started, result.as_ref().err());
+        self.observe(Method::Acquire, started, result.as_ref().err());
         result
     }
 
@@ -176,9 +176,8 @@ impl<S: Store> Limiter<S> {
         }
         let lease_id = checked_lease_id(lease_id)?;
         let started = Instant::now();
-        self.metrics.total_requests.add(1);
         let result = self.release_leases(domain, descriptors, lease_id).await;
-        self.observe(started, result.as_ref().err());
+        self.observe(Method::Release, started, result.as_ref().err());
         result
     }
 

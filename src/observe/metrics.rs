@@ -3,8 +3,10 @@
 //! envoyproxy/ratelimit's names are kept so its dashboards carry over: per rule
 //! `ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}` labelled
 //! `domain`, `key1`, `key2` (the rule's path, as the Go service's default statsd mapping labels it), and
-//! `ratelimit_service_config_load_{success,error}`, `ratelimit_service_total_requests`,
-//! `ratelimit_service_should_rate_limit_error{err_type}`, `ratelimit_service_response_time_seconds`.
+//! `ratelimit_service_config_load_{success,error}`, `ratelimit_service_total_requests{grpc_method}`,
+//! `ratelimit_service_should_rate_limit_error{err_type}`,
+//! `ratelimit_service_response_time_seconds{grpc_method}` (the method a request came in through, see
+//! [`Method`]).
 //! Tollgate adds `tollgate_*` series for the store, failure modes, the local cache and the loaded rules.
 //!
 //! The registry is an explicit value, not a process-wide recorder: two servers in one test process do
@@ -126,6 +128,45 @@ impl RuleStats {
     }
 }
 
+/// The API method a request came in through: the `grpc_method` label of the request metrics, as the Go
+/// service labels them. The HTTP twins count as their method: `/json` as `ShouldRateLimit`, `/v1/check`
+/// as `Check`, and so on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// Envoy's `ShouldRateLimit`.
+    ShouldRateLimit,
+    /// `tollgate.v1.RateLimiter/Check`.
+    Check,
+    /// `tollgate.v1.RateLimiter/Refund`.
+    Refund,
+    /// `tollgate.v1.RateLimiter/Acquire`.
+    Acquire,
+    /// `tollgate.v1.RateLimiter/Release`.
+    Release,
+}
+
+impl Method {
+    /// Every method, in the order the series are written.
+    pub const ALL: [Method; 5] = [
+        Method::ShouldRateLimit,
+        Method::Check,
+        Method::Refund,
+        Method::Acquire,
+        Method::Release,
+    ];
+
+    /// The label value: the gRPC method's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::ShouldRateLimit => "ShouldRateLimit",
+            Method::Check => "Check",
+            Method::Refund => "Refund",
+            Method::Acquire => "Acquire",
+            Method::Release => "Release",
+        }
+    }
+}
+
 /// Every metric of one server.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -134,8 +175,8 @@ pub struct Metrics {
     pub config_load_success: Counter,
     /// Rejected rule loads (the previous rules stayed in force).
     pub config_load_error: Counter,
-    /// Decisions asked for (gRPC and `/json`).
-    pub total_requests: Counter,
+    /// Requests, per [`Method`] (gRPC and their HTTP twins).
+    total_requests: [Counter; Method::ALL.len()],
     /// Requests refused as malformed or with no rules loaded.
     pub service_errors: Counter,
     /// Requests failed because the store failed (no `failure_mode` to answer with).
@@ -152,8 +193,8 @@ pub struct Metrics {
     /// TLS handshakes on the gRPC listener that failed or timed out (a plaintext client, an unknown
     /// client certificate, a wrong SAN).
     pub tls_handshake_failures: Counter,
-    /// Time to decide a request, store included.
-    pub response_time: Histogram,
+    /// Time to answer a request, store included, per [`Method`].
+    response_time: [Histogram; Method::ALL.len()],
     /// Time of the store call alone.
     pub store_time: Histogram,
     loaded: Mutex<(String, u64)>,
@@ -172,6 +213,17 @@ impl Metrics {
         Arc::clone(rules.entry((domain.to_owned(), path.to_owned())).or_default())
     }
 
+    /// Records one request of `method`, answered or failed, and the time it took.
+    pub fn request(&self, method: Method, elapsed: Duration) {
+        self.total_requests[method as usize].add(1);
+        self.response_time[method as usize].observe(elapsed);
+    }
+
+    /// Requests of `method` so far.
+    pub fn requests(&self, method: Method) -> u64 {
+        self.total_requests[method as usize].get()
+    }
+
     /// Records a successful load of rules with content hash `version` at `unix_seconds`.
     pub fn loaded(&self, version: &str, unix_seconds: u64) {
         self.config_load_success.add(1);
@@ -187,7 +239,7 @@ impl Metrics {
     pub fn render(&self, store: StoreCounters) -> String {
         let mut out = String::with_capacity(4096);
         self.render_rules(&mut out);
-        let counters: [(&str, &str, u64); 16] = [
+        let counters: [(&str, &str, u64); 15] = [
             (
                 "ratelimit_service_config_load_success",
                 "Rule sets loaded.",
@@ -197,11 +249,6 @@ impl Metrics {
                 "ratelimit_service_config_load_error",
                 "Rule sets rejected (previous rules kept).",
                 self.config_load_error.get(),
-            ),
-            (
-                "ratelimit_service_total_requests",
-                "Decisions asked for.",
-                self.total_requests.get(),
             ),
             (
                 "tollgate_domain_not_found_total",
@@ -272,6 +319,19 @@ impl Metrics {
         for (name, help, value) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
         }
+        let name = "ratelimit_service_total_requests";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Requests, per API method.\n# TYPE {name} counter"
+        );
+        for method in Method::ALL {
+            let _ = writeln!(
+                out,
+                "{name}{{grpc_method=\"{}\"}} {}",
+                method.name(),
+                self.requests(method)
+            );
+        }
         let name = "ratelimit_service_should_rate_limit_error";
         let _ = writeln!(
             out,
@@ -287,23 +347,21 @@ impl Metrics {
             "{name}{{err_type=\"service_error\"}} {}",
             self.service_errors.get()
         );
-        for (name, help, histogram, labels) in [
-            (
-                "ratelimit_service_response_time_seconds",
-                "Time to decide a request.",
-                &self.response_time,
-                "grpc_method=\"ShouldRateLimit\",",
-            ),
-            (
-                "tollgate_store_call_duration_seconds",
-                "Time of one store call.",
-                &self.store_time,
-                "",
-            ),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-            histogram.render(&mut out, name, labels);
+        let name = "ratelimit_service_response_time_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Time to answer a request, per API method.\n# TYPE {name} histogram"
+        );
+        for method in Method::ALL {
+            let labels = format!("grpc_method=\"{}\",", method.name());
+            self.response_time[method as usize].render(&mut out, name, &labels);
         }
+        let name = "tollgate_store_call_duration_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Time of one store call.\n# TYPE {name} histogram"
+        );
+        self.store_time.render(&mut out, name, "");
         let (version, at) = self.loaded.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let _ = writeln!(
             out,

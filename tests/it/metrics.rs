@@ -64,7 +64,26 @@ async fn metrics_use_envoyproxy_ratelimit_names_on_both_ports() {
         Some(2),
         "{text}"
     );
-    assert_eq!(series_value(&text, "ratelimit_service_total_requests "), Some(15));
+    assert_eq!(
+        series_value(
+            &text,
+            "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"} "
+        ),
+        Some(15)
+    );
+    assert_eq!(
+        series_value(&text, "ratelimit_service_total_requests{grpc_method=\"Check\"} "),
+        Some(0)
+    );
+    // The HTTP twins count under their gRPC method.
+    let json = r#"{"domain":"m","descriptors":[{"entries":[{"key":"user","value":"bob"}]}]}"#;
+    assert_eq!(http(server.http, "POST", "/json", json).await.0, 200);
+    assert_eq!(http(server.http, "POST", "/v1/check", json).await.0, 200);
+    let (_, after) = http(server.http, "GET", "/metrics", "").await;
+    for (method, expected) in [("ShouldRateLimit", 16), ("Check", 1)] {
+        let series = format!("ratelimit_service_total_requests{{grpc_method=\"{method}\"}} ");
+        assert_eq!(series_value(&after, &series), Some(expected), "{series}");
+    }
     assert!(series_value(&text, "ratelimit_service_config_load_success ").is_some_and(|n| n >= 1));
     assert!(
         text.contains(

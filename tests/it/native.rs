@@ -944,7 +944,12 @@ async fn native_calls_count_in_the_same_metrics() {
         "ratelimit_service_rate_limit_over_limit{domain=\"app\",key1=\"otp\"} 5",
         "ratelimit_service_rate_limit_total_hits{domain=\"app\",key1=\"busy\"} 7",
         "ratelimit_service_rate_limit_over_limit{domain=\"app\",key1=\"busy\"} 2",
-        "ratelimit_service_total_requests 11",
+        // Each call under its own method: three checks (a peek among them), a refund, seven acquires.
+        "ratelimit_service_total_requests{grpc_method=\"Check\"} 3",
+        "ratelimit_service_total_requests{grpc_method=\"Refund\"} 1",
+        "ratelimit_service_total_requests{grpc_method=\"Acquire\"} 7",
+        "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"} 0",
+        "ratelimit_service_response_time_seconds_count{grpc_method=\"Acquire\"} 7",
     ] {
         assert!(text.contains(expected), "{expected} in\n{text}");
     }
