@@ -1205,11 +1205,12 @@ impl<S: Store> Limiter<S> {
 }
 
 impl Limiter<AnyStore> {
-    /// What the store has done so far, for `/metrics`; the local fallback's evictions (see
+    /// What the store has done so far, for `/metrics`; the local fallback's evictions and entries (see
     /// [`LimiterOptions::fleet_size`]) count with the embedded store's.
     pub fn store_counters(&self) -> StoreCounters {
         let mut counters = self.store.counters();
         counters.memory_evictions += self.fallback.evictions();
+        counters.memory_keys += self.fallback.len() as u64;
         counters
     }
 

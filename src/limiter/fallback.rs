@@ -63,6 +63,11 @@ impl LocalFallback {
     pub(super) fn evictions(&self) -> u64 {
         self.store.evictions()
     }
+
+    /// Entries held now.
+    pub(super) fn len(&self) -> usize {
+        self.store.len()
+    }
 }
 
 #[cfg(test)]

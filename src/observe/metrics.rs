@@ -197,6 +197,8 @@ pub struct Metrics {
     response_time: [Histogram; Method::ALL.len()],
     /// Time of the store call alone.
     pub store_time: Histogram,
+    /// The store does not answer (readiness' view of Redis; never set on the embedded store).
+    store_down: std::sync::atomic::AtomicBool,
     loaded: Mutex<(String, u64)>,
 }
 
@@ -217,6 +219,11 @@ impl Metrics {
     pub fn request(&self, method: Method, elapsed: Duration) {
         self.total_requests[method as usize].add(1);
         self.response_time[method as usize].observe(elapsed);
+    }
+
+    /// Records whether the store answers (`tollgate_store_up`).
+    pub fn set_store_up(&self, up: bool) {
+        self.store_down.store(!up, Ordering::Relaxed);
     }
 
     /// Requests of `method` so far.
@@ -362,6 +369,27 @@ impl Metrics {
             "# HELP {name} Time of one store call.\n# TYPE {name} histogram"
         );
         self.store_time.render(&mut out, name, "");
+        let gauges: [(&str, &str, u64); 2] = [
+            (
+                "tollgate_store_up",
+                "Whether the store answers (1) or not (0).",
+                u64::from(!self.store_down.load(Ordering::Relaxed)),
+            ),
+            (
+                "tollgate_memory_keys",
+                "Entries in the embedded store (and the failure_mode: local fallback).",
+                store.memory_keys,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_build_info The running build.\n# TYPE tollgate_build_info gauge\ntollgate_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        super::process::render(&mut out);
         let (version, at) = self.loaded.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let _ = writeln!(
             out,
@@ -450,6 +478,7 @@ mod tests {
             redis_queue_full: 2,
             redis_abandoned: 1,
             memory_evictions: 9,
+            memory_keys: 12,
         });
         assert!(
             text.contains("ratelimit_service_rate_limit_total_hits{domain=\"api\",key1=\"user\"} 5"),
@@ -462,6 +491,26 @@ mod tests {
         assert!(text.contains("tollgate_redis_queue_full_total 2"));
         assert!(text.contains("tollgate_redis_abandoned_total 1"));
         assert!(text.contains("tollgate_memory_evictions_total 9"));
+        assert!(text.contains("tollgate_memory_keys 12"));
+        assert!(
+            text.contains("tollgate_store_up 1"),
+            "up unless a watcher says otherwise"
+        );
+        metrics.set_store_up(false);
+        let text = metrics.render(StoreCounters::default());
+        assert!(text.contains("tollgate_store_up 0"));
+        assert!(text.contains(&format!(
+            "tollgate_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )));
+        #[cfg(target_os = "linux")]
+        for series in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_start_time_seconds ",
+        ] {
+            assert!(text.contains(series), "{series} in {text}");
+        }
     }
 
     #[test]

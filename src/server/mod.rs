@@ -150,8 +150,14 @@ pub async fn run(
     let store = build_store(&settings, Arc::clone(&clock), stop.clone())?;
     if let AnyStore::Redis(stores) = &store {
         health.set_store_reachable(false).await;
+        metrics.set_store_up(false);
         let redis = stores.all().map(|cache| Arc::clone(cache.inner())).collect();
-        tasks.spawn(watch_redis(redis, health.clone(), stop.clone()));
+        tasks.spawn(watch_redis(
+            redis,
+            health.clone(),
+            Arc::clone(&metrics),
+            stop.clone(),
+        ));
     }
     let mut options = limiter_options(&settings);
     if settings.stop_cache_key_increment_when_overlimit && store.is_cluster() {

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use super::options::read_setting_file;
 use crate::clock::Clock;
 use crate::observe::health::Health;
+use crate::observe::metrics::Metrics;
 use crate::settings::{Settings, SettingsError, without_userinfo};
 use crate::store::AnyStore;
 use crate::store::local_cache::LocalCache;
@@ -55,9 +56,14 @@ pub(super) fn build_store(
     Ok(AnyStore::Redis(RedisStores { main, per_second }))
 }
 
-/// Keeps readiness in step with Redis (every Redis in use: the main one and the per-second one): a PING
-/// every [`STORE_PROBE_INTERVAL`]; state changes are logged.
-pub(super) async fn watch_redis(redis: Vec<Arc<RedisStore>>, health: Health, stop: CancellationToken) {
+/// Keeps readiness and `tollgate_store_up` in step with Redis (every Redis in use: the main one and the
+/// per-second one): a PING every [`STORE_PROBE_INTERVAL`]; state changes are logged.
+pub(super) async fn watch_redis(
+    redis: Vec<Arc<RedisStore>>,
+    health: Health,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
     let mut ticker = tokio::time::interval(STORE_PROBE_INTERVAL);
     let mut reachable = false;
     loop {
@@ -75,6 +81,7 @@ pub(super) async fn watch_redis(redis: Vec<Arc<RedisStore>>, health: Health, sto
                 tracing::warn!("Redis does not answer: not ready (rules with failure_mode still answer)");
             }
             health.set_store_reachable(reachable).await;
+            metrics.set_store_up(reachable);
         }
     }
 }

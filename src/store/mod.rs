@@ -192,6 +192,8 @@ pub struct StoreCounters {
     pub redis_abandoned: u64,
     /// Entries the embedded store evicted to stay within its key cap.
     pub memory_evictions: u64,
+    /// Entries the embedded store holds now.
+    pub memory_keys: u64,
 }
 
 impl AnyStore {
@@ -200,6 +202,7 @@ impl AnyStore {
         match self {
             AnyStore::Memory(store) => StoreCounters {
                 memory_evictions: store.evictions(),
+                memory_keys: store.len() as u64,
                 ..StoreCounters::default()
             },
             AnyStore::Redis(stores) => {
@@ -212,6 +215,7 @@ impl AnyStore {
                         redis_queue_full: sum.redis_queue_full + cache.inner().queue_full(),
                         redis_abandoned: sum.redis_abandoned + cache.inner().abandoned(),
                         memory_evictions: 0,
+                        memory_keys: 0,
                     })
             }
         }

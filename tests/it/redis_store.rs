@@ -694,12 +694,16 @@ async fn starting_with_redis_down_is_not_ready_then_ready_when_redis_comes() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (status, _) = http(server.http, "GET", "/healthcheck", "").await;
     assert_eq!(status, 500);
+    let (_, metrics) = http(server.http, "GET", "/metrics", "").await;
+    assert!(metrics.contains("\ntollgate_store_up 0\n"), "{metrics}");
     redis.restart();
     server.wait_ready().await;
     assert_eq!(
         ask(&server, &[&[("k", "v")]]).await.expect("answer").overall_code,
         Code::Ok as i32
     );
+    let (_, metrics) = http(server.http, "GET", "/metrics", "").await;
+    assert!(metrics.contains("\ntollgate_store_up 1\n"), "{metrics}");
     server.stop().await;
 }
 
