@@ -1,13 +1,12 @@
-//! Server spans for gRPC calls: the sampling decision from the call's metadata, the caller's W3C trace
-//! context as parent, and the gRPC semantic conventions' attributes (see [`crate::observe::telemetry`]
-//! for export and sampling settings).
+//! Server spans for gRPC calls: the sampling decision from the call's metadata, the caller's trace
+//! context (W3C or B3, see [`crate::observe::trace_context`]) as parent, and the gRPC semantic
+//! conventions' attributes (see [`crate::observe::telemetry`] for export and sampling settings).
 
 use std::future::Future;
 
-use opentelemetry::propagation::{Extractor, TextMapPropagator};
-use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry::propagation::Extractor;
 
-use crate::observe::telemetry;
+use crate::observe::{telemetry, trace_context};
 
 /// A request message naming the rate-limit domain it is about (recorded on its span).
 pub(crate) trait InDomain {
@@ -34,8 +33,8 @@ in_domain!(
     crate::proto::native::ReleaseRequest
 );
 
-/// Runs one RPC inside a server span when the call is sampled (see [`should_trace`]):
-/// named after the method, a child of the caller's `traceparent`, with the gRPC semantic conventions'
+/// Runs one RPC inside a server span when the call is sampled (see [`telemetry::should_trace`]):
+/// named after the method, a child of the caller's span (W3C or B3), with the gRPC semantic conventions'
 /// attributes, the domain, and `ratelimit.outcome` as `outcome` reads it from the answer.
 pub(crate) async fn traced<R: InDomain, T, F: Future<Output = Result<T, tonic::Status>>>(
     request: tonic::Request<R>,
@@ -46,7 +45,11 @@ pub(crate) async fn traced<R: InDomain, T, F: Future<Output = Result<T, tonic::S
     use tracing::Instrument as _;
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
     let (metadata, _, message) = request.into_parts();
-    if !should_trace(&metadata) {
+    if !telemetry::traces_enabled() {
+        return call(message).await;
+    }
+    let parent = trace_context::extract(&MetadataExtractor(&metadata));
+    if !telemetry::should_trace(parent.as_ref().and_then(|p| p.sampled)) {
         return call(message).await;
     }
     let span = tracing::info_span!(
@@ -60,8 +63,10 @@ pub(crate) async fn traced<R: InDomain, T, F: Future<Output = Result<T, tonic::S
         ratelimit.domain = message.domain(),
         ratelimit.outcome = tracing::field::Empty,
     );
-    // A parent we cannot attach (no trace context) just leaves this span a root.
-    let _ = span.set_parent(remote_context(&metadata));
+    // No trace context from the caller leaves this span a root.
+    if let Some(parent) = &parent {
+        let _ = span.set_parent(parent.context());
+    }
     let result = call(message).instrument(span.clone()).await;
     match &result {
         Ok(answer) => {
@@ -89,16 +94,7 @@ fn status_code_name(code: tonic::Code) -> String {
     name
 }
 
-/// Whether this call gets spans (see [`telemetry::should_trace`]).
-fn should_trace(metadata: &tonic::metadata::MetadataMap) -> bool {
-    telemetry::should_trace(metadata.get("traceparent").and_then(|v| v.to_str().ok()))
-}
-
-/// The W3C trace context carried by incoming gRPC metadata (`traceparent`, `tracestate`).
-fn remote_context(metadata: &tonic::metadata::MetadataMap) -> opentelemetry::Context {
-    TraceContextPropagator::new().extract(&MetadataExtractor(metadata))
-}
-
+/// gRPC metadata as OpenTelemetry's header reader.
 struct MetadataExtractor<'a>(&'a tonic::metadata::MetadataMap);
 
 impl Extractor for MetadataExtractor<'_> {

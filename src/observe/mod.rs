@@ -10,3 +10,4 @@ pub mod metrics;
 pub mod offenders;
 mod process;
 pub mod telemetry;
+pub mod trace_context;

@@ -808,6 +808,36 @@ async fn json_log_lines_inside_a_traced_call_carry_its_trace_id() {
 }
 
 #[tokio::test]
+async fn a_b3_caller_is_the_parent_of_the_server_span() {
+    let Traced {
+        served,
+        mut received,
+        receiver,
+        _dir,
+        ..
+    } = traced_server(&[("TRACING_SAMPLING_RATE", "0")]).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", served.grpc))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut rls = RateLimitServiceClient::new(channel);
+    // Envoy with Zipkin tracing sends B3; a sampled caller is followed even at a sampling rate of 0.
+    let mut request = tonic::Request::new(wire_request("cli", &[&[("user", "b3")]]));
+    let b3 = "80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1"
+        .parse()
+        .expect("ascii");
+    request.metadata_mut().insert("b3", b3);
+    rls.should_rate_limit(request).await.expect("answer");
+    let span = span_named(&mut received, RPC_SPAN).await;
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    assert_eq!(hex(&span.trace_id), "80f198ee56343ba864fe8b2a57d3eff7");
+    assert_eq!(hex(&span.parent_span_id), "e457b5a2e4d86bd1");
+    assert_eq!(served.terminate().await, Some(0));
+    receiver.abort();
+}
+
+#[tokio::test]
 async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
     let Traced {
         served,
