@@ -257,14 +257,18 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .build()?,
     };
     let _context = runtime.enter();
-    let traces = settings
-        .tracing_enabled
-        .then(|| crate::observe::telemetry::TraceSettings {
+    let traces = settings.tracing_enabled.then(|| {
+        let (sampling_rate, follow_parent) = settings
+            .otel_traces_sampler
+            .sampling(settings.otel_traces_sampler_arg, settings.tracing_sampling_rate);
+        crate::observe::telemetry::TraceSettings {
             service_name: settings.tracing_service_name.clone(),
             service_namespace: settings.tracing_service_namespace.clone(),
             service_instance_id: settings.tracing_service_instance_id.clone(),
-            sampling_rate: settings.tracing_sampling_rate,
-        });
+            sampling_rate,
+            follow_parent,
+        }
+    });
     let telemetry =
         crate::observe::telemetry::init(&settings.log_level, settings.log_format, traces.as_ref())?;
     // Read before the logger started: said now, so they reach the log.

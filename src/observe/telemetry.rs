@@ -32,8 +32,17 @@ use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer as _};
 
-/// Whether spans are exported, and one new trace in how many is kept (set once at startup).
-static TRACES: OnceLock<Option<u64>> = OnceLock::new();
+/// Whether spans are exported, and how they are sampled (set once at startup).
+static TRACES: OnceLock<Option<Sampling>> = OnceLock::new();
+
+/// The sampling decision's settings.
+#[derive(Debug, Clone, Copy)]
+struct Sampling {
+    /// One trace in how many is kept (0: none).
+    every: u64,
+    /// Whether a caller's decision is followed.
+    follow_parent: bool,
+}
 
 /// Requests seen without a trace context, for one-in-N sampling of new traces.
 static UNPARENTED: AtomicU64 = AtomicU64::new(0);
@@ -44,16 +53,20 @@ pub fn traces_enabled() -> bool {
 }
 
 /// Whether a request gets spans: the caller's sampling decision when it made one (`parent_sampled`,
-/// from W3C `traceparent` or B3, see [`super::trace_context`]), otherwise one request in
-/// `1 / TRACING_SAMPLING_RATE`. Never when traces are off.
+/// from W3C `traceparent` or B3, see [`super::trace_context`]) and the sampler follows callers (the
+/// default and the `parentbased_*` samplers of `OTEL_TRACES_SAMPLER`), otherwise one request in
+/// `1 / rate`. Never when traces are off.
 pub fn should_trace(parent_sampled: Option<bool>) -> bool {
-    let Some(Some(every)) = TRACES.get() else {
+    let Some(Some(sampling)) = TRACES.get() else {
         return false;
     };
-    if let Some(sampled) = parent_sampled {
+    if let Some(sampled) = parent_sampled.filter(|_| sampling.follow_parent) {
         return sampled;
     }
-    *every != 0 && UNPARENTED.fetch_add(1, Ordering::Relaxed).is_multiple_of(*every)
+    sampling.every != 0
+        && UNPARENTED
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(sampling.every)
 }
 
 /// Trace export settings.
@@ -66,8 +79,11 @@ pub struct TraceSettings {
     /// `service.instance.id` of the spans (`TRACING_SERVICE_INSTANCE_ID`, Envoy Gateway gives the pod
     /// name), when not empty.
     pub service_instance_id: String,
-    /// Fraction of new traces kept (`TRACING_SAMPLING_RATE`); parents' decisions are followed.
+    /// Fraction of traces kept (`TRACING_SAMPLING_RATE`, or `OTEL_TRACES_SAMPLER_ARG` with a ratio
+    /// sampler): new ones, or all of them when callers' decisions are not followed.
     pub sampling_rate: f64,
+    /// Whether a caller's sampling decision is followed (the parent-based samplers, and the default).
+    pub follow_parent: bool,
 }
 
 /// Flushes buffered spans when dropped (at shutdown).
@@ -132,14 +148,15 @@ pub fn init(
         }
         None => (None, None),
     };
-    let every = traces.map(|t| {
-        if t.sampling_rate <= 0.0 {
+    let sampling = traces.map(|t| Sampling {
+        every: if t.sampling_rate <= 0.0 {
             0
         } else {
             (1.0 / t.sampling_rate.min(1.0)).round() as u64
-        }
+        },
+        follow_parent: t.follow_parent,
     });
-    let _ = TRACES.set(provider.as_ref().and(every));
+    let _ = TRACES.set(provider.as_ref().and(sampling));
     // A second init (tests run several servers in one process) is harmless: the first one stays.
     let _ = tracing_subscriber::registry().with(fmt).with(otel).try_init();
     Ok(TelemetryGuard { provider })

@@ -124,6 +124,13 @@ const GO_DIRECT: &[(&str, &str)] = &[
     ("PROMETHEUS_PATH", "prometheus_path"),
 ];
 
+/// OpenTelemetry's standard variables Tollgate reads into settings (the OTLP exporter reads its own
+/// `OTEL_EXPORTER_OTLP_*` itself).
+const OTEL_DIRECT: &[(&str, &str)] = &[
+    ("OTEL_TRACES_SAMPLER", "otel_traces_sampler"),
+    ("OTEL_TRACES_SAMPLER_ARG", "otel_traces_sampler_arg"),
+];
+
 /// Go settings that are booleans, parsed with Go's `strconv.ParseBool` rules.
 const GO_BOOLS: &[&str] = &[
     "SHADOW_MODE",
@@ -154,7 +161,7 @@ impl GoEnvironment {
         let mut put = |key: &str, kind: ValueKind| {
             values.insert(key.to_owned(), Value::new(Some(&origin), kind));
         };
-        for (go, ours) in GO_DIRECT {
+        for (go, ours) in GO_DIRECT.iter().chain(OTEL_DIRECT) {
             let Some(value) = env.get(*go) else { continue };
             if GO_BOOLS.contains(go) {
                 put(ours, ValueKind::Boolean(parse_go_bool(go, value)?));

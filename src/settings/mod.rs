@@ -151,6 +151,12 @@ pub struct Settings {
     pub tracing_service_instance_id: String,
     /// `TRACING_SAMPLING_RATE`: fraction of new traces kept (a sampled parent is always followed).
     pub tracing_sampling_rate: f64,
+    /// `OTEL_TRACES_SAMPLER`: OpenTelemetry's sampler names; when set it replaces the default
+    /// (parent-based, at `TRACING_SAMPLING_RATE`).
+    #[serde(with = "as_text")]
+    pub otel_traces_sampler: TraceSampler,
+    /// `OTEL_TRACES_SAMPLER_ARG`: the ratio of the `*traceidratio` samplers, 0 to 1.
+    pub otel_traces_sampler_arg: f64,
     /// `TRACING_EXPORTER_PROTOCOL`: only `grpc` is built in.
     pub tracing_exporter_protocol: String,
     /// `TOLLGATE_MEMORY_MAX_KEYS`: most entries the embedded store holds; beyond, consuming requests
@@ -400,6 +406,80 @@ impl fmt::Display for LogFormat {
     }
 }
 
+/// `OTEL_TRACES_SAMPLER`: which new traces are kept, and whether a caller's decision is followed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TraceSampler {
+    /// Not set: follow the caller, keep `TRACING_SAMPLING_RATE` of new traces.
+    #[default]
+    Default,
+    /// `always_on`: every request, whatever the caller decided.
+    AlwaysOn,
+    /// `always_off`: none.
+    AlwaysOff,
+    /// `traceidratio`: `OTEL_TRACES_SAMPLER_ARG` of all requests, whatever the caller decided.
+    TraceIdRatio,
+    /// `parentbased_always_on`: follow the caller, keep every new trace.
+    ParentBasedAlwaysOn,
+    /// `parentbased_always_off`: follow the caller, keep no new trace.
+    ParentBasedAlwaysOff,
+    /// `parentbased_traceidratio`: follow the caller, keep `OTEL_TRACES_SAMPLER_ARG` of new traces.
+    ParentBasedTraceIdRatio,
+}
+
+impl TraceSampler {
+    const NAMES: [(TraceSampler, &'static str); 7] = [
+        (TraceSampler::Default, ""),
+        (TraceSampler::AlwaysOn, "always_on"),
+        (TraceSampler::AlwaysOff, "always_off"),
+        (TraceSampler::TraceIdRatio, "traceidratio"),
+        (TraceSampler::ParentBasedAlwaysOn, "parentbased_always_on"),
+        (TraceSampler::ParentBasedAlwaysOff, "parentbased_always_off"),
+        (TraceSampler::ParentBasedTraceIdRatio, "parentbased_traceidratio"),
+    ];
+
+    /// (fraction of traces kept, whether a caller's decision is followed), given the sampler's argument
+    /// and `TRACING_SAMPLING_RATE`.
+    pub fn sampling(self, arg: f64, tracing_sampling_rate: f64) -> (f64, bool) {
+        match self {
+            TraceSampler::Default => (tracing_sampling_rate, true),
+            TraceSampler::AlwaysOn => (1.0, false),
+            TraceSampler::AlwaysOff => (0.0, false),
+            TraceSampler::TraceIdRatio => (arg, false),
+            TraceSampler::ParentBasedAlwaysOn => (1.0, true),
+            TraceSampler::ParentBasedAlwaysOff => (0.0, true),
+            TraceSampler::ParentBasedTraceIdRatio => (arg, true),
+        }
+    }
+}
+
+impl FromStr for TraceSampler {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let lower = text.trim().to_ascii_lowercase();
+        Self::NAMES
+            .iter()
+            .find(|(_, name)| *name == lower)
+            .map(|(sampler, _)| *sampler)
+            .ok_or_else(|| {
+                format!(
+                    "sampler '{text}': expected always_on, always_off, traceidratio, parentbased_always_on, \
+                     parentbased_always_off or parentbased_traceidratio (jaeger_remote and xray are not built in)"
+                )
+            })
+    }
+}
+
+impl fmt::Display for TraceSampler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = Self::NAMES
+            .iter()
+            .find(|(sampler, _)| sampler == self)
+            .map_or("", |(_, name)| name);
+        f.write_str(name)
+    }
+}
+
 /// One style of rate-limit response headers (`TOLLGATE_RESPONSE_HEADERS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeaderStyle {
@@ -539,6 +619,8 @@ impl Default for Settings {
             tracing_service_namespace: String::new(),
             tracing_service_instance_id: String::new(),
             tracing_sampling_rate: 1.0,
+            otel_traces_sampler: TraceSampler::Default,
+            otel_traces_sampler_arg: 1.0,
             tracing_exporter_protocol: "grpc".into(),
             memory_max_keys: DEFAULT_MEMORY_MAX_KEYS,
             fleet_size: 1,
@@ -712,6 +794,13 @@ impl Settings {
             });
         }
         self.validate_transport()?;
+        if !(0.0..=1.0).contains(&self.otel_traces_sampler_arg) {
+            return Err(SettingsError::BadValue {
+                name: "otel_traces_sampler_arg",
+                value: self.otel_traces_sampler_arg.to_string(),
+                reason: "a ratio between 0 and 1".into(),
+            });
+        }
         if !self.tracing_exporter_protocol.eq_ignore_ascii_case("grpc") {
             return Err(SettingsError::BadValue {
                 name: "tracing_exporter_protocol",
@@ -1144,6 +1233,36 @@ mod tests {
                 .contains("stop_cache_key_increment_when_overlimit"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn opentelemetry_samplers_are_read_and_refused_by_name() {
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+            ]),
+            &[],
+        )
+        .expect("loads");
+        assert_eq!(s.otel_traces_sampler, TraceSampler::ParentBasedTraceIdRatio);
+        assert_eq!(
+            s.otel_traces_sampler.sampling(s.otel_traces_sampler_arg, 0.5),
+            (0.25, true)
+        );
+        assert_eq!(TraceSampler::AlwaysOff.sampling(0.25, 0.5), (0.0, false));
+        assert_eq!(
+            TraceSampler::Default.sampling(0.25, 0.5),
+            (0.5, true),
+            "TRACING_SAMPLING_RATE"
+        );
+        let err = Settings::load_from(None, &env(&[("OTEL_TRACES_SAMPLER", "jaeger_remote")]), &[])
+            .expect_err("not built in");
+        assert!(err.to_string().contains("jaeger_remote"), "{err}");
+        let err =
+            Settings::load_from(None, &env(&[("OTEL_TRACES_SAMPLER_ARG", "2")]), &[]).expect_err("ratio");
+        assert!(err.to_string().contains("otel_traces_sampler_arg"), "{err}");
     }
 
     #[test]

@@ -838,6 +838,44 @@ async fn a_b3_caller_is_the_parent_of_the_server_span() {
 }
 
 #[tokio::test]
+async fn a_sampler_that_ignores_callers_traces_what_a_caller_did_not_sample() {
+    let Traced {
+        served,
+        mut received,
+        receiver,
+        _dir,
+        ..
+    } = traced_server(&[
+        ("OTEL_TRACES_SAMPLER", "traceidratio"),
+        ("OTEL_TRACES_SAMPLER_ARG", "1"),
+    ])
+    .await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", served.grpc))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut request = tonic::Request::new(wire_request("cli", &[&[("user", "unsampled")]]));
+    let traceparent = "00-6cf92f3577b34da6a3ce929d0e0e4738-00f067aa0ba902b7-00"
+        .parse()
+        .expect("ascii");
+    request.metadata_mut().insert("traceparent", traceparent);
+    RateLimitServiceClient::new(channel)
+        .should_rate_limit(request)
+        .await
+        .expect("answer");
+    let span = span_named(&mut received, RPC_SPAN).await;
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    assert_eq!(
+        hex(&span.trace_id),
+        "6cf92f3577b34da6a3ce929d0e0e4738",
+        "still the caller's trace"
+    );
+    assert_eq!(served.terminate().await, Some(0));
+    receiver.abort();
+}
+
+#[tokio::test]
 async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
     let Traced {
         served,
