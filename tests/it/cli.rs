@@ -716,7 +716,15 @@ async fn span_named(
 }
 
 fn string_attribute(span: &ExportedSpan, key: &str) -> Option<String> {
-    span.attributes
+    string_value(&span.attributes, key)
+}
+
+/// The string value of `key` among OTLP attributes.
+fn string_value(
+    attributes: &[opentelemetry_proto::tonic::common::v1::KeyValue],
+    key: &str,
+) -> Option<String> {
+    attributes
         .iter()
         .find(|a| a.key == key)
         .and_then(|a| a.value.as_ref())
@@ -759,31 +767,56 @@ struct Traced {
     _dir: tempfile::TempDir,
 }
 
+impl Traced {
+    /// A channel to the server's gRPC port.
+    async fn channel(&self) -> tonic::transport::Channel {
+        tonic::transport::Channel::from_shared(format!("http://{}", self.served.grpc))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    /// One ShouldRateLimit for `user` carrying the trace-context metadata `header: value`.
+    async fn ask(&self, user: &str, header: &'static str, value: &str) {
+        let mut request = tonic::Request::new(wire_request("cli", &[&[("user", user)]]));
+        request
+            .metadata_mut()
+            .insert(header, value.parse().expect("ascii"));
+        RateLimitServiceClient::new(self.channel().await)
+            .should_rate_limit(request)
+            .await
+            .expect("answer");
+    }
+
+    /// The next exported span named `name` (bounded).
+    async fn span(&mut self, name: &str) -> ExportedSpan {
+        span_named(&mut self.received, name).await
+    }
+
+    /// Stops the server (it must exit cleanly) and the receiver.
+    async fn finish(self) {
+        assert_eq!(self.served.terminate().await, Some(0));
+        self.receiver.abort();
+    }
+}
+
+/// Bytes as lower-case hex (trace and span ids).
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[tokio::test]
 async fn json_log_lines_inside_a_traced_call_carry_its_trace_id() {
-    let Traced {
-        mut served,
-        receiver,
-        _dir,
-        ..
-    } = traced_server(&[("LOG_FORMAT", "json"), ("LOG_LEVEL", "info")]).await;
+    let mut traced = traced_server(&[("LOG_FORMAT", "json"), ("LOG_LEVEL", "info")]).await;
     let trace_id = "5cf92f3577b34da6a3ce929d0e0e4737";
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", served.grpc))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    let mut rls = RateLimitServiceClient::new(channel);
+    let traceparent = format!("00-{trace_id}-00f067aa0ba902b7-01");
     for _ in 0..3 {
-        let mut request = tonic::Request::new(wire_request("cli", &[&[("user", "json-traced")]]));
-        let traceparent = format!("00-{trace_id}-00f067aa0ba902b7-01")
-            .parse()
-            .expect("ascii");
-        request.metadata_mut().insert("traceparent", traceparent);
-        rls.should_rate_limit(request).await.expect("answer");
+        traced.ask("json-traced", "traceparent", &traceparent).await;
     }
     // The third call is over the limit: the denial log writes a line inside its span.
     let deadline = Instant::now() + STARTUP;
+    let served = &mut traced.served;
     let line = loop {
         served.log.extend(served.stderr.try_iter());
         let found = served
@@ -803,122 +836,68 @@ async fn json_log_lines_inside_a_traced_call_carry_its_trace_id() {
     };
     assert_eq!(line["trace_id"], trace_id, "{line}");
     assert_eq!(line["level"], "info", "{line}");
-    assert_eq!(served.terminate().await, Some(0));
-    receiver.abort();
+    traced.finish().await;
 }
 
 #[tokio::test]
 async fn a_b3_caller_is_the_parent_of_the_server_span() {
-    let Traced {
-        served,
-        mut received,
-        receiver,
-        _dir,
-        ..
-    } = traced_server(&[("TRACING_SAMPLING_RATE", "0")]).await;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", served.grpc))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    let mut rls = RateLimitServiceClient::new(channel);
+    let mut traced = traced_server(&[("TRACING_SAMPLING_RATE", "0")]).await;
     // Envoy with Zipkin tracing sends B3; a sampled caller is followed even at a sampling rate of 0.
-    let mut request = tonic::Request::new(wire_request("cli", &[&[("user", "b3")]]));
-    let b3 = "80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1"
-        .parse()
-        .expect("ascii");
-    request.metadata_mut().insert("b3", b3);
-    rls.should_rate_limit(request).await.expect("answer");
-    let span = span_named(&mut received, RPC_SPAN).await;
-    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    traced
+        .ask("b3", "b3", "80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1")
+        .await;
+    let span = traced.span(RPC_SPAN).await;
     assert_eq!(hex(&span.trace_id), "80f198ee56343ba864fe8b2a57d3eff7");
     assert_eq!(hex(&span.parent_span_id), "e457b5a2e4d86bd1");
-    assert_eq!(served.terminate().await, Some(0));
-    receiver.abort();
+    traced.finish().await;
 }
 
 #[tokio::test]
 async fn a_sampler_that_ignores_callers_traces_what_a_caller_did_not_sample() {
-    let Traced {
-        served,
-        mut received,
-        receiver,
-        _dir,
-        ..
-    } = traced_server(&[
+    let mut traced = traced_server(&[
         ("OTEL_TRACES_SAMPLER", "traceidratio"),
         ("OTEL_TRACES_SAMPLER_ARG", "1"),
     ])
     .await;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", served.grpc))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    let mut request = tonic::Request::new(wire_request("cli", &[&[("user", "unsampled")]]));
-    let traceparent = "00-6cf92f3577b34da6a3ce929d0e0e4738-00f067aa0ba902b7-00"
-        .parse()
-        .expect("ascii");
-    request.metadata_mut().insert("traceparent", traceparent);
-    RateLimitServiceClient::new(channel)
-        .should_rate_limit(request)
-        .await
-        .expect("answer");
-    let span = span_named(&mut received, RPC_SPAN).await;
-    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    traced
+        .ask(
+            "unsampled",
+            "traceparent",
+            "00-6cf92f3577b34da6a3ce929d0e0e4738-00f067aa0ba902b7-00",
+        )
+        .await;
+    let span = traced.span(RPC_SPAN).await;
     assert_eq!(
         hex(&span.trace_id),
         "6cf92f3577b34da6a3ce929d0e0e4738",
         "still the caller's trace"
     );
-    assert_eq!(served.terminate().await, Some(0));
-    receiver.abort();
+    traced.finish().await;
 }
 
 #[tokio::test]
 async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
-    let Traced {
-        served,
-        mut received,
-        receiver,
-        resource,
-        _dir,
-    } = traced_server(&[
+    let mut traced = traced_server(&[
         ("TRACING_SERVICE_NAMESPACE", "edge-ns"),
         ("TRACING_SERVICE_INSTANCE_ID", "ratelimit-7f9c"),
     ])
     .await;
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent_id = "00f067aa0ba902b7";
-    let traceparent: tonic::metadata::MetadataValue<_> =
-        format!("00-{trace_id}-{parent_id}-01").parse().expect("ascii");
-    let mut request = tonic::Request::new(crate::common::wire_request("cli", &[&[("user", "traced")]]));
-    request.metadata_mut().insert("traceparent", traceparent.clone());
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", served.grpc))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    let mut rls =
-        tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient::new(channel.clone());
-    rls.should_rate_limit(request).await.expect("answer");
-    let span = span_named(&mut received, RPC_SPAN).await;
-    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let traceparent = format!("00-{trace_id}-{parent_id}-01");
+    traced.ask("traced", "traceparent", &traceparent).await;
+    let span = traced.span(RPC_SPAN).await;
     assert_eq!(hex(&span.trace_id), trace_id, "joined the caller's trace");
-    let resource = resource.lock().expect("lock").clone();
+    let resource = traced.resource.lock().expect("lock").clone();
     for (key, expected) in [
         ("service.namespace", "edge-ns"),
         ("service.instance.id", "ratelimit-7f9c"),
     ] {
-        let value = resource
-            .iter()
-            .find(|a| a.key == key)
-            .and_then(|a| a.value.clone());
-        let text = value.and_then(|v| match v.value {
-            Some(opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s)) => Some(s),
-            _ => None,
-        });
-        assert_eq!(text.as_deref(), Some(expected), "{key} on the resource");
+        assert_eq!(
+            string_value(&resource, key).as_deref(),
+            Some(expected),
+            "{key} on the resource"
+        );
     }
     assert_eq!(hex(&span.parent_span_id), parent_id);
     assert_eq!(
@@ -939,7 +918,8 @@ async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
         Some("cli")
     );
     // Native calls are traced the same way.
-    let mut native = tollgate::proto::native::rate_limiter_client::RateLimiterClient::new(channel);
+    let mut native =
+        tollgate::proto::native::rate_limiter_client::RateLimiterClient::new(traced.channel().await);
     let mut check = tonic::Request::new(tollgate::proto::native::CheckRequest {
         domain: "cli".into(),
         descriptors: vec![tollgate::proto::native::Descriptor {
@@ -951,16 +931,17 @@ async fn spans_reach_an_otlp_receiver_with_the_callers_trace_as_parent() {
         }],
         ..Default::default()
     });
-    check.metadata_mut().insert("traceparent", traceparent);
+    check
+        .metadata_mut()
+        .insert("traceparent", traceparent.parse().expect("ascii"));
     native.check(check).await.expect("native answer");
-    let span = span_named(&mut received, "tollgate.v1.RateLimiter/Check").await;
+    let span = traced.span("tollgate.v1.RateLimiter/Check").await;
     assert_eq!(hex(&span.trace_id), trace_id);
     assert_eq!(
         string_attribute(&span, "ratelimit.outcome").as_deref(),
         Some("ok")
     );
-    assert_eq!(served.terminate().await, Some(0));
-    receiver.abort();
+    traced.finish().await;
 }
 
 #[tokio::test]
@@ -968,22 +949,16 @@ async fn the_redis_call_is_a_child_span_of_the_rpc() {
     crate::require_redis!();
     let redis = crate::common::redis::RedisServer::start();
     let url = redis.url();
-    let Traced {
-        served,
-        mut received,
-        receiver,
-        _dir,
-        ..
-    } = traced_server(&[("REDIS_URL", &url), ("TOLLGATE_REDIS_DEADLINE", "2s")]).await;
-    let addr = served.grpc;
+    let mut traced = traced_server(&[("REDIS_URL", &url), ("TOLLGATE_REDIS_DEADLINE", "2s")]).await;
+    let addr = traced.served.grpc;
     let deadline = Instant::now() + Duration::from_secs(10);
     // Retry until Redis is connected (the server starts before it is).
     while try_ask_user(addr, "cli", "via-redis").await.is_err() {
         assert!(Instant::now() < deadline, "never answered through Redis");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let store = span_named(&mut received, "FCALL").await;
-    let rpc = span_named(&mut received, RPC_SPAN).await;
+    let store = traced.span("FCALL").await;
+    let rpc = traced.span(RPC_SPAN).await;
     assert_eq!(store.trace_id, rpc.trace_id);
     assert_eq!(
         store.parent_span_id, rpc.span_id,
@@ -997,8 +972,7 @@ async fn the_redis_call_is_a_child_span_of_the_rpc() {
         string_attribute(&store, "db.system.name").as_deref(),
         Some("redis")
     );
-    assert_eq!(served.terminate().await, Some(0));
-    receiver.abort();
+    traced.finish().await;
 }
 
 /// `serve` of the rules in `dir`, every listener on a free loopback port.
