@@ -256,7 +256,9 @@ impl Connected for Conn {
 
 impl Conn {
     /// An error once the connection is past its hard age limit (registering the timer's wake-up
-    /// otherwise, so an idle connection is woken to be closed).
+    /// otherwise, so an idle connection is woken to be closed). Checked on reads only: hyper keeps a
+    /// read pending on every open connection, so that is where the wake-up lands, and the failed read
+    /// ends the connection; writes need no second timer poll each.
     fn expired(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
         let expires = self.expires.as_mut()?;
         expires.as_mut().poll(cx).is_ready().then(|| {
@@ -292,11 +294,7 @@ impl AsyncRead for Conn {
 
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if let Some(error) = this.expired(cx) {
-            return Poll::Ready(Err(error));
-        }
-        each!(&mut this.io, s => Pin::new(s).poll_write(cx, buf))
+        each!(&mut self.get_mut().io, s => Pin::new(s).poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -304,11 +302,7 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if let Some(error) = this.expired(cx) {
-            return Poll::Ready(Err(error));
-        }
-        each!(&mut this.io, s => Pin::new(s).poll_write_vectored(cx, bufs))
+        each!(&mut self.get_mut().io, s => Pin::new(s).poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
