@@ -26,7 +26,8 @@
 //!   reflection, server spans. [`http`]: the admin and debug listeners' routes (axum).
 //! - [`observe`]: metrics, top offenders, the denial log, logs and trace export, health (which drives
 //!   tonic-health's reporter for `grpc.health.v1`).
-//! - [`settings`], [`server`], [`cli`]: configuring, wiring and running the service.
+//! - [`settings`], [`server`], [`cli`]: configuring, wiring and running the service; [`pem`]: the
+//!   certificate and key files TLS reads.
 //! - `loadgen` (private): `tollgate bench`, the load generator behind the command line.
 //! - `client` (cargo feature `client`, off by default): a client and tower layer for application
 //!   servers (axum, tonic's client side), so the server's public surface is the server.
@@ -43,6 +44,7 @@ pub mod http;
 pub mod limiter;
 mod loadgen;
 pub mod observe;
+pub mod pem;
 pub mod proto;
 pub mod rules;
 pub mod server;

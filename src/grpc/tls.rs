@@ -16,12 +16,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ServerConfig, WebPkiClientVerifier};
 use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 use tokio_util::sync::CancellationToken;
+
+use crate::pem::{certificates, private_key};
 
 /// Where the gRPC listener's TLS material lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,13 +200,8 @@ impl Material {
         };
         let chain = certificates(&self.cert)
             .map_err(|reason| pem_error("GRPC_SERVER_TLS_CERT", &files.cert, reason))?;
-        let key = PrivateKeyDer::from_pem_slice(&self.key).map_err(|e| {
-            pem_error(
-                "GRPC_SERVER_TLS_KEY",
-                &files.key,
-                format!("no PEM private key: {e}"),
-            )
-        })?;
+        let key =
+            private_key(&self.key).map_err(|reason| pem_error("GRPC_SERVER_TLS_KEY", &files.key, reason))?;
         let builder = ServerConfig::builder();
         let builder = match (&self.client_ca, &files.client_ca) {
             (Some(ca), Some(path)) => {
@@ -233,17 +229,6 @@ impl Material {
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(config)
     }
-}
-
-/// Every certificate of a PEM file, or why there is none.
-fn certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("unreadable PEM: {e}"))?;
-    if certs.is_empty() {
-        return Err("no PEM certificate in the file".into());
-    }
-    Ok(certs)
 }
 
 /// A client verifier that also requires a subject alternative name (`GRPC_CLIENT_TLS_SAN`).

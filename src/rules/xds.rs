@@ -103,31 +103,23 @@ impl XdsTls {
     /// Reads the files into a client configuration, checking that each holds PEM of its kind (tonic
     /// would only find out when connecting, and then retry forever).
     pub fn load(&self) -> Result<ClientTlsConfig, TlsFileError> {
-        use rustls::pki_types::pem::PemObject as _;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
         let read = |path: &PathBuf| {
             std::fs::read(path).map_err(|source| TlsFileError::Read {
                 path: path.clone(),
                 source,
             })
         };
-        let pem = |path: &PathBuf, reason: String| TlsFileError::Pem {
-            path: path.clone(),
-            reason,
-        };
-        let certificates = |path: &PathBuf, bytes: &[u8]| match CertificateDer::pem_slice_iter(bytes).next() {
-            Some(Ok(_)) => Ok(()),
-            Some(Err(e)) => Err(pem(path, format!("unreadable PEM: {e}"))),
-            None => Err(pem(path, "no PEM certificate in the file".into())),
+        let pem = |path: &PathBuf| {
+            let path = path.clone();
+            move |reason| TlsFileError::Pem { path, reason }
         };
         let ca = read(&self.ca)?;
-        certificates(&self.ca, &ca)?;
+        crate::pem::certificates(&ca).map_err(pem(&self.ca))?;
         let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
         if let Some((cert_path, key_path)) = &self.identity {
             let (cert, key) = (read(cert_path)?, read(key_path)?);
-            certificates(cert_path, &cert)?;
-            PrivateKeyDer::from_pem_slice(&key)
-                .map_err(|e| pem(key_path, format!("no PEM private key: {e}")))?;
+            crate::pem::certificates(&cert).map_err(pem(cert_path))?;
+            crate::pem::private_key(&key).map_err(pem(key_path))?;
             tls = tls.identity(Identity::from_pem(cert, key));
         }
         if let Some(name) = &self.server_name {

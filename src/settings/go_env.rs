@@ -270,10 +270,7 @@ const GO_IGNORED: &[(&str, &str)] = &[
 /// what happens instead. Nothing is ignored in silence; a value Tollgate cannot honour where ignoring it
 /// would weaken limits or security is refused where it is read (`BACKEND_TYPE=memcache`, Sentinel over
 /// TLS).
-pub(super) fn go_warnings(
-    env: &HashMap<String, String>,
-    warnings: &mut Vec<String>,
-) -> Result<(), SettingsError> {
+pub(super) fn go_warnings(env: &HashMap<String, String>, warnings: &mut Vec<String>) {
     let mut names: Vec<&String> = env.keys().collect();
     names.sort();
     for name in names {
@@ -281,7 +278,6 @@ pub(super) fn go_warnings(
             warnings.push(format!("ignoring {name}: {instead}"));
         }
     }
-    Ok(())
 }
 
 /// `HOST` and `PORT` style pairs: either one alone overrides only its half of the default address.

@@ -725,7 +725,7 @@ impl Settings {
             builder = builder.add_source(File::from(file).format(FileFormat::Yaml).required(true));
         }
         let mut warnings = Vec::new();
-        go_warnings(env, &mut warnings)?;
+        go_warnings(env, &mut warnings);
         builder = builder
             .add_source(GoEnvironment::from(env, &mut warnings)?)
             .add_source(
