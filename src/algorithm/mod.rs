@@ -141,6 +141,12 @@ pub struct Limit {
 }
 
 impl Limit {
+    /// Whether this is a per-second limit (a one-second window): those `REDIS_PERSECOND` counts in a
+    /// Redis of their own.
+    pub fn is_per_second(&self) -> bool {
+        self.window_us == 1_000_000
+    }
+
     /// The largest cost the limit can ever admit at once: its capacity (`burst` for the bucket
     /// algorithms, `requests` for the window ones; 0 for a limit of 0). A larger cost is refused
     /// whatever the state, and its retry hint is not exact.

@@ -102,7 +102,8 @@ impl Caller {
                 cost: 1,
                 mode: native::Mode::Consume as i32,
             }),
-            // envoyproxy/ratelimit's key: domain, then key_value per entry, then the window start.
+            // envoyproxy/ratelimit's key shape: domain, then key_value per entry, then the window
+            // (a fixed suffix here: the floor's cost does not depend on the window).
             Caller::RedisFloor(_) => Call::Redis(
                 templates
                     .iter()

@@ -72,7 +72,7 @@ fn check_one_store(rules: &[Arc<Rule>]) -> Result<(), String> {
         rule.limits
             .iter()
             .filter_map(|limit| limit.rate)
-            .all(|rate| rate.limit.window_us == 1_000_000)
+            .all(|rate| rate.limit.is_per_second())
     };
     let counted: Vec<&Arc<Rule>> = rules
         .iter()

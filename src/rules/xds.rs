@@ -191,18 +191,18 @@ impl XdsClient {
             let Some(channel) = self.connect(&stop).await else {
                 return;
             };
-            let session = Session {
+            let mut session = Session {
                 client: &self,
                 rules: &rules,
                 health: &health,
                 version: &mut version,
                 delivered: false,
             };
-            let (result, delivered) = tokio::select! {
+            let result = tokio::select! {
                 _ = stop.cancelled() => return,
-                ended = session.follow(channel) => ended,
+                ended = session.stream(channel) => ended,
             };
-            if delivered {
+            if session.delivered {
                 backoff.reset();
             }
             let pause = backoff.next_pause();
@@ -306,17 +306,13 @@ struct Session<'a> {
     health: &'a Health,
     /// The last version ACKed, kept across streams.
     version: &'a mut String,
+    /// Whether this stream brought a response (then the backoff starts over).
     delivered: bool,
 }
 
 impl Session<'_> {
-    /// Subscribes and applies responses until the stream ends; returns why, and whether any response
-    /// arrived.
-    async fn follow(mut self, channel: Channel) -> (StreamError, bool) {
-        let error = self.stream(channel).await;
-        (error, self.delivered)
-    }
-
+    /// Subscribes and applies responses until the stream ends; returns why (`delivered` says whether
+    /// any response arrived).
     async fn stream(&mut self, channel: Channel) -> StreamError {
         let server = &self.client.server;
         let max = match server.max_message_bytes {

@@ -28,9 +28,6 @@ use crate::algorithm::Decision;
 /// A Redis store behind its local over-limit cache.
 pub type CachedRedis = LocalCache<Arc<RedisStore>>;
 
-/// The window of a per-second limit, in µs.
-const SECOND_US: u64 = 1_000_000;
-
 /// The main Redis and, with `REDIS_PERSECOND`, the per-second one.
 #[derive(Debug)]
 pub struct RedisStores {
@@ -47,23 +44,29 @@ impl RedisStores {
     }
 }
 
-/// Which Redis each item goes to: `true` for the per-second one. A descriptor (a group) goes whole, to
-/// the per-second Redis only when every one of its limits has a one-second window, so the limits of
-/// one descriptor still pass or fail together.
-fn routes(items: &[BatchItem]) -> Vec<bool> {
-    let mut routes = vec![false; items.len()];
+/// Each descriptor's items (a group, contiguous) and whether they go to the per-second Redis: a group
+/// goes whole, there only when every one of its limits has a one-second window, so the limits of one
+/// descriptor still pass or fail together.
+fn groups(items: &[BatchItem]) -> impl Iterator<Item = (std::ops::Range<usize>, bool)> + '_ {
     let mut start = 0;
-    while start < items.len() {
-        let group = items[start].group;
+    std::iter::from_fn(move || {
+        let group = items.get(start)?.group;
         let end = items[start..]
             .iter()
             .position(|item| item.group != group)
             .map_or(items.len(), |len| start + len);
-        let per_second = items[start..end]
-            .iter()
-            .all(|item| item.limit.window_us == SECOND_US);
-        routes[start..end].fill(per_second);
+        let per_second = items[start..end].iter().all(|item| item.limit.is_per_second());
+        let range = start..end;
         start = end;
+        Some((range, per_second))
+    })
+}
+
+/// Which Redis each item goes to (`true`: the per-second one).
+fn routes(items: &[BatchItem]) -> Vec<bool> {
+    let mut routes = vec![false; items.len()];
+    for (range, per_second) in groups(items) {
+        routes[range].fill(per_second);
     }
     routes
 }
@@ -90,11 +93,16 @@ impl Store for RedisStores {
         let Some(per_second) = &self.per_second else {
             return self.main.apply(batch).await;
         };
-        let routes = routes(&batch.items);
-        if routes.iter().all(|to_second| !to_second) {
+        // Most requests go whole to one Redis: found without allocating.
+        let (mut to_main, mut to_second) = (false, false);
+        for (_, per_second) in groups(&batch.items) {
+            to_main |= !per_second;
+            to_second |= per_second;
+        }
+        if !to_second {
             return self.main.apply(batch).await;
         }
-        if routes.iter().all(|to_second| *to_second) {
+        if !to_main {
             return per_second.apply(batch).await;
         }
         if matches!(
@@ -103,6 +111,7 @@ impl Store for RedisStores {
         ) {
             return Err(StoreError::AcrossStores);
         }
+        let routes = routes(&batch.items);
         let (main_part, second_part) = (part(batch, &routes, false), part(batch, &routes, true));
         let (main_decisions, second_decisions) =
             tokio::join!(self.main.apply(&main_part), per_second.apply(&second_part));
@@ -139,6 +148,9 @@ impl lease::LeaseStore for RedisStores {
 mod tests {
     use super::*;
     use crate::algorithm::{Algorithm, Limit};
+
+    /// One second, in µs.
+    const SECOND_US: u64 = 1_000_000;
 
     fn item(group: u32, window_us: u64) -> BatchItem {
         BatchItem {
