@@ -28,16 +28,9 @@ turn() { # name binary store api
     --http-addr "127.0.0.1:$(free_port)" --debug-addr "127.0.0.1:$(free_port)" >"$work/server.log" 2>&1 &
   server=$!
   wait_ready "$binary" "$port"
-  "$after" bench --addr "http://127.0.0.1:$port" --domain bench -d 'user=w-{i}' --keys 100 \
-    --concurrency 8 --duration 1s --api "$api" >/dev/null 2>&1
   printf '%-7s %-7s %-7s ' "$name" "$store" "$api"
-  "$after" bench --addr "http://127.0.0.1:$port" --domain bench -d 'user=u-{i}' --keys 10000 \
-    --concurrency 64 --duration "$duration" --api "$api" 2>&1 \
-    | grep -E 'decisions|errors|latency' | tr -s ' ' | tr '\n' ' '
-  echo
-  kill "$server"
-  wait "$server" 2>/dev/null || true
-  server=""
+  measure "$after" "http://127.0.0.1:$port" --api "$api"
+  stop_server
 }
 
 for round in $(seq "$rounds"); do

@@ -3,8 +3,8 @@
 #
 # After sourcing: $work (a temporary directory) with the benchmark's rules in $work/rules (domain bench,
 # key user, a token bucket no load reaches), $redis_port (a running redis-server, no persistence),
-# free_port, wait_ready BINARY PORT, and an EXIT trap that runs `bench_cleanup` plus whatever the
-# script put in `cleanup_more` (a function it may define).
+# free_port, wait_ready BINARY PORT, measure BINARY ADDR [bench options], stop_server, and an EXIT trap
+# that runs `bench_cleanup` plus whatever the script put in `cleanup_more` (a function it may define).
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -16,6 +16,25 @@ wait_ready() {
     [ "$tries" -gt 0 ] || { echo "the server on port $port never became ready" >&2; return 1; }
     sleep 0.1
   done
+}
+
+# A 1 s warm-up, then the measured load: 64 in flight, 10,000 keys, for $duration (default 10s),
+# printed on one line. Extra arguments (--api, TLS options) go to both runs.
+measure() {
+  local binary="$1" addr="$2"
+  shift 2
+  "$binary" bench --addr "$addr" "$@" --domain bench -d 'user=w-{i}' --keys 100 --concurrency 8 \
+    --duration 1s >/dev/null 2>&1
+  "$binary" bench --addr "$addr" "$@" --domain bench -d 'user=u-{i}' --keys 10000 --concurrency 64 \
+    --duration "${duration:-10s}" 2>&1 | grep -E 'decisions|errors|latency' | tr -s ' ' | tr '\n' ' '
+  echo
+}
+
+# Stops the server the script started last (its pid in $server).
+stop_server() {
+  kill "$server"
+  wait "$server" 2>/dev/null || true
+  server=""
 }
 
 bench_cleanup() {

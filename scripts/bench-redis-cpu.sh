@@ -54,9 +54,7 @@ turn() { # label algorithm limit keys descriptor-count
   "$binary" bench --addr "http://127.0.0.1:$port" --domain bench -d 'user=w-{i}' --keys 100 \
     --concurrency 8 --duration 1s >/dev/null 2>&1
   bench "$label" "$keys" "${args[@]}"
-  kill "$server"
-  wait "$server" 2>/dev/null || true
-  server=""
+  stop_server
 }
 
 floor() { # label descriptor-count

@@ -64,16 +64,9 @@ turn() { # mode store
     >"$work/server.log" 2>&1 &
   server=$!
   wait_http "$http"
-  "$binary" bench --addr "$scheme://127.0.0.1:$port" "${client[@]}" --domain bench -d 'user=w-{i}' \
-    --keys 100 --concurrency 8 --duration 1s >/dev/null 2>&1
   printf '%-6s %-7s ' "$mode" "$store"
-  "$binary" bench --addr "$scheme://127.0.0.1:$port" "${client[@]}" --domain bench -d 'user=u-{i}' \
-    --keys 10000 --concurrency 64 --duration "$duration" 2>&1 \
-    | grep -E 'decisions|errors|latency' | tr -s ' ' | tr '\n' ' '
-  echo
-  kill "$server"
-  wait "$server" 2>/dev/null || true
-  server=""
+  measure "$binary" "$scheme://127.0.0.1:$port" "${client[@]}"
+  stop_server
 }
 
 for round in $(seq "$rounds"); do
