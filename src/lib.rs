@@ -29,15 +29,13 @@
 //! - [`settings`], [`server`], [`cli`]: configuring, wiring and running the service; [`pem`]: the
 //!   certificate and key files TLS reads.
 //! - `loadgen` (private): `tollgate bench`, the load generator behind the command line.
-//! - `client` (cargo feature `client`, off by default): a client and tower layer for application
-//!   servers (axum, tonic's client side), so the server's public surface is the server.
+//! - The client for application servers is a crate of its own, `tollgate-client` (`clients/rust`), with
+//!   no server dependencies.
 //! - [`proto`]: generated protocol types.
 
 pub mod algorithm;
 pub mod api;
 pub mod cli;
-#[cfg(feature = "client")]
-pub mod client;
 pub mod clock;
 pub mod grpc;
 pub mod http;

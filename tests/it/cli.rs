@@ -41,7 +41,7 @@ const EXIT: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(10);
 
 /// A command for the binary with an empty environment (so the developer's variables cannot leak in).
-fn tollgate(args: &[&str], env: &[(&str, &str)]) -> Command {
+pub(crate) fn tollgate(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut command = Command::new(BIN);
     command
         .args(args)

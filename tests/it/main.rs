@@ -6,7 +6,6 @@
 mod common;
 
 mod cli;
-#[cfg(feature = "client")]
 mod client;
 mod compat;
 mod envoy_gateway;

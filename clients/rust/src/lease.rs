@@ -1,0 +1,124 @@
+//! Concurrency leases: slots of `concurrency` rules held while work runs, given back on drop.
+
+use std::time::Duration;
+
+use crate::client::Client;
+use crate::decision::duration;
+use crate::descriptor::Descriptor;
+use crate::error::Error;
+use crate::proto::v1;
+
+/// The answer to [`Client::acquire`].
+#[derive(Debug)]
+#[must_use = "a lease is released as soon as it is dropped"]
+// One value per acquire, moved once: boxing the lease would cost an allocation for nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Acquired {
+    /// Every slot was taken (or Tollgate could not be asked and the failure policy is open: see
+    /// [`Lease::is_held`]). Keep the lease while the work runs.
+    Held(Lease),
+    /// A concurrency rule is at its `max_in_flight`; nothing was taken.
+    Refused {
+        /// The time until the oldest lease on the full rule expires (a release may free a slot
+        /// sooner).
+        retry_after: Option<Duration>,
+    },
+}
+
+/// Slots of concurrency rules, held until [`Lease::release`], or until the lease is dropped (then
+/// released in the background, on the current tokio runtime), or until its TTL runs out (a process
+/// that died). Renew long work with [`Lease::renew`] before the TTL runs out.
+#[derive(Debug)]
+#[must_use = "a lease is released as soon as it is dropped"]
+pub struct Lease {
+    client: Client,
+    /// Empty when the lease failed open and holds nothing.
+    id: String,
+    descriptors: Vec<Descriptor>,
+    ttl: Duration,
+}
+
+impl Lease {
+    pub(crate) fn new(client: Client, descriptors: &[Descriptor], response: v1::AcquireResponse) -> Self {
+        Self {
+            client,
+            id: response.lease_id,
+            descriptors: descriptors.to_vec(),
+            ttl: duration(response.ttl).unwrap_or_default(),
+        }
+    }
+
+    /// A lease that holds nothing: Tollgate could not be asked and the failure policy let the work
+    /// through.
+    pub(crate) fn failed_open(client: Client) -> Self {
+        Self {
+            client,
+            id: String::new(),
+            descriptors: Vec::new(),
+            ttl: Duration::ZERO,
+        }
+    }
+
+    /// Whether the lease holds slots; false when it failed open.
+    pub fn is_held(&self) -> bool {
+        !self.id.is_empty()
+    }
+
+    /// The server's id for the lease (`None` when it failed open).
+    pub fn id(&self) -> Option<&str> {
+        Some(self.id.as_str()).filter(|id| !id.is_empty())
+    }
+
+    /// How long the lease lives from its last acquire or renew.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Extends the lease by its rule's TTL from now, taking nothing new; returns the new TTL. A lease
+    /// that expired (or was never held anywhere) is [`Error::Rejected`] with `NOT_FOUND`: its slots may
+    /// have gone to someone else. A lease that failed open stays as it is.
+    pub async fn renew(&mut self) -> Result<Duration, Error> {
+        if !self.is_held() {
+            return Ok(self.ttl);
+        }
+        let request = v1::AcquireRequest {
+            domain: self.client.domain().to_owned(),
+            descriptors: crate::descriptor::to_wire(&self.descriptors),
+            lease_id: self.id.clone(),
+            ttl: None,
+        };
+        let response = self.client.acquire_raw(request).await?;
+        self.ttl = duration(response.ttl).unwrap_or_default();
+        Ok(self.ttl)
+    }
+
+    /// Gives the slots back now and waits for Tollgate to confirm. Returns whether every slot was still
+    /// held (false: the lease had expired). A lease that failed open returns true.
+    pub async fn release(mut self) -> Result<bool, Error> {
+        let id = std::mem::take(&mut self.id);
+        if id.is_empty() {
+            return Ok(true);
+        }
+        self.client.release_raw(&id, &self.descriptors).await
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let id = std::mem::take(&mut self.id);
+        if id.is_empty() {
+            return;
+        }
+        // Without a runtime (dropped at shutdown) nothing can be sent: the slots expire after the TTL.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = self.client.clone();
+        let descriptors = std::mem::take(&mut self.descriptors);
+        runtime.spawn(async move {
+            if let Err(error) = client.release_raw(&id, &descriptors).await {
+                tracing::warn!(%error, "cannot release a Tollgate lease; its slots expire after its TTL");
+            }
+        });
+    }
+}
