@@ -28,7 +28,7 @@ use arc_swap::ArcSwapOption;
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::{Clock, SystemClock};
 use crate::observe::denial_log::DenialLog;
-use crate::observe::metrics::{Method, Metrics};
+use crate::observe::metrics::{Method, Metrics, StoreOperation};
 use crate::observe::offenders::TopOffenders;
 use crate::rules::file::{FailureMode, Unit, sliding_log_too_large};
 use crate::rules::{DescriptorEntry, Rate, Rule, RuleLimit, RuleSet, ValueHasher};
@@ -930,7 +930,11 @@ impl<S: Store> Limiter<S> {
                 once,
             };
             let answer = self.store.apply(&batch).await;
-            self.metrics.store_time.observe(started.elapsed());
+            let operation = match policy {
+                CommitPolicy::Refund => StoreOperation::Refund,
+                _ => StoreOperation::Decide,
+            };
+            self.metrics.store_call(operation, started.elapsed());
             return_keys(targets, &mut batch.items);
             match answer {
                 Ok(decisions) => decisions,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Limiter, LimiterError, RequestDescriptor};
-use crate::observe::metrics::Method;
+use crate::observe::metrics::{Method, StoreOperation};
 use crate::rules::Rule;
 use crate::rules::file::{ConcurrencyConfig, FailureMode};
 use crate::store::Store;
@@ -140,7 +140,8 @@ impl<S: Store> Limiter<S> {
         } else {
             let started = Instant::now();
             let answer = self.store.acquire(&request).await;
-            self.metrics.store_time.observe(started.elapsed());
+            self.metrics
+                .store_call(StoreOperation::Acquire, started.elapsed());
             answer
         };
         let statuses = match slots {
@@ -155,6 +156,11 @@ impl<S: Store> Limiter<S> {
             Err(error) => return Err(LimiterError::Store(error)),
         };
         let acquired = statuses.iter().all(|s| s.acquired);
+        match (acquired, renew) {
+            (true, false) => self.metrics.leases_acquired.add(1),
+            (false, _) => self.metrics.leases_refused.add(1),
+            (true, true) => {}
+        }
         Ok(LeaseVerdict {
             acquired,
             // A refused lease holds nothing: no id to renew or release.
@@ -202,8 +208,13 @@ impl<S: Store> Limiter<S> {
         };
         let started = Instant::now();
         let released = self.store.release(&request).await;
-        self.metrics.store_time.observe(started.elapsed());
-        for (i, status) in at.into_iter().zip(released?) {
+        self.metrics
+            .store_call(StoreOperation::Release, started.elapsed());
+        let released = released?;
+        if released.iter().any(|r| r.released) {
+            self.metrics.leases_released.add(1);
+        }
+        for (i, status) in at.into_iter().zip(released) {
             statuses[i] = ReleaseStatus {
                 released: status.released,
                 in_flight: status.in_flight,

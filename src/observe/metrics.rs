@@ -167,6 +167,39 @@ impl Method {
     }
 }
 
+/// What a store call was for: the `operation` label of `tollgate_store_call_duration_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOperation {
+    /// Checks and peeks (Envoy's `ShouldRateLimit`, the native `Check`).
+    Decide,
+    /// A native `Refund`.
+    Refund,
+    /// A lease taken or renewed.
+    Acquire,
+    /// A lease given back.
+    Release,
+}
+
+impl StoreOperation {
+    /// Every operation, in the order the series are written.
+    pub const ALL: [StoreOperation; 4] = [
+        StoreOperation::Decide,
+        StoreOperation::Refund,
+        StoreOperation::Acquire,
+        StoreOperation::Release,
+    ];
+
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreOperation::Decide => "decide",
+            StoreOperation::Refund => "refund",
+            StoreOperation::Acquire => "acquire",
+            StoreOperation::Release => "release",
+        }
+    }
+}
+
 /// Every metric of one server.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -195,8 +228,14 @@ pub struct Metrics {
     pub tls_handshake_failures: Counter,
     /// Time to answer a request, store included, per [`Method`].
     response_time: [Histogram; Method::ALL.len()],
-    /// Time of the store call alone.
-    pub store_time: Histogram,
+    /// Time of the store call alone, per [`StoreOperation`].
+    store_time: [Histogram; StoreOperation::ALL.len()],
+    /// New leases granted (renewals are not counted).
+    pub leases_acquired: Counter,
+    /// Acquires refused because a concurrency rule was full.
+    pub leases_refused: Counter,
+    /// Releases that freed at least one slot (a release of an expired lease frees none).
+    pub leases_released: Counter,
     /// The store does not answer (readiness' view of Redis; never set on the embedded store).
     store_down: std::sync::atomic::AtomicBool,
     loaded: Mutex<(String, u64)>,
@@ -219,6 +258,11 @@ impl Metrics {
     pub fn request(&self, method: Method, elapsed: Duration) {
         self.total_requests[method as usize].add(1);
         self.response_time[method as usize].observe(elapsed);
+    }
+
+    /// Records the time of one store call made for `operation`.
+    pub fn store_call(&self, operation: StoreOperation, elapsed: Duration) {
+        self.store_time[operation as usize].observe(elapsed);
     }
 
     /// Records whether the store answers (`tollgate_store_up`).
@@ -246,7 +290,7 @@ impl Metrics {
     pub fn render(&self, store: StoreCounters) -> String {
         let mut out = String::with_capacity(4096);
         self.render_rules(&mut out);
-        let counters: [(&str, &str, u64); 15] = [
+        let counters: [(&str, &str, u64); 18] = [
             (
                 "ratelimit_service_config_load_success",
                 "Rule sets loaded.",
@@ -322,6 +366,21 @@ impl Metrics {
                 "Requests refused as malformed or with no rules.",
                 self.service_errors.get(),
             ),
+            (
+                "tollgate_leases_acquired_total",
+                "New concurrency leases granted (renewals not counted).",
+                self.leases_acquired.get(),
+            ),
+            (
+                "tollgate_leases_refused_total",
+                "Lease acquires refused because a concurrency rule was full.",
+                self.leases_refused.get(),
+            ),
+            (
+                "tollgate_leases_released_total",
+                "Lease releases that freed a slot (an expired lease frees none).",
+                self.leases_released.get(),
+            ),
         ];
         for (name, help, value) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
@@ -366,9 +425,12 @@ impl Metrics {
         let name = "tollgate_store_call_duration_seconds";
         let _ = writeln!(
             out,
-            "# HELP {name} Time of one store call.\n# TYPE {name} histogram"
+            "# HELP {name} Time of one store call, per operation.\n# TYPE {name} histogram"
         );
-        self.store_time.render(&mut out, name, "");
+        for operation in StoreOperation::ALL {
+            let labels = format!("operation=\"{}\",", operation.name());
+            self.store_time[operation as usize].render(&mut out, name, &labels);
+        }
         let gauges: [(&str, &str, u64); 2] = [
             (
                 "tollgate_store_up",
@@ -383,6 +445,12 @@ impl Metrics {
         ];
         for (name, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+        }
+        if let Some(slots) = store.lease_slots {
+            let _ = writeln!(
+                out,
+                "# HELP tollgate_leases_in_flight Concurrency slots held by live leases (embedded store).\n# TYPE tollgate_leases_in_flight gauge\ntollgate_leases_in_flight {slots}"
+            );
         }
         let _ = writeln!(
             out,
@@ -479,6 +547,7 @@ mod tests {
             redis_abandoned: 1,
             memory_evictions: 9,
             memory_keys: 12,
+            lease_slots: Some(4),
         });
         assert!(
             text.contains("ratelimit_service_rate_limit_total_hits{domain=\"api\",key1=\"user\"} 5"),
@@ -492,6 +561,9 @@ mod tests {
         assert!(text.contains("tollgate_redis_abandoned_total 1"));
         assert!(text.contains("tollgate_memory_evictions_total 9"));
         assert!(text.contains("tollgate_memory_keys 12"));
+        assert!(text.contains("tollgate_leases_in_flight 4"));
+        metrics.leases_acquired.add(2);
+        metrics.store_call(StoreOperation::Refund, Duration::from_micros(30));
         assert!(
             text.contains("tollgate_store_up 1"),
             "up unless a watcher says otherwise"
@@ -499,6 +571,18 @@ mod tests {
         metrics.set_store_up(false);
         let text = metrics.render(StoreCounters::default());
         assert!(text.contains("tollgate_store_up 0"));
+        assert!(text.contains("tollgate_leases_acquired_total 2"));
+        assert!(
+            !text.contains("tollgate_leases_in_flight"),
+            "no gauge where the store cannot count"
+        );
+        assert!(
+            text.contains(
+                "tollgate_store_call_duration_seconds_bucket{operation=\"refund\",le=\"0.00005\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("tollgate_store_call_duration_seconds_count{operation=\"decide\"} 0"));
         assert!(text.contains(&format!(
             "tollgate_build_info{{version=\"{}\"}} 1",
             env!("CARGO_PKG_VERSION")

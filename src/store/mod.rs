@@ -194,6 +194,9 @@ pub struct StoreCounters {
     pub memory_evictions: u64,
     /// Entries the embedded store holds now.
     pub memory_keys: u64,
+    /// Concurrency slots held by live leases, where this instance can count them: the embedded store
+    /// (a Redis store's leases are the fleet's, and counting them would cost Redis a scan).
+    pub lease_slots: Option<u64>,
 }
 
 impl AnyStore {
@@ -203,6 +206,7 @@ impl AnyStore {
             AnyStore::Memory(store) => StoreCounters {
                 memory_evictions: store.evictions(),
                 memory_keys: store.len() as u64,
+                lease_slots: Some(store.leases().held_slots()),
                 ..StoreCounters::default()
             },
             AnyStore::Redis(stores) => {
@@ -216,6 +220,7 @@ impl AnyStore {
                         redis_abandoned: sum.redis_abandoned + cache.inner().abandoned(),
                         memory_evictions: 0,
                         memory_keys: 0,
+                        lease_slots: None,
                     })
             }
         }

@@ -272,3 +272,50 @@ async fn use_prometheus_serves_the_metrics_where_the_go_service_does() {
     assert_eq!(status, 404, "only the metrics are on that listener");
     server.stop().await;
 }
+
+/// Leases are counted (acquired, refused, released) on every store, and the slots held are a gauge
+/// where this instance can count them (the embedded store); store calls are timed per operation.
+#[tokio::test]
+async fn leases_and_store_calls_are_counted_per_operation() {
+    const LEASES: &str =
+        "domain: l\ndescriptors:\n  - key: job\n    concurrency: {max_in_flight: 1, lease_ttl: 1m}\n";
+    let server = TestServer::start(&[("l.yaml", LEASES)], &[]).await;
+    let body = r#"{"domain":"l","descriptors":[{"entries":[{"key":"job","value":"export"}]}]}"#;
+    let (status, held) = http(server.http, "POST", "/v1/acquire", body).await;
+    assert_eq!(status, 200, "{held}");
+    assert_eq!(http(server.http, "POST", "/v1/acquire", body).await.0, 429);
+    let (_, text) = http(server.http, "GET", "/metrics", "").await;
+    assert_eq!(series_value(&text, "tollgate_leases_acquired_total "), Some(1));
+    assert_eq!(series_value(&text, "tollgate_leases_refused_total "), Some(1));
+    let embedded = !crate::common::store_under_test_is_redis();
+    if embedded {
+        assert_eq!(
+            series_value(&text, "tollgate_leases_in_flight "),
+            Some(1),
+            "{text}"
+        );
+    }
+    let held: serde_json::Value = serde_json::from_str(&held).expect("json");
+    let release = format!(
+        r#"{{"domain":"l","descriptors":[{{"entries":[{{"key":"job","value":"export"}}]}}],"lease_id":"{}"}}"#,
+        held["lease_id"].as_str().expect("lease id")
+    );
+    assert_eq!(http(server.http, "POST", "/v1/release", &release).await.0, 200);
+    // A second release of the same lease frees nothing and is not counted.
+    assert_eq!(http(server.http, "POST", "/v1/release", &release).await.0, 200);
+    let (_, text) = http(server.http, "GET", "/metrics", "").await;
+    assert_eq!(series_value(&text, "tollgate_leases_released_total "), Some(1));
+    if embedded {
+        assert_eq!(series_value(&text, "tollgate_leases_in_flight "), Some(0));
+    } else {
+        assert!(
+            !text.contains("tollgate_leases_in_flight"),
+            "Redis leases are the fleet's"
+        );
+    }
+    for (operation, calls) in [("acquire", 2), ("release", 2), ("decide", 0)] {
+        let series = format!("tollgate_store_call_duration_seconds_count{{operation=\"{operation}\"}} ");
+        assert_eq!(series_value(&text, &series), Some(calls), "{series}");
+    }
+    server.stop().await;
+}

@@ -29,6 +29,14 @@ impl MemoryLeases {
         }
     }
 
+    /// Slots held by leases that have not expired, over every key (`tollgate_leases_in_flight`).
+    pub fn held_slots(&self) -> u64 {
+        let now = self.clock.now_us();
+        let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        let live = keys.values().flatten().filter(|(_, expires)| *expires > now);
+        live.count() as u64
+    }
+
     /// Drops expired leases and keys left empty; returns how many leases were dropped.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_us();
