@@ -8,10 +8,18 @@ longer than the drain period; workerThreads rendered only when set; no replicas 
 HPA, ServiceMonitor and NetworkPolicy off by default; no secret in any ConfigMap; and `tollgate
 check-config` passing on the rules rendered from the default values (and failing on a broken rule).
 Values that must fail the render are tried too.
+
+The PrometheusRule and the Grafana dashboard are checked for shape (kubernetes-validate has no schema for
+the PrometheusRule's CRD; the dashboard is JSON inside a ConfigMap), and every PromQL expression in them
+may name only series and labels Tollgate's /metrics writes. Those are read from the Rust source that
+writes them (src/observe/metrics.rs and process.rs), not from a list kept here, so a renamed metric fails
+the check instead of leaving a dashboard panel silently empty.
 """
 
 import argparse
 import base64
+import collections
+import json
 import os
 import pathlib
 import re
@@ -249,6 +257,231 @@ def rules_check(args, render, expect_ok, quiet=False):
             print(f"  {render.name}: check-config rejects the broken rule: {output.replace(tmp, 'RULES')}")
 
 
+# Where Tollgate writes its metrics; every name a dashboard panel or an alert may use is read from them.
+METRIC_SOURCES = ["src/observe/metrics.rs", "src/observe/process.rs"]
+METRIC_NAME = re.compile(r"(?:tollgate|ratelimit_service|process)_[a-z0-9_]*[a-z0-9]")
+# The one series Prometheus writes for every target itself, and the labels it gives every sample (the
+# Prometheus Operator adds namespace, pod, service, container and endpoint).
+PROMETHEUS_SERIES = {"up"}
+TARGET_LABELS = {"job", "instance", "namespace", "pod", "service", "container", "endpoint"}
+
+
+def exported_metrics(paths):
+    """(series, labels) that Tollgate's /metrics can carry, read from the Rust source that writes it
+    (tests excluded): every string literal that is a whole metric name or a `# TYPE name kind` header;
+    the per-rule series, a literal prefix + `{suffix}` for each entry of RULE_SERIES; and for a histogram
+    (`let name = "...";` whose next `# TYPE {name}` header says histogram) the suffixes its renderer
+    writes (`{name}_bucket{...`) instead of the bare name, which is no series. Labels are every
+    `label=\\"` written in a literal."""
+    text = "".join(pathlib.Path(path).read_text().split("#[cfg(test)]")[0] for path in paths)
+    literals = re.findall(r'"((?:[^"\\]|\\.)*)"', text)
+    names = {lit for lit in literals if METRIC_NAME.fullmatch(lit)}
+    for lit in literals:
+        names |= {n for n in re.findall(r"# TYPE (\S+) \w+", lit) if METRIC_NAME.fullmatch(n)}
+    rule_series = re.search(r"const RULE_SERIES\b[^=]*=\s*\[(.*?)\];", text, re.S)
+    prefixes = [m.group(1) for m in (re.fullmatch(r"(\w+_)\{suffix\}", lit) for lit in literals) if m]
+    check(rule_series and prefixes, f"{paths}: RULE_SERIES or the per-rule name prefix not found")
+    if rule_series:
+        names |= {p + s for p in prefixes for s in re.findall(r'"(\w+)"', rule_series.group(1))}
+    suffixes = set(re.findall(r'"\{name\}(_[a-z]+)\{', text))
+    check(suffixes == {"_bucket", "_sum", "_count"}, f"{paths}: histogram suffixes not found: {suffixes}")
+    histograms = 0
+    for m in re.finditer(r'let name = "(\w+)";', text):
+        kind = re.search(r"# TYPE \{name\} (\w+)", text[m.end():])
+        if kind and kind.group(1) == "histogram":
+            histograms += 1
+            names.discard(m.group(1))
+            names |= {m.group(1) + s for s in suffixes}
+    check(histograms > 0, f"{paths}: no histogram found")
+    labels = set(re.findall(r'([a-z_][a-z0-9_]*)=\\"', text))
+    return names, labels
+
+
+PROMQL_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
+PROMQL_SELECTOR = re.compile(r'(?<![\w.$:])([A-Za-z_:][\w:]*)?\s*\{((?:[^{}"]|"(?:[^"\\]|\\.)*")*)\}')
+PROMQL_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^()]*)\)")
+PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
+                   "group_left", "group_right", "inf", "nan"}
+
+
+def promql_parts(expr):
+    """The vector selectors of a PromQL expression, as (metric name, matchers text or None), and the label
+    names it mentions (in matchers and in by/without/on/ignoring/group_* lists). Functions are names
+    followed by `(`; strings, ranges and Grafana's `$variables` are skipped. Enough for the expressions
+    of this chart, which it checks, not a PromQL parser."""
+    selectors, labels = [], set()
+    for m in PROMQL_SELECTOR.finditer(expr):
+        body = m.group(2)
+        labels |= set(re.findall(r"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)", PROMQL_STRING.sub('""', body)))
+        selectors.append((m.group(1), body.strip()))
+    text = PROMQL_STRING.sub('""', PROMQL_SELECTOR.sub(" ", expr))
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    for body in PROMQL_GROUPING.findall(text):
+        labels |= {name.strip() for name in body.split(",") if name.strip()}
+    text = PROMQL_GROUPING.sub(" ", text)
+    for m in re.finditer(r"(?<![\w.$:])([A-Za-z_:][\w:]*)\b(?!\s*\()", text):
+        if m.group(1) not in PROMQL_KEYWORDS:
+            selectors.append((m.group(1), None))
+    return selectors, labels
+
+
+def check_promql_reader():
+    """promql_parts on an expression with every construct the chart uses, so a broken reader cannot pass
+    every expression by finding nothing in it."""
+    selectors, labels = promql_parts(
+        'histogram_quantile(0.99, sum by (le) (rate(a_bucket{job="x", le!~"1}"}[$__rate_interval]))) > 2e-2'
+        ' and on (job) b offset 5m or absent(up) / time()')
+    check(sorted(selectors, key=str) == sorted([("a_bucket", 'job="x", le!~"1}"'), ("b", None), ("up", None)], key=str)
+          and labels == {"job", "le"}, f"the PromQL reader is broken: {selectors} {labels}")
+
+
+class PromqlNames:
+    """Collects the series and labels that expressions use but Tollgate does not export, to report each
+    name once with everywhere it is used."""
+
+    def __init__(self, exported):
+        self.series, self.labels = exported
+        self.unknown_series = collections.defaultdict(set)
+        self.unknown_labels = collections.defaultdict(set)
+
+    def check(self, where, expr, scope=()):
+        """`expr` parses, names at least one series, only series and labels Tollgate (or Prometheus)
+        writes, and every vector selector in it carries the `scope` matchers."""
+        stripped = PROMQL_STRING.sub('""', expr)
+        check(all(stripped.count(a) == stripped.count(b) for a, b in ("()", "[]", "{}")),
+              f"{where}: unbalanced brackets in {expr!r}")
+        selectors, labels = promql_parts(expr)
+        check(selectors, f"{where}: no series in {expr!r}")
+        for name, matchers in selectors:
+            if name and name not in self.series and name not in PROMETHEUS_SERIES:
+                self.unknown_series[name].add(where)
+            compact = re.sub(r"\s", "", matchers or "")
+            for matcher in scope:
+                check(re.sub(r"\s", "", matcher) in compact, f"{where}: {name}{{{matchers or ''}}} lacks {matcher}")
+        for label in labels - self.labels - TARGET_LABELS:
+            self.unknown_labels[label].add(where)
+
+    def report(self):
+        for name, wheres in sorted(self.unknown_series.items()):
+            check(False, f"{name} is not a series Tollgate writes ({', '.join(METRIC_SOURCES)}); used by: "
+                  + "; ".join(sorted(wheres)))
+        for label, wheres in sorted(self.unknown_labels.items()):
+            check(False, f"label {label} is not one Tollgate writes ({', '.join(METRIC_SOURCES)}) nor a target "
+                  "label; used by: " + "; ".join(sorted(wheres)))
+
+
+ALERTS = {"TollgateDown", "TollgateStoreDown", "TollgateFailureModeHigh", "TollgateConfigLoadErrors",
+          "TollgateLatencySLO"}
+# The fields of a rule in the PrometheusRule CRD (an unknown one is refused by the API server).
+RULE_FIELDS = {"alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
+PROM_DURATION = re.compile(r"0|([0-9]+(ms|s|m|h|d|w|y))+")
+
+
+def check_prometheus_rule(r, promql, scope):
+    """The one PrometheusRule of a render: the CRD's shape, every alert with a duration, a severity, a
+    summary and a description, and PromQL scoped to the release. Returns {alert name: rule}."""
+    found = r.of("PrometheusRule")
+    if not check(len(found) == 1, f"{r.name}: expected one PrometheusRule, got {len(found)}"):
+        return {}
+    resource = found[0]
+    check(resource["apiVersion"] == "monitoring.coreos.com/v1", f"{r.name}: PrometheusRule apiVersion {resource['apiVersion']}")
+    groups = resource["spec"].get("groups") or []
+    check(set(resource["spec"]) == {"groups"} and groups, f"{r.name}: PrometheusRule spec is not a list of groups")
+    check(len({g.get("name") for g in groups}) == len(groups), f"{r.name}: PrometheusRule group names repeat")
+    alerts = {}
+    for group in groups:
+        check(group.get("name") and group.get("rules"), f"{r.name}: PrometheusRule group without a name or rules")
+        for rule in group.get("rules") or []:
+            name = rule.get("alert")
+            where = f"{r.name}: alert {name}"
+            check(isinstance(name, str) and re.fullmatch(r"[A-Z][A-Za-z0-9]*", name), f"{where}: not a CamelCase alert name")
+            check(name not in alerts, f"{where}: defined twice")
+            alerts[name] = rule
+            check(set(rule) <= RULE_FIELDS, f"{where}: unknown fields {set(rule) - RULE_FIELDS}")
+            check(PROM_DURATION.fullmatch(str(rule.get("for", "0"))), f"{where}: for {rule.get('for')!r} is not a duration")
+            labels, notes = rule.get("labels") or {}, rule.get("annotations") or {}
+            check(all(isinstance(v, str) for v in {**labels, **notes}.values()), f"{where}: a label or annotation is not a string")
+            check(labels.get("severity"), f"{where}: no severity label")
+            check(notes.get("summary") and notes.get("description"), f"{where}: no summary or description")
+            if check(isinstance(rule.get("expr"), str), f"{where}: expr is not a string"):
+                promql.check(f"alert {name}", rule["expr"], scope)
+    return alerts
+
+
+DASHBOARD_FILE = "dashboards/tollgate.json"
+DATASOURCE = "${datasource}"
+DASHBOARD_SCOPE = ('namespace="$namespace"', 'job="$job"', 'instance=~"$instance"')
+# Kubernetes refuses objects over 1 MiB; a ConfigMap's data must stay below it.
+CONFIGMAP_MAX_BYTES = 1 << 20
+
+
+def dashboard_panels(panels):
+    """Every panel, the panels of collapsed rows included."""
+    for panel in panels:
+        yield panel
+        yield from dashboard_panels(panel.get("panels") or [])
+
+
+def check_dashboard(r, args, promql, namespace="rl", label=("grafana_dashboard", "1")):
+    """The dashboard ConfigMap of a render: the sidecar's label, the chart's JSON file as it is, and a
+    dashboard whose every panel queries Tollgate's series through the data source variable, scoped by the
+    namespace, job and instance variables."""
+    maps = [c for c in r.of("ConfigMap") if c["metadata"]["name"].endswith("-dashboard")]
+    if not check(len(maps) == 1, f"{r.name}: expected one dashboard ConfigMap, got {len(maps)}"):
+        return
+    meta, data = maps[0]["metadata"], maps[0].get("data") or {}
+    check(meta["namespace"] == namespace, f"{r.name}: dashboard ConfigMap in namespace {meta['namespace']}, not {namespace}")
+    check(meta["labels"].get(label[0]) == label[1], f"{r.name}: dashboard ConfigMap lacks the label {label[0]}={label[1]}")
+    if not check(list(data) == ["tollgate.json"], f"{r.name}: dashboard ConfigMap keys {list(data)}"):
+        return
+    text = data["tollgate.json"]
+    check(text == pathlib.Path(args.chart, DASHBOARD_FILE).read_text().rstrip("\n"),
+          f"{r.name}: the dashboard ConfigMap does not hold {DASHBOARD_FILE} as it is")
+    check(len(text.encode()) < CONFIGMAP_MAX_BYTES, f"{r.name}: the dashboard is over 1 MiB")
+    try:
+        dashboard = json.loads(text)
+    except ValueError as error:
+        check(False, f"{r.name}: the dashboard is not JSON: {error}")
+        return
+    check(dashboard.get("uid") and dashboard.get("title"), f"{r.name}: the dashboard has no uid or title")
+    variables = {v.get("name"): v for v in dashboard.get("templating", {}).get("list", [])}
+    source = variables.get("datasource", {})
+    check(source.get("type") == "datasource" and source.get("query") == "prometheus",
+          f"{r.name}: the dashboard has no Prometheus data source variable")
+    for name in ("namespace", "job", "instance"):
+        variable = variables.get(name)
+        if not check(variable and variable.get("type") == "query", f"{r.name}: the dashboard has no {name} variable"):
+            continue
+        check(variable.get("datasource", {}).get("uid") == DATASOURCE, f"{r.name}: variable {name} does not use {DATASOURCE}")
+        query = variable.get("query")
+        query = query.get("query") if isinstance(query, dict) else query
+        m = re.fullmatch(r"\s*label_values\((.+),\s*(\w+)\)\s*", query or "")
+        if check(m, f"{r.name}: variable {name} is not label_values(series, label): {query!r}"):
+            promql.check(f"dashboard variable {name}", m.group(1))
+            check(m.group(2) == name, f"{r.name}: variable {name} lists label {m.group(2)}")
+    panels = list(dashboard_panels(dashboard.get("panels") or []))
+    ids = [p.get("id") for p in panels]
+    check(len(set(ids)) == len(ids) and None not in ids, f"{r.name}: dashboard panel ids missing or repeated")
+    queried = 0
+    for panel in panels:
+        where = f"dashboard panel {panel.get('title')!r}"
+        grid = panel.get("gridPos") or {}
+        check(all(isinstance(grid.get(k), int) for k in "xywh") and grid["x"] + grid["w"] <= 24,
+              f"{r.name}: {where}: gridPos {grid}")
+        if panel.get("type") == "row":
+            continue
+        targets = panel.get("targets") or []
+        check(targets, f"{r.name}: {where} has no target")
+        check(panel.get("datasource", {}).get("uid") == DATASOURCE, f"{r.name}: {where} does not use {DATASOURCE}")
+        for target in targets:
+            check(target.get("datasource", {}).get("uid") == DATASOURCE, f"{r.name}: {where} target {target.get('refId')} does not use {DATASOURCE}")
+            if check(target.get("expr"), f"{r.name}: {where} target {target.get('refId')} has no expr"):
+                promql.check(where, target["expr"], DASHBOARD_SCOPE)
+                queried += 1
+    rows = sum(p.get("type") == "row" for p in panels)
+    print(f"  {r.name}: dashboard {dashboard.get('title')!r}: {len(panels) - rows} panels in {rows} rows, {queried} queries")
+
+
 # Values that must fail the render: (name, values, text the error must contain).
 MUST_FAIL = [
     ("tls-memory", "redis: {mode: memory, tls: true}\n", "redis.tls"),
@@ -267,6 +500,9 @@ MUST_FAIL = [
     ("domain-without-name", "domains: [{descriptors: []}]\n", "domain"),
     ("root-pod", "podSecurityContext: {runAsNonRoot: false}\n", "runAsNonRoot"),
     ("unknown-mode", "redis: {mode: memcache}\n", "mode"),
+    ("rule-without-scrape", "prometheusRule: {enabled: true}\n", "prometheusRule.selector"),
+    ("rule-quantile-one", "prometheusRule: {alerts: {latencySlo: {quantile: 1}}}\n", "/latencySlo/quantile"),
+    ("rule-bad-duration", "prometheusRule: {alerts: {storeDown: {for: 2 minutes}}}\n", "/storeDown/for"),
 ]
 
 
@@ -286,7 +522,11 @@ def main():
     parser.add_argument("--tollgate", required=True)
     parser.add_argument("--renders", required=True, help="directory of render-*.yaml from check-chart.sh")
     parser.add_argument("--kube-versions", nargs="+", required=True)
+    parser.add_argument("--metric-sources", nargs="+", default=METRIC_SOURCES,
+                        help="the Rust files that write /metrics (the series PromQL may name are read from them)")
     args = parser.parse_args()
+    check_promql_reader()
+    promql = PromqlNames(exported_metrics(args.metric_sources))
 
     # 1. Every ci/*.yaml render made by check-chart.sh.
     files = sorted(pathlib.Path(args.renders).glob("render-*.yaml"))
@@ -303,8 +543,10 @@ def main():
     default = rendered(args, "defaults")
     if default:
         check_render(default)
-        for kind in ("PodDisruptionBudget", "HorizontalPodAutoscaler", "ServiceMonitor", "NetworkPolicy"):
+        for kind in ("PodDisruptionBudget", "HorizontalPodAutoscaler", "ServiceMonitor", "NetworkPolicy", "PrometheusRule"):
             check(not default.of(kind), f"defaults: {kind} rendered although off by default")
+        check(not [c for c in default.of("ConfigMap") if c["metadata"]["name"].endswith("-dashboard")],
+              "defaults: the dashboard ConfigMap rendered although off by default")
         check("REDIS_URL" not in default.settings(), "defaults: REDIS_URL set on the embedded store")
         check("TOLLGATE_WORKER_THREADS" not in default.settings(), "defaults: TOLLGATE_WORKER_THREADS set (null keeps Tollgate's default)")
         check("TOLLGATE_MEMORY_MAX_KEYS" not in default.settings(), "defaults: TOLLGATE_MEMORY_MAX_KEYS set without a memory limit")
@@ -346,6 +588,41 @@ def main():
         sm = monitoring.of("ServiceMonitor")
         if sm:
             check(sm[0]["spec"]["endpoints"][0]["port"] == "http", "monitoring: ServiceMonitor does not scrape the http port")
+            # The Prometheus Operator names the job after the scraped Service: the alerts select it.
+            check(sm[0]["spec"]["selector"]["matchLabels"] == monitoring.tollgate_deployment()["spec"]["selector"]["matchLabels"]
+                  and [s for s in monitoring.of("Service") if s["metadata"]["name"] == "tollgate"
+                       and any(p["name"] == "http" for p in s["spec"]["ports"])],
+                  "monitoring: the ServiceMonitor's job would not be the Service tollgate")
+        alerts = check_prometheus_rule(monitoring, promql, ('job="tollgate"', 'namespace="rl"'))
+        check(set(alerts) == ALERTS, f"monitoring: alerts {sorted(alerts)}, expected {sorted(ALERTS)}")
+        pr = monitoring.of("PrometheusRule")
+        check(pr and pr[0]["metadata"]["labels"].get("release") == "prometheus", "monitoring: PrometheusRule lacks prometheusRule.labels")
+        check(all(a["labels"].get("team") == "edge" for a in alerts.values()), "monitoring: an alert lacks prometheusRule.alertLabels")
+        if set(alerts) == ALERTS:
+            check(alerts["TollgateConfigLoadErrors"]["labels"]["severity"] == "info", "monitoring: configLoadErrors.severity not applied")
+            check(alerts["TollgateStoreDown"]["labels"]["severity"] == "critical", "monitoring: storeDown is not critical by default")
+            check(re.search(r"histogram_quantile\(0\.99,.*\)\s*> 0\.015$", alerts["TollgateLatencySLO"]["expr"], re.S),
+                  "monitoring: TollgateLatencySLO is not the 0.99 quantile above latencySlo.thresholdSeconds 0.015")
+            check(alerts["TollgateFailureModeHigh"]["expr"].endswith("> 1"), "monitoring: TollgateFailureModeHigh threshold is not 1 (%)")
+            check("absent(up{" in alerts["TollgateDown"]["expr"], "monitoring: TollgateDown does not fire without a target")
+        check_dashboard(monitoring, args, promql)
+        check(monitoring.of("ConfigMap") and all(c["metadata"].get("annotations", {}).get("grafana_folder") == "Tollgate"
+              for c in monitoring.of("ConfigMap") if c["metadata"]["name"].endswith("-dashboard")),
+              "monitoring: the dashboard ConfigMap lacks grafanaDashboard.annotations")
+    # Scraped by something else: the alerts use prometheusRule.selector; one alert off; the dashboard for a
+    # sidecar with its own label, in Grafana's namespace.
+    selected = rendered(args, "prometheus-rule-selector", "--set", "prometheusRule.enabled=true",
+                        "--set-json", "prometheusRule.selector=" + json.dumps('job="edge-rl",namespace="edge"'),
+                        "--set", "prometheusRule.alerts.down.enabled=false",
+                        "--set", "grafanaDashboard.enabled=true", "--set", "grafanaDashboard.namespace=monitoring",
+                        "--set", "grafanaDashboard.label=dashboards", "--set", "grafanaDashboard.labelValue=tollgate")
+    if selected:
+        alerts = check_prometheus_rule(selected, promql, ('job="edge-rl"', 'namespace="edge"'))
+        check(set(alerts) == ALERTS - {"TollgateDown"}, f"prometheus-rule-selector: alerts {sorted(alerts)}")
+        latency = alerts.get("TollgateLatencySLO", {}).get("expr", "")
+        check(re.search(r"histogram_quantile\(0\.99,.*\)\s*> 0\.02$", latency, re.S),
+              f"prometheus-rule-selector: the default latency alert is not p99 above 20 ms: {latency}")
+        check_dashboard(selected, args, promql, namespace="monitoring", label=("dashboards", "tollgate"))
     # Envoy Gateway's shape: gRPC mTLS from the Secret, rules over xDS with TLS to the controller.
     eg = rendered(args, "envoy-gateway", "-f", f"{args.chart}/ci/envoy-gateway-values.yaml")
     if eg:
@@ -377,6 +654,9 @@ def main():
     no_crd = rendered(args, "monitoring-without-crd", "-f", f"{args.chart}/ci/monitoring-values.yaml", api_versions=False)
     if no_crd:
         check(not no_crd.of("ServiceMonitor"), "monitoring-without-crd: ServiceMonitor rendered without monitoring.coreos.com/v1")
+        check(not no_crd.of("PrometheusRule"), "monitoring-without-crd: PrometheusRule rendered without monitoring.coreos.com/v1")
+        check([c for c in no_crd.of("ConfigMap") if c["metadata"]["name"].endswith("-dashboard")],
+              "monitoring-without-crd: the dashboard ConfigMap (no CRD needed) is missing")
 
     # 4. Redis wiring: the password only through a secretKeyRef.
     single = rendered(args, "redis-single", "-f", f"{args.chart}/ci/redis-single-values.yaml")
@@ -416,6 +696,7 @@ def main():
     for name, values_text, expected in MUST_FAIL:
         must_fail(args, name, values_text, expected)
 
+    promql.report()
     checked = len(files) + len(RENDERED_HERE)
     if failures:
         for f in failures:

