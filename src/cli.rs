@@ -97,6 +97,11 @@ struct BenchArgs {
     /// How long to run (e.g. 10s).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     duration: std::time::Duration,
+    /// Open loop: send this many requests per second whatever the answers' pace, timing each from when
+    /// it was due (queueing shows); `--concurrency` caps requests in flight. Without it: closed loop,
+    /// each of `--concurrency` callers sends its next request when the last is answered.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    rate: Option<u64>,
     /// The server's Redis (`redis://host:port`), to report what the run cost it: process CPU and each
     /// command's calls and time per decision (and the target of `--api redis-floor`).
     #[arg(long)]
@@ -297,6 +302,7 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
         concurrency: args.concurrency,
         connections: args.connections,
         duration: args.duration,
+        rate: args.rate,
         redis_url: args.redis_url,
         api: args.api,
         tls,

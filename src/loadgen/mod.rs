@@ -1,8 +1,14 @@
-//! `tollgate bench`: a closed-loop load generator for any Envoy RLS server (Tollgate or another), so
-//! throughput and latency are measured end to end, over real sockets, the way Envoy calls; or, with
-//! `--api native`, through Tollgate's own `tollgate.v1.RateLimiter/Check`, the way applications call.
+//! `tollgate bench`: a load generator for any Envoy RLS server (Tollgate or another), so throughput and
+//! latency are measured end to end, over real sockets, the way Envoy calls; or, with `--api native`,
+//! through Tollgate's own `tollgate.v1.RateLimiter/Check`, the way applications call.
 //!
-//! `concurrency` workers each keep one request in flight, spread over `connections` HTTP/2 connections.
+//! Closed loop (the default): `concurrency` workers each keep one request in flight, spread over
+//! `connections` HTTP/2 connections: the server's maximum rate at that concurrency. Open loop
+//! (`--rate N`, [`pacer`]): requests are due at N per second whether or not earlier ones were answered,
+//! and each latency is measured from when its request was due, so time spent queued behind a slow
+//! server shows (no coordinated omission): the latency at a given offered load, for capacity planning.
+//! Latencies go into HDR histograms (µs, 3 significant digits): constant memory at any duration.
+//!
 //! Each request carries one descriptor per `-d` template, with `{i}` replaced by a key index cycling
 //! through `keys` distinct values, so the store sees realistic key churn.
 //!
@@ -11,12 +17,16 @@
 //! (`INCRBY` + `EXPIRE` per descriptor, pipelined per request): the Redis cost no fixed-window limiter
 //! can go below, measured the same way.
 
+mod pacer;
 mod redis_cost;
 
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
+
 use tonic::transport::Channel;
 
+use self::pacer::Pacer;
 use self::redis_cost::{RedisCost, RedisSnapshot};
 
 use crate::proto::descriptor::RateLimitDescriptor;
@@ -43,6 +53,8 @@ pub(crate) struct LoadPlan {
     pub(crate) connections: usize,
     /// How long to send.
     pub(crate) duration: Duration,
+    /// Open loop: requests due per second (`None`: closed loop, each worker sends back to back).
+    pub(crate) rate: Option<u64>,
     /// The Redis behind the server, to count the commands the run cost (optional).
     pub(crate) redis_url: Option<String>,
     /// Which API to call.
@@ -166,6 +178,12 @@ pub(crate) struct LoadReport {
     pub(crate) over_limit: u64,
     /// Requests that failed (transport error or gRPC status).
     pub(crate) errors: u64,
+    /// Open loop: requests due during the run that no worker could send before it ended (every worker
+    /// was waiting for an answer: the offered rate is above what the server answers at this
+    /// concurrency).
+    pub(crate) unsent: u64,
+    /// Open loop: the offered rate, requests per second.
+    pub(crate) rate: Option<u64>,
     /// Wall time of the run.
     pub(crate) elapsed: Duration,
     /// Latency percentiles (p50, p90, p99, p99.9, max).
@@ -183,6 +201,13 @@ impl std::fmt::Display for LoadReport {
             "requests:    {} in {:.2?} ({per_second:.0} decisions/s)",
             self.requests, self.elapsed
         )?;
+        if let Some(rate) = self.rate {
+            writeln!(
+                f,
+                "offered:     {rate}/s (open loop; latency from each request's due time), unsent {}",
+                self.unsent
+            )?;
+        }
         writeln!(f, "over limit:  {}", self.over_limit)?;
         writeln!(f, "errors:      {}", self.errors)?;
         write!(
@@ -213,74 +238,103 @@ pub(crate) async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
     };
     let start = Instant::now();
     let deadline = start + plan.duration;
+    let pacer = plan.rate.map(|rate| Pacer::start(rate, start, deadline));
     let workers: Vec<_> = (0..plan.concurrency.max(1))
         .map(|worker| {
             let client = callers[worker % callers.len()].clone();
             let (templates, domain) = (templates.clone(), plan.domain.clone());
             let stride = plan.concurrency.max(1) as u64;
-            tokio::spawn(work(
-                client,
-                domain,
-                templates,
-                worker as u64,
+            let keys = Keys {
+                next: worker as u64,
                 stride,
-                plan.keys.max(1),
-                deadline,
-            ))
+                count: plan.keys.max(1),
+            };
+            tokio::spawn(work(client, domain, templates, keys, deadline, pacer.clone()))
         })
         .collect();
-    let mut report = LoadReport::default();
-    let mut latencies = Vec::new();
+    let mut report = LoadReport {
+        rate: plan.rate,
+        ..LoadReport::default()
+    };
+    let mut latencies = latency_histogram();
     for worker in workers {
-        let (counts, mut samples) = worker.await?;
-        report.requests += counts.0;
-        report.over_limit += counts.1;
-        report.errors += counts.2;
-        latencies.append(&mut samples);
+        let (counts, samples) = worker.await?;
+        report.requests += counts.answered;
+        report.over_limit += counts.over;
+        report.errors += counts.errors;
+        latencies.add(&samples)?;
     }
     report.elapsed = start.elapsed();
+    if let Some(pacer) = pacer {
+        report.unsent = pacer.unsent();
+    }
     if let (Some(url), Some(before)) = (&plan.redis_url, redis_before) {
         let mut cost = RedisSnapshot::take(url).await?.since(&before);
         cost.decisions = report.requests;
         report.redis = Some(cost);
     }
-    latencies.sort_unstable();
-    report.latency = [0.5, 0.9, 0.99, 0.999, 1.0].map(|q| percentile(&latencies, q));
+    report.latency =
+        [0.5, 0.9, 0.99, 0.999, 1.0].map(|q| Duration::from_micros(latencies.value_at_quantile(q)));
     Ok(report)
+}
+
+/// Latencies in µs, from 1 µs to an hour, to 3 significant digits (0.1 %).
+fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
+}
+
+/// The key indexes one worker cycles through: `next`, `next + stride`, ... modulo `count`.
+struct Keys {
+    next: u64,
+    stride: u64,
+    count: u64,
+}
+
+/// What one worker counted.
+#[derive(Debug, Default)]
+struct Counts {
+    answered: u64,
+    over: u64,
+    errors: u64,
 }
 
 /// One descriptor's entries; `{i}` in a value is replaced by the key index.
 pub(crate) type Template = Vec<(String, String)>;
 
-/// One worker: requests back to back until the deadline. Returns (answered, over limit, errors) and
-/// the latency of every answered request.
+/// One worker until the deadline: closed loop, requests back to back, each timed from its send;
+/// open loop, the next request due from `pacer`, timed from when it was due.
 async fn work(
     mut client: Caller,
     domain: String,
     templates: Vec<Template>,
-    first_key: u64,
-    stride: u64,
-    keys: u64,
+    mut keys: Keys,
     deadline: Instant,
-) -> ((u64, u64, u64), Vec<Duration>) {
-    let (mut answered, mut over, mut errors) = (0, 0, 0);
-    let mut latencies = Vec::new();
-    let mut key = first_key;
+    pacer: Option<Pacer>,
+) -> (Counts, Histogram<u64>) {
+    let mut counts = Counts::default();
+    let mut latencies = latency_histogram();
     while Instant::now() < deadline {
-        let call = client.build(&domain, &templates, key % keys);
-        let sent = Instant::now();
+        let call = client.build(&domain, &templates, keys.next % keys.count);
+        keys.next += keys.stride;
+        let started = match &pacer {
+            None => Instant::now(),
+            Some(pacer) => match pacer.next_due(deadline).await {
+                Some(due) => due,
+                None => break,
+            },
+        };
         let answer = client.send(call).await;
-        key += stride;
         match answer {
             Ok(over_limit) => {
-                latencies.push(sent.elapsed());
-                answered += 1;
-                over += u64::from(over_limit);
+                let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                latencies.saturating_record(micros.max(1));
+                counts.answered += 1;
+                counts.over += u64::from(over_limit);
             }
-            Err(_) => errors += 1,
+            Err(_) => counts.errors += 1,
         }
     }
-    ((answered, over, errors), latencies)
+    (counts, latencies)
 }
 
 /// One caller per connection: a gRPC channel to the server in the plan's API, or a Redis connection for
@@ -317,26 +371,9 @@ async fn callers(
     Ok(callers)
 }
 
-fn percentile(sorted: &[Duration], q: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentiles_use_the_nearest_rank() {
-        let samples: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
-        assert_eq!(percentile(&samples, 0.5), Duration::from_millis(50));
-        assert_eq!(percentile(&samples, 0.99), Duration::from_millis(99));
-        assert_eq!(percentile(&samples, 1.0), Duration::from_millis(100));
-        assert_eq!(percentile(&[], 0.5), Duration::ZERO);
-    }
 
     #[test]
     fn templates_substitute_the_key_index() {
