@@ -100,6 +100,19 @@ fn judge(requests: u64, count: u64, until_end: u64) -> Decision {
     }
 }
 
+/// The decision for a counter that reads `after` with this request's cost counted, in the window the
+/// caller named (starting at `window_start_us`), at `now_us`: what `lua/fixed_window.lua` decides, for
+/// counters incremented without the script (`INCRBY`). The window is the caller's, not the one holding
+/// `now_us`, so the time to its end is clamped to `[0, window]` as the script clamps it.
+pub(crate) fn decide_counted(limit: &Limit, window_start_us: u64, now_us: u64, after: u64) -> Decision {
+    let window = limit.window_us.max(1);
+    let until_end = window_start_us
+        .saturating_add(window)
+        .saturating_sub(now_us)
+        .min(window);
+    judge(limit.requests, after, until_end)
+}
+
 /// The window end: from then on the stored count is ignored.
 pub(crate) fn expires_at_us(limit: &Limit, state: &State) -> u64 {
     state.window_start_us.saturating_add(limit.window())
@@ -162,6 +175,40 @@ mod tests {
             }
             prop_assert!(per_window.values().all(|&sum| sum <= limit.requests));
         }
+
+        /// The counter path (INCRBY, then decide from the count) answers what deciding from the state
+        /// answers, for any count, cost and instant of the window.
+        #[test]
+        fn deciding_from_the_incremented_count_matches_deciding_from_the_state(
+            requests in 0u64..50,
+            window_us in 1u64..10_000_000,
+            count in 0u64..100,
+            cost in 1u64..60,
+            window_index in 0u64..1_000,
+            offset in 0u64..10_000_000,
+        ) {
+            let limit = limit(requests, window_us);
+            let start = window_index * window_us;
+            let now = start + offset % window_us;
+            let state = State { window_start_us: start, count };
+            let (expected, next) = decide(&limit, Some(&state), now, cost);
+            prop_assert_eq!(decide_counted(&limit, start, now, next.count), expected);
+        }
+    }
+
+    #[test]
+    fn a_counter_named_for_a_neighbouring_window_clamps_its_reset_as_the_script_does() {
+        let limit = limit(5, 1_000_000);
+        // Named for the window that ends at 3 s, decided at 3.2 s (the caller's clock was behind).
+        assert_eq!(
+            decide_counted(&limit, 2_000_000, 3_200_000, 1),
+            Decision::allow(4, 0)
+        );
+        // Named for the next window (the caller's clock was ahead): at most one window away.
+        assert_eq!(
+            decide_counted(&limit, 4_000_000, 3_200_000, 6),
+            Decision::deny(1_000_000, 1_000_000)
+        );
     }
 
     #[test]

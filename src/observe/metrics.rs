@@ -290,7 +290,7 @@ impl Metrics {
     pub fn render(&self, store: StoreCounters) -> String {
         let mut out = String::with_capacity(4096);
         self.render_rules(&mut out);
-        let counters: [(&str, &str, u64); 18] = [
+        let counters: [(&str, &str, u64); 19] = [
             (
                 "ratelimit_service_config_load_success",
                 "Rule sets loaded.",
@@ -335,6 +335,11 @@ impl Metrics {
                 "tollgate_redis_script_calls_total",
                 "Script calls made to Redis (fewer than batches when concurrent requests share calls).",
                 store.redis_script_calls,
+            ),
+            (
+                "tollgate_redis_pipelines_total",
+                "Pipelines of fixed-window counters (INCRBY + EXPIRE) sent to Redis instead of script calls.",
+                store.redis_pipelines,
             ),
             (
                 "tollgate_redis_queue_full_total",
@@ -543,6 +548,7 @@ mod tests {
             local_cache_hits: 7,
             redis_batches: 40,
             redis_script_calls: 3,
+            redis_pipelines: 5,
             redis_queue_full: 2,
             redis_abandoned: 1,
             memory_evictions: 9,
@@ -557,6 +563,7 @@ mod tests {
         assert!(text.contains("tollgate_local_cache_hits_total 7"));
         assert!(text.contains("tollgate_redis_batches_total 40"));
         assert!(text.contains("tollgate_redis_script_calls_total 3"));
+        assert!(text.contains("tollgate_redis_pipelines_total 5"));
         assert!(text.contains("tollgate_redis_queue_full_total 2"));
         assert!(text.contains("tollgate_redis_abandoned_total 1"));
         assert!(text.contains("tollgate_memory_evictions_total 9"));

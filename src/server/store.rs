@@ -40,6 +40,7 @@ pub(super) fn build_store(
             connect_timeout,
             expiration_jitter_max_secs: settings.expiration_jitter_max_seconds,
             tls: tls.clone(),
+            pipeline_fixed_windows: settings.redis_pipeline_fixed_windows,
         };
         let redis = RedisStore::start(options, Arc::clone(&clock), stop.clone());
         LocalCache::new(redis, settings.local_cache_size_in_bytes, Arc::clone(&clock))

@@ -186,6 +186,8 @@ pub struct StoreCounters {
     pub redis_batches: u64,
     /// Script calls made to Redis. Fewer than batches when concurrent requests share calls.
     pub redis_script_calls: u64,
+    /// Pipelines of fixed-window counters (`INCRBY` + `EXPIRE`) sent to Redis instead of script calls.
+    pub redis_pipelines: u64,
     /// Requests refused because the queue of requests waiting for Redis was full.
     pub redis_queue_full: u64,
     /// Queued requests never sent because their caller had given up waiting.
@@ -216,6 +218,7 @@ impl AnyStore {
                         local_cache_hits: sum.local_cache_hits + cache.hits(),
                         redis_batches: sum.redis_batches + cache.inner().batches(),
                         redis_script_calls: sum.redis_script_calls + cache.inner().script_calls(),
+                        redis_pipelines: sum.redis_pipelines + cache.inner().pipelines(),
                         redis_queue_full: sum.redis_queue_full + cache.inner().queue_full(),
                         redis_abandoned: sum.redis_abandoned + cache.inner().abandoned(),
                         memory_evictions: 0,

@@ -315,26 +315,16 @@ async fn sixty_four_clients_on_two_instances_get_exactly_the_limit() {
     exact_admission(&[("REDIS_URL", &url)]).await;
 }
 
-/// Concurrent independent requests share script calls (coalescing), and each still gets its own exact
-/// answer: 64 clients, 640 requests on 640 keys, fewer calls than requests, every remaining exact.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_requests_share_script_calls_and_keep_their_answers() {
-    require_redis!();
-    let redis = RedisServer::start();
-    let url = redis.url();
-    let server = Arc::new(start(&[("REDIS_URL", &url)], &rules(Algorithm::FixedWindow, 100)).await);
-    ask(&server, &[&[("k", "warm-up")]])
-        .await
-        .expect("loads the library");
-    let before = command_calls(redis.port).get("fcall").copied().unwrap_or(0);
+/// 64 clients send 640 requests on 640 keys, each with two descriptors on the same key (the second
+/// sees the first's hit): every answer must be exact however requests share Redis calls.
+async fn sixty_four_clients_ten_pairs_each(server: &Arc<TestServer>) {
     let tasks: Vec<_> = (0..64)
         .map(|client| {
-            let server = Arc::clone(&server);
+            let server = Arc::clone(server);
             tokio::spawn(async move {
                 let mut rls = server.client().await;
                 for n in 0..10 {
                     let key = format!("c{client}-{n}");
-                    // Two descriptors on the same key: the second sees the first's hit.
                     let request = wire_request("rd", &[&[("k", &key)], &[("k", &key)]]);
                     let answer = rls.should_rate_limit(request).await.expect("answer").into_inner();
                     let remaining: Vec<u32> = answer.statuses.iter().map(|s| s.limit_remaining).collect();
@@ -346,18 +336,68 @@ async fn concurrent_requests_share_script_calls_and_keep_their_answers() {
     for task in tasks {
         task.await.expect("client");
     }
+}
+
+/// A series of the server's `/metrics`.
+async fn metric(server: &TestServer, name: &str) -> u64 {
+    let (_, text) = http(server.debug, "GET", "/metrics", "").await;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} in /metrics"))
+}
+
+/// Concurrent independent requests share script calls (coalescing), and each still gets its own exact
+/// answer: fewer calls than requests, every remaining exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_share_script_calls_and_keep_their_answers() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = Arc::new(start(&[("REDIS_URL", &url)], &rules(Algorithm::TokenBucket, 100)).await);
+    ask(&server, &[&[("k", "warm-up")]])
+        .await
+        .expect("loads the library");
+    let before = command_calls(redis.port).get("fcall").copied().unwrap_or(0);
+    sixty_four_clients_ten_pairs_each(&server).await;
     let calls = command_calls(redis.port).get("fcall").copied().unwrap_or(0) - before;
     // About 150 here; one per request would be 640.
     assert!(calls < 480, "{calls} script calls for 640 concurrent requests");
     // /metrics tells operators the same.
-    let (_, text) = http(server.debug, "GET", "/metrics", "").await;
-    let value = |name: &str| -> u64 {
-        text.lines()
-            .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{name} in /metrics"))
-    };
-    assert_eq!(value("tollgate_redis_batches_total "), 641);
-    assert_eq!(value("tollgate_redis_script_calls_total "), calls + 1);
+    assert_eq!(metric(&server, "tollgate_redis_batches_total ").await, 641);
+    assert_eq!(
+        metric(&server, "tollgate_redis_script_calls_total ").await,
+        calls + 1
+    );
+    Arc::into_inner(server).expect("clients done").stop().await;
+}
+
+/// Fixed windows are counted the Go service's way, with no script: concurrent requests share
+/// pipelines of INCRBY + EXPIRE NX (one per item), and each still gets its own exact answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_fixed_windows_share_pipelines_of_incrby_without_a_script() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = Arc::new(start(&[("REDIS_URL", &url)], &rules(Algorithm::FixedWindow, 100)).await);
+    let before = command_calls(redis.port);
+    sixty_four_clients_ten_pairs_each(&server).await;
+    let after = command_calls(redis.port);
+    let delta =
+        |command: &str| after.get(command).copied().unwrap_or(0) - before.get(command).copied().unwrap_or(0);
+    assert_eq!(delta("fcall"), 0, "no script for fixed windows");
+    assert_eq!(delta("incrby"), 1280, "one INCRBY per descriptor");
+    assert_eq!(delta("expire"), 1280, "and one EXPIRE NX");
+    let pipelines = metric(&server, "tollgate_redis_pipelines_total ").await;
+    assert_eq!(delta("time"), pipelines, "one TIME per pipeline");
+    assert!(
+        pipelines < 480,
+        "{pipelines} pipelines for 640 concurrent requests"
+    );
+    assert_eq!(metric(&server, "tollgate_redis_script_calls_total ").await, 0);
+    // Every counter has its TTL: the hour's window plus the default jitter of up to 300 s.
+    let key = redis.cli(&["KEYS", "rd_k_c0-0_*"]);
+    let ttl: i64 = redis.cli(&["TTL", key.trim()]).trim().parse().expect("ttl");
+    assert!((3000..=3900).contains(&ttl), "{ttl}");
     Arc::into_inner(server).expect("clients done").stop().await;
 }
 
@@ -1169,5 +1209,88 @@ async fn per_second_limits_are_counted_in_their_own_redis() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    server.stop().await;
+}
+
+/// A rolling upgrade shares counters: an instance that counts fixed windows with the script (as every
+/// earlier Tollgate did) and one that pipelines INCRBY read and write the same Go-format key, taking
+/// turns on one caller, and the budget runs down exactly across both. A native refund (a script with
+/// KEEPTTL) gives back into a counter the pipeline wrote.
+#[tokio::test]
+async fn scripted_and_pipelined_instances_share_fixed_window_counters() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let scripted = start(
+        &[
+            ("REDIS_URL", &url),
+            ("TOLLGATE_REDIS_PIPELINE_FIXED_WINDOWS", "false"),
+        ],
+        &rules(Algorithm::FixedWindow, 5),
+    )
+    .await;
+    let pipelined = start(&[("REDIS_URL", &url)], &rules(Algorithm::FixedWindow, 5)).await;
+    let mut remaining = Vec::new();
+    for turn in 0..7 {
+        let server = if turn % 2 == 0 { &pipelined } else { &scripted };
+        let answer = ask(server, &[&[("k", "shared")]]).await.expect("answer");
+        remaining.push((answer.overall_code, answer.statuses[0].limit_remaining));
+    }
+    let (ok, over) = (1, 2);
+    assert_eq!(
+        remaining,
+        [(ok, 4), (ok, 3), (ok, 2), (ok, 1), (ok, 0), (over, 0), (over, 0)]
+    );
+    let keys = redis.cli(&["KEYS", "rd_k_shared_*"]);
+    let key = keys.trim();
+    assert_eq!(
+        redis.cli(&["GET", key]).trim(),
+        "7",
+        "denied requests count too, as in Go"
+    );
+    let calls = command_calls(redis.port);
+    assert_eq!(calls.get("incrby").copied(), Some(4), "the pipelined turns");
+
+    // The pipeline wrote the counter; the script refunds into it, keeping its TTL.
+    let body = r#"{"domain":"rd","descriptors":[{"entries":[{"key":"k","value":"refundable"}]}],"cost":2}"#;
+    let (status, checked) = http(pipelined.http, "POST", "/v1/check", body).await;
+    assert_eq!(status, 200, "{checked}");
+    let checked: serde_json::Value = serde_json::from_str(&checked).expect("json");
+    assert_eq!(checked["results"][0]["remaining"], 3);
+    let refund = format!(
+        r#"{{"domain":"rd","descriptors":[{{"entries":[{{"key":"k","value":"refundable"}}]}}],"refund_token":"{}"}}"#,
+        checked["refund_token"].as_str().expect("token")
+    );
+    let (status, refunded) = http(pipelined.http, "POST", "/v1/refund", &refund).await;
+    assert_eq!(status, 200, "{refunded}");
+    let keys = redis.cli(&["KEYS", "rd_k_refundable_*"]);
+    assert_eq!(redis.cli(&["GET", keys.trim()]).trim(), "0");
+    let ttl: i64 = redis.cli(&["TTL", keys.trim()]).trim().parse().expect("ttl");
+    assert!(ttl > 0, "the refund kept the counter's TTL: {ttl}");
+    scripted.stop().await;
+    pipelined.stop().await;
+}
+
+/// A counter key holding something INCRBY refuses (not an integer) is decided by the script instead,
+/// which reads it as no count and overwrites it, as it always did; the request's other descriptors
+/// are counted once.
+#[tokio::test]
+async fn a_counter_incrby_refuses_is_decided_by_the_script() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = start(&[("REDIS_URL", &url)], &rules(Algorithm::FixedWindow, 5)).await;
+    ask(&server, &[&[("k", "garbled")]]).await.expect("answer");
+    let keys = redis.cli(&["KEYS", "rd_k_garbled_*"]);
+    let key = keys.trim();
+    redis.cli(&["SET", key, "not a number", "KEEPTTL"]);
+    let answer = ask(&server, &[&[("k", "garbled")], &[("k", "fine")]])
+        .await
+        .expect("answer");
+    let remaining: Vec<u32> = answer.statuses.iter().map(|s| s.limit_remaining).collect();
+    assert_eq!(remaining, [4, 4]);
+    assert_eq!(redis.cli(&["GET", key]).trim(), "1", "overwritten with a count");
+    let fine = redis.cli(&["KEYS", "rd_k_fine_*"]);
+    assert_eq!(redis.cli(&["GET", fine.trim()]).trim(), "1", "counted once");
     server.stop().await;
 }

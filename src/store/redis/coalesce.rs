@@ -7,6 +7,10 @@
 //! Under light load a request finds a free slot and is sent at once, alone; under heavy load calls
 //! grow to carry many requests, and Redis spends its time on the decisions, not on the calls.
 //!
+//! Requests made only of fixed-window counters share a pipeline of `INCRBY` + `EXPIRE` instead
+//! ([`super::pipeline`]); a drained group sends both at once, so each request still costs one round
+//! trip.
+//!
 //! Only [`CommitPolicy::Independent`] batches are coalesced: for them, one call over the concatenated
 //! items is exactly the requests applied one after another (the script settles each group on its
 //! own, and a later item sees an earlier item's effect), so nothing about their meaning changes. Every
@@ -61,6 +65,8 @@ pub(super) struct Pending {
     pub(super) reply: oneshot::Sender<Result<Vec<Decision>, StoreError>>,
     /// When the caller stops waiting: past it, the request is never sent.
     pub(super) deadline: Instant,
+    /// Every item is a fixed-window counter `INCRBY` decides ([`super::pipeline`]).
+    pub(super) pipelined: bool,
 }
 
 impl Pending {
@@ -100,18 +106,20 @@ impl Coalescer {
         &self.counts
     }
 
-    /// Queues a request that the caller waits for until `deadline`; the answer arrives on the returned
-    /// receiver. A full queue refuses it at once.
+    /// Queues a request that the caller waits for until `deadline` (`pipelined`: see [`Pending`]); the
+    /// answer arrives on the returned receiver. A full queue refuses it at once.
     pub(super) fn submit(
         &self,
         named: Vec<(String, ScriptItem<'static>)>,
         deadline: Instant,
+        pipelined: bool,
     ) -> Result<oneshot::Receiver<Result<Vec<Decision>, StoreError>>, StoreError> {
         let (reply, answer) = oneshot::channel();
         match self.queue.try_send(Pending {
             named,
             reply,
             deadline,
+            pipelined,
         }) {
             Ok(()) => Ok(answer),
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -174,8 +182,25 @@ async fn drain(store: Weak<RedisStore>, mut pending: mpsc::Receiver<Pending>, co
 }
 
 impl RedisStore {
-    /// One script call for several queued requests; each gets its own decisions back.
+    /// What a drained group costs Redis: one pipeline for the requests made only of fixed-window
+    /// counters, one script call for the others, sent at once.
     async fn send_coalesced(&self, group: Vec<Pending>) {
+        let (pipelined, scripted): (Vec<_>, Vec<_>) = group.into_iter().partition(|p| p.pipelined);
+        let pipelined = async {
+            if !pipelined.is_empty() {
+                self.send_pipelined(pipelined).await;
+            }
+        };
+        let scripted = async {
+            if !scripted.is_empty() {
+                self.send_scripted(scripted).await;
+            }
+        };
+        tokio::join!(pipelined, scripted);
+    }
+
+    /// One script call for several queued requests; each gets its own decisions back.
+    async fn send_scripted(&self, group: Vec<Pending>) {
         let mut items = Vec::with_capacity(group.iter().map(|p| p.named.len()).sum());
         // Group ids must stay distinct across requests so no two requests' groups merge.
         let mut offset = 0u32;

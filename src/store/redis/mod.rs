@@ -23,6 +23,7 @@ mod cluster_rebuild;
 mod coalesce;
 mod keys;
 mod lease;
+mod pipeline;
 pub mod script;
 mod sentinel;
 mod target;
@@ -70,6 +71,9 @@ pub struct RedisOptions {
     /// Fixed-window keys expire after their window plus up to this much (`EXPIRATION_JITTER_MAX_SECONDS`),
     /// spreading expirations as envoyproxy/ratelimit does.
     pub expiration_jitter_max_secs: u64,
+    /// Decide requests made only of fixed-window counters with pipelined `INCRBY` + `EXPIRE` instead of
+    /// the script ([`pipeline`]; `TOLLGATE_REDIS_PIPELINE_FIXED_WINDOWS`, on by default).
+    pub pipeline_fixed_windows: bool,
 }
 
 /// Live connections, filled in by the background connector.
@@ -190,6 +194,8 @@ pub struct RedisStore {
     batches: AtomicU64,
     /// Script calls made (per hash slot in a cluster; shared by coalesced batches).
     script_calls: AtomicU64,
+    /// Pipelines of fixed-window counters sent instead of script calls ([`pipeline`]).
+    pipelines: AtomicU64,
     /// Redis Cluster only: rebuilds a connection whose calls keep failing.
     rebuild: Option<ClusterRebuild>,
     /// This store, for the background tasks it starts.
@@ -226,6 +232,7 @@ impl RedisStore {
             jitter_hasher: hashbrown::DefaultHashBuilder::default(),
             batches: AtomicU64::new(0),
             script_calls: AtomicU64::new(0),
+            pipelines: AtomicU64::new(0),
             rebuild: cluster.then(ClusterRebuild::new),
             me: store.clone(),
         });
@@ -381,6 +388,11 @@ impl RedisStore {
         self.script_calls.load(Ordering::Relaxed)
     }
 
+    /// Pipelines of fixed-window counters sent so far instead of script calls.
+    pub fn pipelines(&self) -> u64 {
+        self.pipelines.load(Ordering::Relaxed)
+    }
+
     /// Whether Redis answers a `PING` within the deadline (readiness).
     pub async fn ping(&self) -> bool {
         let command = redis::cmd("PING");
@@ -518,7 +530,8 @@ impl Store for Arc<RedisStore> {
         let named = self.script_items(batch);
         if self.coalesces(batch) {
             let deadline = tokio::time::Instant::now() + self.options.deadline;
-            let answer = self.coalescer.submit(named, deadline)?;
+            let pipelined = self.options.pipeline_fixed_windows && pipeline::pipelinable(&batch.items);
+            let answer = self.coalescer.submit(named, deadline, pipelined)?;
             return match tokio::time::timeout_at(deadline, answer).await {
                 Ok(Ok(result)) => result,
                 Ok(Err(_)) => Err(StoreError::Unavailable("the coalesced call was dropped".into())),

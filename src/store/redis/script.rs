@@ -213,6 +213,11 @@ impl BatchScript {
         script
     }
 
+    /// Whether the server runs functions (Redis 7.0 or newer) as far as calls have shown.
+    pub fn has_functions(&self) -> bool {
+        self.functions.load(Ordering::Relaxed)
+    }
+
     /// The SHA1 of the EVAL form (what `EVALSHA` uses).
     pub fn sha(&self) -> &str {
         self.script.get_hash()

@@ -203,6 +203,7 @@ pub async fn connected_store(url: &str, kind: &str) -> (Arc<RedisStore>, Cancell
         connect_timeout: Duration::from_secs(2),
         tls: None,
         expiration_jitter_max_secs: 0,
+        pipeline_fixed_windows: true,
     };
     let stop = CancellationToken::new();
     let store = RedisStore::start(options, Arc::new(SystemClock), stop.clone());

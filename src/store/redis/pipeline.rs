@@ -1,0 +1,227 @@
+//! Fixed windows without a script: the envoyproxy/ratelimit way, `INCRBY` then `EXPIRE`, pipelined.
+//!
+//! A fixed-window decision needs no atomicity beyond one counter: `INCRBY key cost` returns the
+//! count with this request in it, and the verdict follows from that count alone
+//! ([`fixed_window::decide_counted`]), exactly as the batch script decides it. Where nothing needs
+//! items settled together, this costs Redis a fraction of a script call (measured in
+//! docs/performance.md): no Lua, no argument decoding, no state to read back. So a queued request
+//! whose items are all such counters ([`pipelinable`]) goes into one pipeline with the other
+//! pipelinable requests queued with it: `TIME`, then per item `INCRBY key cost` and
+//! `EXPIRE key ttl NX`, one write and one round trip for all of them.
+//!
+//! The keys and values are the script's and the Go service's: the window-named key holding a plain
+//! integer. `EXPIRE … NX` (Redis 7.0) sets the TTL once, when the counter is created, so the key
+//! expires a window plus jitter after its first hit (the script's `SET … EX` measures from the last
+//! one; both outlive the window). On Redis older than 7.0 plain `EXPIRE`, as Go sends it. A Go
+//! replica, an older Tollgate and this path can share counters in any mix: each command is atomic
+//! and each writes what the others read.
+//!
+//! `TIME` gives the Redis clock the decisions' reset times are counted from, and keeps the clock
+//! offset fresh for naming windows, as every script reply does.
+//!
+//! A counter holding something that is not an integer (`INCRBY` refuses it) is decided again by the
+//! script, which reads such a value as 0 and overwrites it, as Go's `INCRBY` never could.
+
+use std::sync::atomic::Ordering;
+
+use super::coalesce::{CALL_TIMEOUT, Pending};
+use super::script::{ScriptError, ScriptItem};
+use super::{CallError, RedisStore, refresh_if_moved, shares_group};
+use crate::algorithm::{Algorithm, Decision, fixed_window};
+use crate::store::{BatchItem, CommitPolicy, StoreError};
+
+/// Whether every item of an independent batch is a fixed-window counter that `INCRBY` alone decides:
+/// a cost to count (a cost of 0 is a peek, which never writes), and no other limit on its descriptor
+/// (a descriptor's limits are settled together: an allowed one must not count when another refuses).
+pub(super) fn pipelinable(items: &[BatchItem]) -> bool {
+    items.iter().enumerate().all(|(at, item)| {
+        item.limit.algorithm == Algorithm::FixedWindow && item.cost > 0 && !shares_group(items, at)
+    })
+}
+
+impl RedisStore {
+    /// One pipeline for several queued requests whose items are all [`pipelinable`]; each request
+    /// gets its own decisions back.
+    pub(super) async fn send_pipelined(&self, group: Vec<Pending>) {
+        let mut decisions = match self.count_in_pipeline(&group).await {
+            Ok(decisions) => decisions.into_iter(),
+            Err(error) => {
+                for request in group {
+                    let _ = request.reply.send(Err(error.clone()));
+                }
+                return;
+            }
+        };
+        for request in group {
+            let own = decisions.by_ref().take(request.named.len()).collect();
+            let _ = request.reply.send(Ok(own));
+        }
+    }
+
+    /// The decisions of every item of `group`, in order.
+    async fn count_in_pipeline(&self, group: &[Pending]) -> Result<Vec<Decision>, StoreError> {
+        let named: Vec<&(String, ScriptItem<'static>)> = group.iter().flat_map(|p| &p.named).collect();
+        let (now_us, counts) = self
+            .increment(&named)
+            .await
+            .map_err(|error| error.into_store_error(self.options.deadline))?;
+        let mut decisions = Vec::with_capacity(named.len());
+        let mut refused = Vec::new();
+        for (at, ((_, item), count)) in named.iter().zip(counts).enumerate() {
+            match count {
+                Some(after) => decisions.push(fixed_window::decide_counted(
+                    &item.limit,
+                    item.window_start_us,
+                    now_us,
+                    after,
+                )),
+                None => {
+                    refused.push(at);
+                    decisions.push(Decision::default());
+                }
+            }
+        }
+        if !refused.is_empty() {
+            // Not counted anywhere yet: the script decides them, overwriting what INCRBY refused.
+            let again: Vec<ScriptItem<'_>> = (0u32..)
+                .zip(&refused)
+                .map(|(group, &at)| ScriptItem {
+                    key: &named[at].0,
+                    group,
+                    ..named[at].1
+                })
+                .collect();
+            let redecided = self
+                .invoke_whole(&again, CommitPolicy::Independent, None, CALL_TIMEOUT)
+                .await?;
+            for (at, decision) in refused.into_iter().zip(redecided) {
+                decisions[at] = decision;
+            }
+        }
+        Ok(decisions)
+    }
+
+    /// `TIME`, then `INCRBY` + `EXPIRE` per item, as one pipeline. Returns Redis' clock and each
+    /// counter with its item counted (`None`: `INCRBY` refused the value there, and nothing was
+    /// counted).
+    async fn increment(
+        &self,
+        named: &[&(String, ScriptItem<'static>)],
+    ) -> Result<(u64, Vec<Option<u64>>), CallError> {
+        let mut pipe = redis::pipe();
+        // A refused INCRBY comes back in its place instead of failing the whole pipeline, whose other
+        // commands Redis has run.
+        pipe.ignore_errors();
+        pipe.cmd("TIME");
+        let expire_nx = self.script.has_functions();
+        for (key, item) in named.iter().map(|n| (&n.0, &n.1)) {
+            pipe.cmd("INCRBY").arg(key).arg(item.cost);
+            let expire = pipe.cmd("EXPIRE").arg(key).arg(item.ttl_secs.max(1));
+            if expire_nx {
+                expire.arg("NX");
+            }
+            expire.ignore();
+        }
+        let Some(connections) = self.connections.load_full() else {
+            return Err(CallError::NotConnected);
+        };
+        let (mut conn, link) = connections.whole();
+        self.pipelines.fetch_add(1, Ordering::Relaxed);
+        let sent_at = self.clock.now_us();
+        let call = pipe.query_async::<Vec<redis::Value>>(&mut conn);
+        let reply = match tokio::time::timeout(CALL_TIMEOUT, call).await {
+            Ok(reply) => reply.map_err(CallError::Redis),
+            Err(_) => Err(CallError::Timeout),
+        };
+        refresh_if_moved(link, &reply);
+        let values = reply?;
+        let bad = |index: usize| {
+            CallError::Reply(ScriptError::BadValue {
+                index,
+                value: format!("{:?}", values.get(index)),
+            })
+        };
+        if values.len() != named.len() + 1 {
+            return Err(CallError::Reply(ScriptError::WrongLength {
+                expected: named.len() + 1,
+                got: values.len(),
+            }));
+        }
+        let now_us = redis_time_us(&values[0]).ok_or_else(|| bad(0))?;
+        self.offsets.record(None, sent_at, self.clock.now_us(), now_us);
+        let counts = values[1..]
+            .iter()
+            .enumerate()
+            .map(|(at, value)| match value {
+                redis::Value::Int(after) => Ok(Some(u64::try_from(*after).unwrap_or(0))),
+                redis::Value::ServerError(_) => Ok(None),
+                _ => Err(bad(at + 1)),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok((now_us, counts))
+    }
+}
+
+/// `TIME`'s reply (seconds and microseconds, as bulk strings) in µs since the epoch.
+fn redis_time_us(value: &redis::Value) -> Option<u64> {
+    let redis::Value::Array(parts) = value else {
+        return None;
+    };
+    let number = |part: &redis::Value| -> Option<u64> {
+        match part {
+            redis::Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+            redis::Value::Int(n) => u64::try_from(*n).ok(),
+            _ => None,
+        }
+    };
+    match parts.as_slice() {
+        [seconds, micros] => number(seconds)?
+            .checked_mul(1_000_000)?
+            .checked_add(number(micros)?),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Limit;
+
+    fn item(algorithm: Algorithm, cost: u64, group: u32) -> BatchItem {
+        BatchItem {
+            key: "k".into(),
+            limit: Limit {
+                algorithm,
+                requests: 10,
+                window_us: 60_000_000,
+                burst: 10,
+            },
+            cost,
+            group,
+        }
+    }
+
+    #[test]
+    fn only_lone_costed_fixed_windows_are_pipelinable() {
+        let fixed = |cost, group| item(Algorithm::FixedWindow, cost, group);
+        assert!(pipelinable(&[fixed(1, 0), fixed(3, 1)]));
+        assert!(
+            !pipelinable(&[fixed(1, 0), fixed(1, 0)]),
+            "two limits of one descriptor settle together"
+        );
+        assert!(!pipelinable(&[fixed(0, 0)]), "a peek never writes");
+        assert!(!pipelinable(&[fixed(1, 0), item(Algorithm::TokenBucket, 1, 1)]));
+    }
+
+    #[test]
+    fn time_replies_are_read_as_microseconds() {
+        let bulk = |s: &str| redis::Value::BulkString(s.as_bytes().to_vec());
+        let time = redis::Value::Array(vec![bulk("1700000000"), bulk("123456")]);
+        assert_eq!(redis_time_us(&time), Some(1_700_000_000_123_456));
+        assert_eq!(
+            redis_time_us(&redis::Value::Array(vec![bulk("x"), bulk("1")])),
+            None
+        );
+        assert_eq!(redis_time_us(&redis::Value::Nil), None);
+    }
+}
