@@ -22,3 +22,6 @@ TOLLGATE_TEST_STORE=redis cargo test --locked --all-features --test it -- grpc::
 # And once more with the rules pushed over xDS by a management server in the test process, wherever a
 # test's rules have an xDS form (envoyproxy/ratelimit's fields only; see tests/it/common/xds_rules.rs).
 TOLLGATE_TEST_RULES=xds cargo test --locked --all-features --test it -- grpc:: headers:: hostile_input:: json_endpoint:: native::
+# The Python client (clients/python) against the debug binary built above: its checked-in stubs must
+# match proto/, then its tests start real servers (a virtualenv with pinned tools, kept in ~/.cache).
+clients/python/run-tests.sh -q -p no:cacheprovider
