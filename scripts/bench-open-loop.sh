@@ -16,7 +16,8 @@ cleanup_more() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }
 # shellcheck source=scripts/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 
-# One bench run's output as a Markdown row: store, load, offered/s, answered/s, p50, p99, p99.9, unsent.
+# One bench run's output as a Markdown row: store, load, offered/s, answered/s, p50, p99, p99.9, errors,
+# unsent.
 row() { # store load offered
   python3 -c '
 import re, sys
@@ -24,13 +25,14 @@ store, load, offered, text = sys.argv[1], sys.argv[2], sys.argv[3], sys.stdin.re
 rate = re.search(r"\(([0-9]+) decisions/s\)", text).group(1)
 lat = dict(re.findall(r"(p50|p99|p99\.9) ([0-9.]+[µm]?s)", text))
 unsent = re.search(r"unsent ([0-9]+)", text)
-cells = [store, load, offered, rate, lat["p50"], lat["p99"], lat["p99.9"], unsent.group(1) if unsent else "-"]
+errors = re.search(r"errors:? +([0-9]+)", text).group(1)
+cells = [store, load, offered, rate, lat["p50"], lat["p99"], lat["p99.9"], errors, unsent.group(1) if unsent else "-"]
 print("| " + " | ".join(cells) + " |")
 ' "$@"
 }
 
-echo "| store | load | offered/s | answered/s | p50 | p99 | p99.9 | unsent |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| store | load | offered/s | answered/s | p50 | p99 | p99.9 | errors | unsent |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for store in embedded redis; do
   port="$(free_port)"
   redis-cli -p "$redis_port" flushall >/dev/null
