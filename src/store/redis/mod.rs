@@ -72,7 +72,7 @@ pub struct RedisOptions {
     /// spreading expirations as envoyproxy/ratelimit does.
     pub expiration_jitter_max_secs: u64,
     /// Decide requests made only of fixed-window counters with pipelined `INCRBY` + `EXPIRE` instead of
-    /// the script ([`pipeline`]; `TOLLGATE_REDIS_PIPELINE_FIXED_WINDOWS`, on by default).
+    /// the script (`src/store/redis/pipeline.rs`; `TOLLGATE_REDIS_PIPELINE_FIXED_WINDOWS`, on by default).
     pub pipeline_fixed_windows: bool,
 }
 
