@@ -753,15 +753,28 @@ async fn redis_cluster_counts_exactly_across_slots() {
     let cluster = RedisCluster::start();
     let addrs = cluster.addrs();
     let env = [("REDIS_URL", addrs.as_str()), ("REDIS_TYPE", "cluster")];
-    // One request touching descriptors in different slots is answered whole.
-    let server = start(&env, &rules(Algorithm::SlidingWindow, 3)).await;
-    for expected in [2, 1, 0] {
-        let r = ask(&server, &[&[("k", "alpha")], &[("k", "beta")], &[("k", "gamma")]])
-            .await
-            .expect("answer");
-        assert!(r.statuses.iter().all(|s| s.limit_remaining == expected), "{r:?}");
+    // One request touching descriptors in different slots is answered whole: by a script per slot,
+    // or for fixed windows by a pipeline of INCRBY + EXPIRE per slot.
+    for algorithm in [Algorithm::SlidingWindow, Algorithm::FixedWindow] {
+        let server = start(&env, &rules(algorithm, 3)).await;
+        for expected in [2, 1, 0] {
+            let r = ask(&server, &[&[("k", "alpha")], &[("k", "beta")], &[("k", "gamma")]])
+                .await
+                .expect("answer");
+            assert!(r.statuses.iter().all(|s| s.limit_remaining == expected), "{r:?}");
+        }
+        let over = ask(&server, &[&[("k", "alpha")]]).await.expect("answer");
+        assert_eq!(over.overall_code, 2, "over the limit: {over:?}");
+        let (_, text) = http(server.debug, "GET", "/metrics", "").await;
+        let scripts = text.contains("\ntollgate_redis_script_calls_total 0\n");
+        let pipelines = text.contains("\ntollgate_redis_pipelines_total 0\n");
+        if algorithm == Algorithm::FixedWindow {
+            assert!(scripts && !pipelines, "fixed windows need no script: {text}");
+        } else {
+            assert!(!scripts && pipelines, "{text}");
+        }
+        server.stop().await;
     }
-    server.stop().await;
     exact_admission(&env).await;
 }
 

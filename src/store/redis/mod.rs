@@ -490,8 +490,7 @@ impl RedisStore {
         self.script_calls.fetch_add(1, Ordering::Relaxed);
         let call = self.script.call(conn, items, policy, markers);
         let call = tokio::time::timeout(timeout, call);
-        let reply = if crate::observe::telemetry::traces_enabled() && !tracing::Span::current().is_disabled()
-        {
+        let reply = if traced() {
             // A child of the RPC span (the current span), named as the database semantic conventions
             // name client calls: the operation. Coalesced calls serve several requests and have no
             // span of their own (traced requests are never coalesced).
@@ -518,6 +517,11 @@ impl RedisStore {
     }
 }
 
+/// Whether the current request is traced (its Redis calls get spans of their own).
+fn traced() -> bool {
+    crate::observe::telemetry::traces_enabled() && !tracing::Span::current().is_disabled()
+}
+
 /// Whether the item at `at` belongs to a group of several items (groups are contiguous).
 fn shares_group(items: &[BatchItem], at: usize) -> bool {
     let group = items[at].group;
@@ -528,15 +532,25 @@ impl Store for Arc<RedisStore> {
     async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
         self.batches.fetch_add(1, Ordering::Relaxed);
         let named = self.script_items(batch);
+        // Fixed-window counters alone need no script (see `pipeline`); traced requests keep the
+        // script, whose call is their Redis span.
+        let pipelined = self.options.pipeline_fixed_windows
+            && batch.policy == CommitPolicy::Independent
+            && !traced()
+            && pipeline::pipelinable(&batch.items);
         if self.coalesces(batch) {
             let deadline = tokio::time::Instant::now() + self.options.deadline;
-            let pipelined = self.options.pipeline_fixed_windows && pipeline::pipelinable(&batch.items);
             let answer = self.coalescer.submit(named, deadline, pipelined)?;
             return match tokio::time::timeout_at(deadline, answer).await {
                 Ok(Ok(result)) => result,
                 Ok(Err(_)) => Err(StoreError::Unavailable("the coalesced call was dropped".into())),
                 Err(_) => Err(StoreError::Timeout(self.options.deadline)),
             };
+        }
+        if pipelined {
+            // Redis Cluster: one pipeline per slot the request touches, not coalesced.
+            let named: Vec<_> = named.iter().collect();
+            return self.count(&named, self.options.deadline).await;
         }
         let items: Vec<ScriptItem<'_>> = named
             .iter()
@@ -576,11 +590,7 @@ impl RedisStore {
     /// Sentinel's master (a cluster call is split per slot anyway), except when the request is traced,
     /// so its `FCALL` span stays the child of its own RPC span.
     fn coalesces(&self, batch: &Batch) -> bool {
-        if batch.policy != CommitPolicy::Independent {
-            return false;
-        }
-        let traced = crate::observe::telemetry::traces_enabled() && !tracing::Span::current().is_disabled();
-        !traced && !self.is_cluster()
+        batch.policy == CommitPolicy::Independent && !traced() && !self.is_cluster()
     }
 
     /// One batch on the deployment's connection: one script call (per slot in a cluster).

@@ -21,12 +21,19 @@
 //!
 //! A counter holding something that is not an integer (`INCRBY` refuses it) is decided again by the
 //! script, which reads such a value as 0 and overwrites it, as Go's `INCRBY` never could.
+//!
+//! In a Redis Cluster a pipeline must stay in one hash slot, so a request is counted with one
+//! pipeline per slot it touches, all sent at once (cluster calls are not coalesced).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
 
 use super::coalesce::{CALL_TIMEOUT, Pending};
 use super::script::{ScriptError, ScriptItem};
-use super::{CallError, RedisStore, refresh_if_moved, shares_group};
+use super::{CallError, Connections, RedisStore, refresh_if_moved, shares_group, slot};
 use crate::algorithm::{Algorithm, Decision, fixed_window};
 use crate::store::{BatchItem, CommitPolicy, StoreError};
 
@@ -61,28 +68,69 @@ impl RedisStore {
     /// The decisions of every item of `group`, in order.
     async fn count_in_pipeline(&self, group: &[Pending]) -> Result<Vec<Decision>, StoreError> {
         let named: Vec<&(String, ScriptItem<'static>)> = group.iter().flat_map(|p| &p.named).collect();
-        let (now_us, counts) = self
-            .increment(&named)
-            .await
-            .map_err(|error| error.into_store_error(self.options.deadline))?;
-        let mut decisions = Vec::with_capacity(named.len());
+        self.count(&named, CALL_TIMEOUT).await
+    }
+
+    /// The decisions of `named`'s items, in order, counted with pipelines: one on a single node or
+    /// Sentinel's master; in a Redis Cluster one per hash slot (a pipeline must stay in one slot),
+    /// all sent at once. `timeout` bounds each pipeline.
+    pub(super) async fn count(
+        &self,
+        named: &[&(String, ScriptItem<'static>)],
+        timeout: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let Some(connections) = self.connections.load_full() else {
+            return Err(StoreError::Unavailable("not connected to Redis yet".into()));
+        };
+        let mut decisions = vec![Decision::default(); named.len()];
         let mut refused = Vec::new();
-        for (at, ((_, item), count)) in named.iter().zip(counts).enumerate() {
-            match count {
-                Some(after) => decisions.push(fixed_window::decide_counted(
-                    &item.limit,
-                    item.window_start_us,
-                    now_us,
-                    after,
-                )),
-                None => {
-                    refused.push(at);
-                    decisions.push(Decision::default());
+        let mut settle = |positions: &[usize], now_us: u64, counts: Vec<Option<u64>>| {
+            for (&at, count) in positions.iter().zip(counts) {
+                let item = &named[at].1;
+                match count {
+                    Some(after) => {
+                        decisions[at] =
+                            fixed_window::decide_counted(&item.limit, item.window_start_us, now_us, after);
+                    }
+                    None => refused.push(at),
                 }
+            }
+        };
+        let into_store_error = |error: CallError| error.into_store_error(self.options.deadline);
+        match &*connections {
+            Connections::Cluster(conn) => {
+                let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+                for (at, (key, _)) in named.iter().enumerate() {
+                    by_slot.entry(slot(key)).or_default().push(at);
+                }
+                let calls = by_slot.iter().map(|(&slot, positions)| {
+                    let part: Vec<_> = positions.iter().map(|&at| named[at]).collect();
+                    let mut conn = conn.clone();
+                    async move {
+                        let counted = self.increment(&mut conn, Some(slot), &part, timeout).await;
+                        self.observe(Some(slot), &counted);
+                        counted
+                    }
+                });
+                let answers = futures_util::future::try_join_all(calls)
+                    .await
+                    .map_err(into_store_error)?;
+                for (positions, (now_us, counts)) in by_slot.values().zip(answers) {
+                    settle(positions, now_us, counts);
+                }
+            }
+            whole => {
+                let (mut conn, link) = whole.whole();
+                let counted = self.increment(&mut conn, None, named, timeout).await;
+                refresh_if_moved(link, &counted);
+                let (now_us, counts) = counted.map_err(into_store_error)?;
+                let positions: Vec<usize> = (0..named.len()).collect();
+                settle(&positions, now_us, counts);
             }
         }
         if !refused.is_empty() {
             // Not counted anywhere yet: the script decides them, overwriting what INCRBY refused.
+            refused.sort_unstable();
             let again: Vec<ScriptItem<'_>> = (0u32..)
                 .zip(&refused)
                 .map(|(group, &at)| ScriptItem {
@@ -92,7 +140,7 @@ impl RedisStore {
                 })
                 .collect();
             let redecided = self
-                .invoke_whole(&again, CommitPolicy::Independent, None, CALL_TIMEOUT)
+                .invoke_whole(&again, CommitPolicy::Independent, None, timeout)
                 .await?;
             for (at, decision) in refused.into_iter().zip(redecided) {
                 decisions[at] = decision;
@@ -103,10 +151,13 @@ impl RedisStore {
 
     /// `TIME`, then `INCRBY` + `EXPIRE` per item, as one pipeline. Returns Redis' clock and each
     /// counter with its item counted (`None`: `INCRBY` refused the value there, and nothing was
-    /// counted).
-    async fn increment(
+    /// counted). Every counter it touched has a TTL when it returns.
+    async fn increment<C: ConnectionLike + Send>(
         &self,
+        conn: &mut C,
+        slot: Option<u16>,
         named: &[&(String, ScriptItem<'static>)],
+        timeout: Duration,
     ) -> Result<(u64, Vec<Option<u64>>), CallError> {
         let mut pipe = redis::pipe();
         // A refused INCRBY comes back in its place instead of failing the whole pipeline, whose other
@@ -120,44 +171,61 @@ impl RedisStore {
             if expire_nx {
                 expire.arg("NX");
             }
-            expire.ignore();
         }
-        let Some(connections) = self.connections.load_full() else {
-            return Err(CallError::NotConnected);
-        };
-        let (mut conn, link) = connections.whole();
         self.pipelines.fetch_add(1, Ordering::Relaxed);
         let sent_at = self.clock.now_us();
-        let call = pipe.query_async::<Vec<redis::Value>>(&mut conn);
-        let reply = match tokio::time::timeout(CALL_TIMEOUT, call).await {
-            Ok(reply) => reply.map_err(CallError::Redis),
-            Err(_) => Err(CallError::Timeout),
+        let call = pipe.query_async::<Vec<redis::Value>>(conn);
+        let values = match tokio::time::timeout(timeout, call).await {
+            Ok(reply) => reply.map_err(CallError::Redis)?,
+            Err(_) => return Err(CallError::Timeout),
         };
-        refresh_if_moved(link, &reply);
-        let values = reply?;
         let bad = |index: usize| {
             CallError::Reply(ScriptError::BadValue {
                 index,
                 value: format!("{:?}", values.get(index)),
             })
         };
-        if values.len() != named.len() + 1 {
+        if values.len() != 2 * named.len() + 1 {
             return Err(CallError::Reply(ScriptError::WrongLength {
-                expected: named.len() + 1,
+                expected: 2 * named.len() + 1,
                 got: values.len(),
             }));
         }
         let now_us = redis_time_us(&values[0]).ok_or_else(|| bad(0))?;
-        self.offsets.record(None, sent_at, self.clock.now_us(), now_us);
-        let counts = values[1..]
-            .iter()
-            .enumerate()
-            .map(|(at, value)| match value {
-                redis::Value::Int(after) => Ok(Some(u64::try_from(*after).unwrap_or(0))),
-                redis::Value::ServerError(_) => Ok(None),
-                _ => Err(bad(at + 1)),
-            })
-            .collect::<Result<_, _>>()?;
+        self.offsets.record(slot, sent_at, self.clock.now_us(), now_us);
+        let mut counts = Vec::with_capacity(named.len());
+        let mut untimed = Vec::new();
+        for (at, pair) in values[1..].chunks_exact(2).enumerate() {
+            counts.push(match &pair[0] {
+                redis::Value::Int(after) => Some(u64::try_from(*after).unwrap_or(0)),
+                redis::Value::ServerError(_) => None,
+                _ => return Err(bad(1 + 2 * at)),
+            });
+            if matches!(pair[1], redis::Value::ServerError(_)) {
+                untimed.push(at);
+            }
+        }
+        if !untimed.is_empty() {
+            // A server that turned out not to know EXPIRE's NX (older than 7.0, found before the
+            // script could tell): the counters must not live forever, so plain EXPIRE, as Go sends it.
+            tracing::warn!(
+                keys = untimed.len(),
+                "EXPIRE NX refused: setting the counters' TTL with EXPIRE"
+            );
+            let mut again = redis::pipe();
+            for &at in &untimed {
+                again
+                    .cmd("EXPIRE")
+                    .arg(&named[at].0)
+                    .arg(named[at].1.ttl_secs.max(1))
+                    .ignore();
+            }
+            let call = again.query_async::<()>(conn);
+            match tokio::time::timeout(timeout, call).await {
+                Ok(reply) => reply.map_err(CallError::Redis)?,
+                Err(_) => return Err(CallError::Timeout),
+            }
+        }
         Ok((now_us, counts))
     }
 }
