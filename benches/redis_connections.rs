@@ -25,14 +25,15 @@
 // meant for the library's public API, not for these private items.
 #![allow(missing_docs)]
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis_server::RedisServer;
 use tollgate::algorithm::{Algorithm, Limit};
 use tollgate::store::CommitPolicy;
 use tollgate::store::redis::script::{BatchScript, ScriptItem};
@@ -53,75 +54,6 @@ const FAIL_CAP: Duration = Duration::from_secs(3);
 const RECOVER_CAP: Duration = Duration::from_secs(5);
 /// Resilience: Redis stays down at least this long.
 const OUTAGE: Duration = Duration::from_millis(500);
-
-/// A `redis-server` of our own on a fixed loopback port; killed when dropped, panics included.
-struct RedisServer {
-    port: u16,
-    child: Option<Child>,
-}
-
-impl RedisServer {
-    fn start_on_free_port() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("find a free loopback port")
-            .port();
-        let mut server = Self { port, child: None };
-        server.start();
-        server
-    }
-
-    /// Starts (or restarts) the server on `self.port` and waits until it answers PING.
-    fn start(&mut self) {
-        assert!(self.child.is_none(), "redis-server already running");
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-server (is it on PATH?)");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.answers_ping() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not answer PING within 10 s"
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-
-    /// SIGKILL, as a crash would, and waits for the process to be gone.
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // Already exited is fine: either way it is gone once `wait` returns.
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    fn answers_ping(&self) -> bool {
-        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let mut reply = [0u8; 7];
-        stream.set_read_timeout(Some(Duration::from_millis(200))).is_ok()
-            && stream.write_all(b"PING\r\n").is_ok()
-            && stream.read_exact(&mut reply).is_ok()
-            && &reply == b"+PONG\r\n"
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {

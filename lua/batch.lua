@@ -119,6 +119,10 @@ local raw, ov_live, ov_alg, ov_win, ov_state, ov_writer, written = {}, {}, {}, {
 -- Per item: the decision of the current pass, the first pass's verdict, the costs.
 local allowed, remaining, reset, retry, first_allowed, first_retry = {}, {}, {}, {}, {}, {}
 local settled = {}
+-- Per item: the limit's fields as the algorithms read them (lim_of[i] points here). Reused across
+-- calls like the arrays above, so an item costs no table allocation: as many as the largest batch
+-- seen, which the caller bounds.
+local lim_pool = {}
 
 -- The stored state of non-fixed item i, or nil for no state (absent, another algorithm or
 -- window, malformed, or already expired: MemoryStore ignores expired entries too).
@@ -399,7 +403,13 @@ local function tollgate_batch(keys, args)
       return redis.error_reply('ERR tollgate: unknown algorithm ' .. int_str(a))
     end
     key_of[i], alg_of[i], cost_of[i], group_of[i], start_of[i], ttl_of[i] = keys[i], a, cost, group, start, ttl
-    lim_of[i] = { requests = requests, window_us = window_us, w = math.max(window_us, 1), burst = burst }
+    local lim = lim_pool[i]
+    if not lim then
+      lim = { requests = 0, window_us = 0, w = 1, burst = 0 }
+      lim_pool[i] = lim
+    end
+    lim.requests, lim.window_us, lim.w, lim.burst = requests, window_us, math.max(window_us, 1), burst
+    lim_of[i] = lim
   end
   -- Read every distinct key once. A table keyed by key name keeps this linear: a request may carry
   -- thousands of descriptors.

@@ -1,0 +1,127 @@
+//! What the batch script costs Redis per item, algorithm by algorithm: the time inside `FCALL`
+//! (`INFO commandstats`' `usec_per_call`, divided by the items a call carries), with one client sending
+//! calls one after another to a `redis-server` this binary starts. Nothing else runs meanwhile, so the
+//! figure is the script's own work, steadier than the end-to-end Redis CPU of `tollgate bench
+//! --redis-url` (which shares the cores with Tollgate and the load generator): the measure for changes
+//! to the Lua code (#15).
+//!
+//! Run with `cargo bench --bench redis_script` (needs `redis-server` on `PATH`). Each algorithm: 16 items
+//! a call on keys cycling over 10,000 values, cost 1, limits that always allow, a warm-up, then
+//! `CALLS` measured calls, `ROUNDS` times; it prints the fewest µs per item and the median.
+
+#![allow(missing_docs)]
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use redis::aio::MultiplexedConnection;
+use redis_server::RedisServer;
+use tollgate::algorithm::{Algorithm, Limit};
+use tollgate::store::CommitPolicy;
+use tollgate::store::redis::script::{BatchScript, ScriptItem};
+
+/// Items per call: about what a coalesced call carries at 64 requests in flight.
+const ITEMS: usize = 16;
+/// Distinct keys cycled through.
+const KEYS: usize = 10_000;
+/// Calls per measurement (after as many unmeasured, which create the keys).
+const CALLS: usize = 2_000;
+/// Measurements per algorithm; the fewest µs is the figure (noise on a shared host only adds).
+const ROUNDS: usize = 7;
+
+fn limit(algorithm: Algorithm) -> Limit {
+    // The sliding log keeps an entry per unit: a log of up to 100 entries a key, as the end-to-end
+    // bench sizes it; the others never come near their limit.
+    let requests = if algorithm == Algorithm::SlidingLog {
+        100
+    } else {
+        1_000_000_000
+    };
+    Limit {
+        algorithm,
+        requests,
+        window_us: 60_000_000,
+        burst: requests,
+    }
+}
+
+/// `count` calls of `ITEMS` items each, starting at key index `first`.
+async fn calls(
+    conn: &mut MultiplexedConnection,
+    script: &BatchScript,
+    algorithm: Algorithm,
+    first: usize,
+    count: usize,
+) {
+    let names: Vec<String> = (0..KEYS).map(|i| format!("bench_user_{i}")).collect();
+    let limit = limit(algorithm);
+    for call in 0..count {
+        let items: Vec<ScriptItem<'_>> = (0..ITEMS)
+            .map(|at| ScriptItem {
+                key: &names[(first + call * ITEMS + at) % KEYS],
+                limit,
+                cost: 1,
+                group: at as u32,
+                window_start_us: 0,
+                ttl_secs: 0,
+            })
+            .collect();
+        script
+            .call(conn, &items, CommitPolicy::Independent, None)
+            .await
+            .expect("the batch call");
+    }
+}
+
+/// `usec_per_call` of `FCALL` since the last `CONFIG RESETSTAT`.
+async fn fcall_usec(conn: &mut MultiplexedConnection) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_fcall:"))
+        .and_then(|stats| stats.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
+        .and_then(|v| v.parse().ok())
+        .expect("FCALL in commandstats")
+}
+
+fn main() {
+    let server = RedisServer::start_on_free_port();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let client = redis::Client::open(server.url()).expect("url");
+        let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+        let script = BatchScript::new();
+        script.preload(&mut conn).await.expect("FUNCTION LOAD");
+        println!("time inside FCALL per item, {ITEMS} items a call, {CALLS} calls a round:");
+        for algorithm in Algorithm::ALL {
+            let _: () = redis::cmd("FLUSHALL")
+                .query_async(&mut conn)
+                .await
+                .expect("FLUSHALL");
+            calls(&mut conn, &script, algorithm, 0, CALLS).await;
+            let mut rounds = Vec::with_capacity(ROUNDS);
+            for round in 0..ROUNDS {
+                let _: () = redis::cmd("CONFIG")
+                    .arg("RESETSTAT")
+                    .query_async(&mut conn)
+                    .await
+                    .expect("RESETSTAT");
+                calls(&mut conn, &script, algorithm, (round + 1) * CALLS * ITEMS, CALLS).await;
+                rounds.push(fcall_usec(&mut conn).await / ITEMS as f64);
+            }
+            rounds.sort_by(f64::total_cmp);
+            println!(
+                "  {:<15} {:.2} µs (median {:.2} µs)",
+                algorithm.as_str(),
+                rounds[0],
+                rounds[ROUNDS / 2]
+            );
+        }
+    });
+}
