@@ -221,18 +221,23 @@ impl RedisStore {
                 CALL_TIMEOUT,
             )
             .await;
-        match result {
-            Ok(decisions) => {
-                let mut decisions = decisions.into_iter();
-                for request in group {
-                    let own = decisions.by_ref().take(request.named.len()).collect();
-                    let _ = request.reply.send(Ok(own));
-                }
+        answer(group, result);
+    }
+}
+
+/// Hands each request of a group its own decisions (they come in request order), or the call's error.
+pub(super) fn answer(group: Vec<Pending>, result: Result<Vec<Decision>, StoreError>) {
+    match result {
+        Ok(decisions) => {
+            let mut decisions = decisions.into_iter();
+            for request in group {
+                let own = decisions.by_ref().take(request.named.len()).collect();
+                let _ = request.reply.send(Ok(own));
             }
-            Err(error) => {
-                for request in group {
-                    let _ = request.reply.send(Err(error.clone()));
-                }
+        }
+        Err(error) => {
+            for request in group {
+                let _ = request.reply.send(Err(error.clone()));
             }
         }
     }

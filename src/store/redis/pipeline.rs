@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::coalesce::{CALL_TIMEOUT, Pending};
+use super::coalesce::{CALL_TIMEOUT, Pending, answer};
 use super::script::{ScriptError, ScriptItem};
 use super::{CallError, Connections, RedisStore, refresh_if_moved, shares_group, slot};
 use crate::algorithm::{Algorithm, Decision, fixed_window};
@@ -50,25 +50,9 @@ impl RedisStore {
     /// One pipeline for several queued requests whose items are all [`pipelinable`]; each request
     /// gets its own decisions back.
     pub(super) async fn send_pipelined(&self, group: Vec<Pending>) {
-        let mut decisions = match self.count_in_pipeline(&group).await {
-            Ok(decisions) => decisions.into_iter(),
-            Err(error) => {
-                for request in group {
-                    let _ = request.reply.send(Err(error.clone()));
-                }
-                return;
-            }
-        };
-        for request in group {
-            let own = decisions.by_ref().take(request.named.len()).collect();
-            let _ = request.reply.send(Ok(own));
-        }
-    }
-
-    /// The decisions of every item of `group`, in order.
-    async fn count_in_pipeline(&self, group: &[Pending]) -> Result<Vec<Decision>, StoreError> {
         let named: Vec<&(String, ScriptItem<'static>)> = group.iter().flat_map(|p| &p.named).collect();
-        self.count(&named, CALL_TIMEOUT).await
+        let result = self.count(&named, CALL_TIMEOUT).await;
+        answer(group, result);
     }
 
     /// The decisions of `named`'s items, in order, counted with pipelines: one on a single node or
