@@ -517,6 +517,15 @@ impl RedisStore {
     }
 }
 
+/// The positions of `keys`, grouped by the Redis Cluster hash slot each lies in (ascending slots).
+fn by_slot<'k>(keys: impl Iterator<Item = &'k str>) -> BTreeMap<u16, Vec<usize>> {
+    let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+    for (at, key) in keys.enumerate() {
+        by_slot.entry(slot(key)).or_default().push(at);
+    }
+    by_slot
+}
+
 /// Whether the current request is traced (its Redis calls get spans of their own).
 fn traced() -> bool {
     crate::observe::telemetry::traces_enabled() && !tracing::Span::current().is_disabled()
@@ -534,11 +543,12 @@ impl Store for Arc<RedisStore> {
         let named = self.script_items(batch);
         // Fixed-window counters alone need no script (see `pipeline`); traced requests keep the
         // script, whose call is their Redis span.
+        let traced = traced();
         let pipelined = self.options.pipeline_fixed_windows
             && batch.policy == CommitPolicy::Independent
-            && !traced()
+            && !traced
             && pipeline::pipelinable(&batch.items);
-        if self.coalesces(batch) {
+        if self.coalesces(batch, traced) {
             let deadline = tokio::time::Instant::now() + self.options.deadline;
             let answer = self.coalescer.submit(named, deadline, pipelined)?;
             return match tokio::time::timeout_at(deadline, answer).await {
@@ -589,8 +599,8 @@ impl RedisStore {
     /// Whether a batch goes through the [`coalesce`] queue: independent batches on a single node or
     /// Sentinel's master (a cluster call is split per slot anyway), except when the request is traced,
     /// so its `FCALL` span stays the child of its own RPC span.
-    fn coalesces(&self, batch: &Batch) -> bool {
-        batch.policy == CommitPolicy::Independent && !traced() && !self.is_cluster()
+    fn coalesces(&self, batch: &Batch, traced: bool) -> bool {
+        batch.policy == CommitPolicy::Independent && !traced && !self.is_cluster()
     }
 
     /// One batch on the deployment's connection: one script call (per slot in a cluster).
@@ -626,10 +636,7 @@ impl RedisStore {
         markers: Option<Markers<'_>>,
         timeout: Duration,
     ) -> Result<Vec<Decision>, CallError> {
-        let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (at, item) in items.iter().enumerate() {
-            by_slot.entry(slot(item.key)).or_default().push(at);
-        }
+        let by_slot = by_slot(items.iter().map(|item| item.key));
         let settles_across = matches!(
             policy,
             CommitPolicy::AllOrNothing | CommitPolicy::StopIncrementWhenOverLimit

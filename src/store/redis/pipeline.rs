@@ -25,7 +25,6 @@
 //! In a Redis Cluster a pipeline must stay in one hash slot, so a request is counted with one
 //! pipeline per slot it touches, all sent at once (cluster calls are not coalesced).
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -33,7 +32,7 @@ use redis::aio::ConnectionLike;
 
 use super::coalesce::{CALL_TIMEOUT, Pending, answer};
 use super::script::{ScriptError, ScriptItem};
-use super::{CallError, Connections, RedisStore, refresh_if_moved, shares_group, slot};
+use super::{CallError, Connections, RedisStore, by_slot, refresh_if_moved, shares_group};
 use crate::algorithm::{Algorithm, Decision, fixed_window};
 use crate::store::{BatchItem, CommitPolicy, StoreError};
 
@@ -68,26 +67,11 @@ impl RedisStore {
         };
         let mut decisions = vec![Decision::default(); named.len()];
         let mut refused = Vec::new();
-        let mut settle = |positions: &[usize], now_us: u64, counts: Vec<Option<u64>>| {
-            for (&at, count) in positions.iter().zip(counts) {
-                let item = &named[at].1;
-                match count {
-                    Some(after) => {
-                        decisions[at] =
-                            fixed_window::decide_counted(&item.limit, item.window_start_us, now_us, after);
-                    }
-                    None => refused.push(at),
-                }
-            }
-        };
         let into_store_error = |error: CallError| error.into_store_error(self.options.deadline);
         match &*connections {
             Connections::Cluster(conn) => {
-                let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-                for (at, (key, _)) in named.iter().enumerate() {
-                    by_slot.entry(slot(key)).or_default().push(at);
-                }
-                let calls = by_slot.iter().map(|(&slot, positions)| {
+                let slots = by_slot(named.iter().map(|(key, _)| key.as_str()));
+                let calls = slots.iter().map(|(&slot, positions)| {
                     let part: Vec<_> = positions.iter().map(|&at| named[at]).collect();
                     let mut conn = conn.clone();
                     async move {
@@ -99,17 +83,22 @@ impl RedisStore {
                 let answers = futures_util::future::try_join_all(calls)
                     .await
                     .map_err(into_store_error)?;
-                for (positions, (now_us, counts)) in by_slot.values().zip(answers) {
-                    settle(positions, now_us, counts);
+                for (positions, counted) in slots.values().zip(answers) {
+                    settle(
+                        named,
+                        positions.iter().copied(),
+                        counted,
+                        &mut decisions,
+                        &mut refused,
+                    );
                 }
             }
             whole => {
                 let (mut conn, link) = whole.whole();
                 let counted = self.increment(&mut conn, None, named, timeout).await;
                 refresh_if_moved(link, &counted);
-                let (now_us, counts) = counted.map_err(into_store_error)?;
-                let positions: Vec<usize> = (0..named.len()).collect();
-                settle(&positions, now_us, counts);
+                let counted = counted.map_err(into_store_error)?;
+                settle(named, 0..named.len(), counted, &mut decisions, &mut refused);
             }
         }
         if !refused.is_empty() {
@@ -211,6 +200,27 @@ impl RedisStore {
             }
         }
         Ok((now_us, counts))
+    }
+}
+
+/// Decides the items at `positions` of `named` from what one pipeline counted (Redis' clock and each
+/// counter), into `decisions`; an item whose `INCRBY` was refused goes to `refused`.
+fn settle(
+    named: &[&(String, ScriptItem<'static>)],
+    positions: impl Iterator<Item = usize>,
+    (now_us, counts): (u64, Vec<Option<u64>>),
+    decisions: &mut [Decision],
+    refused: &mut Vec<usize>,
+) {
+    for (at, count) in positions.zip(counts) {
+        let item = &named[at].1;
+        match count {
+            Some(after) => {
+                decisions[at] =
+                    fixed_window::decide_counted(&item.limit, item.window_start_us, now_us, after);
+            }
+            None => refused.push(at),
+        }
     }
 }
 
