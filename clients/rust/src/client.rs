@@ -38,7 +38,8 @@ pub enum FailurePolicy {
 #[derive(Debug, Clone)]
 pub struct Client {
     inner: RateLimiterClient<Channel>,
-    domain: String,
+    /// Shared by clones (a layer clones the client per request).
+    domain: Arc<str>,
     deadline: Duration,
     policy: FailurePolicy,
     health: Arc<Health>,
@@ -86,7 +87,7 @@ impl Client {
     pub fn from_channel(channel: Channel, domain: impl Into<String>) -> Self {
         Self {
             inner: RateLimiterClient::new(channel),
-            domain: domain.into(),
+            domain: Arc::from(domain.into()),
             deadline: DEFAULT_DEADLINE,
             policy: FailurePolicy::default(),
             health: Arc::default(),
@@ -150,7 +151,7 @@ impl Client {
 
     async fn decide(&self, descriptors: &[Descriptor], cost: u64, mode: v1::Mode) -> Result<Decision, Error> {
         let request = v1::CheckRequest {
-            domain: self.domain.clone(),
+            domain: self.domain.to_string(),
             descriptors: to_wire(descriptors),
             cost,
             mode: mode as i32,
@@ -177,7 +178,7 @@ impl Client {
         cost: u64,
     ) -> Result<Refunded, Error> {
         let request = v1::RefundRequest {
-            domain: self.domain.clone(),
+            domain: self.domain.to_string(),
             descriptors: to_wire(descriptors),
             cost,
             refund_token: token.as_str().to_owned(),
@@ -195,13 +196,7 @@ impl Client {
     /// holds them until it is released or dropped (released in the background then), or until its
     /// TTL runs out if the process dies first.
     pub async fn acquire(&self, descriptors: &[Descriptor]) -> Result<Acquired, Error> {
-        let request = v1::AcquireRequest {
-            domain: self.domain.clone(),
-            descriptors: to_wire(descriptors),
-            lease_id: String::new(),
-            ttl: None,
-        };
-        match self.acquire_raw(request).await {
+        match self.acquire_raw(descriptors, "").await {
             Ok(response) if response.acquired => {
                 Ok(Acquired::Held(Lease::new(self.clone(), descriptors, response)))
             }
@@ -214,10 +209,18 @@ impl Client {
         }
     }
 
+    /// One Acquire: a new lease (`lease_id` empty) or the renewal of `lease_id`.
     pub(crate) async fn acquire_raw(
         &self,
-        request: v1::AcquireRequest,
+        descriptors: &[Descriptor],
+        lease_id: &str,
     ) -> Result<v1::AcquireResponse, Error> {
+        let request = v1::AcquireRequest {
+            domain: self.domain.to_string(),
+            descriptors: to_wire(descriptors),
+            lease_id: lease_id.to_owned(),
+            ttl: None,
+        };
         self.ask(
             |mut grpc, request| async move { grpc.acquire(request).await },
             request,
@@ -231,7 +234,7 @@ impl Client {
         descriptors: &[Descriptor],
     ) -> Result<bool, Error> {
         let request = v1::ReleaseRequest {
-            domain: self.domain.clone(),
+            domain: self.domain.to_string(),
             descriptors: to_wire(descriptors),
             lease_id: lease_id.to_owned(),
         };
@@ -286,8 +289,10 @@ impl Client {
                     tracing::warn!(%status, policy = ?self.policy, "Tollgate unreachable");
                 }
             }
+            // Read first: the shared flag is written when an outage ends, not on every call.
             _ => {
-                if self.health.down.swap(false, Ordering::Relaxed) {
+                if self.health.down.load(Ordering::Relaxed) && self.health.down.swap(false, Ordering::Relaxed)
+                {
                     tracing::info!("Tollgate reachable again");
                 }
             }

@@ -13,7 +13,7 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::client::Client;
-use crate::decision::{Decision, whole_seconds};
+use crate::decision::whole_seconds;
 use crate::descriptor::Descriptor;
 use crate::error::Error;
 use crate::lease::Acquired;
@@ -151,12 +151,8 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let descriptors = (self.layer.describe)(&request);
-        let RateLimitLayer {
-            client,
-            protocol,
-            guard,
-            ..
-        } = self.layer.clone();
+        let client = self.layer.client.clone();
+        let (protocol, guard) = (self.layer.protocol, self.layer.guard);
         Box::pin(async move {
             let Some(descriptors) = descriptors else {
                 return inner.call(request).await;
@@ -168,19 +164,13 @@ where
                         add_headers(&mut response, &decision.headers);
                         Ok(response)
                     }
-                    Ok(decision) => Ok(refused(protocol, &decision)),
+                    Ok(decision) => Ok(refused(protocol, decision.retry_after, &decision.headers)),
                     Err(error) => Ok(failed(protocol, &error)),
                 },
                 Guard::Lease => match client.acquire(&descriptors).await {
                     // The lease lives until the response is ready, then goes back in the background.
                     Ok(Acquired::Held(_lease)) => inner.call(request).await,
-                    Ok(Acquired::Refused { retry_after }) => Ok(refused(
-                        protocol,
-                        &Decision {
-                            retry_after,
-                            ..Decision::failed_open()
-                        },
-                    )),
+                    Ok(Acquired::Refused { retry_after }) => Ok(refused(protocol, retry_after, &[])),
                     Err(error) => Ok(failed(protocol, &error)),
                 },
             }
@@ -188,28 +178,31 @@ where
     }
 }
 
-/// The answer to a refused request.
-fn refused<B: Default>(protocol: Protocol, decision: &Decision) -> Response<B> {
+/// The answer to a refused request: `wait` is Tollgate's retry hint, `headers` the rate-limit headers
+/// it handed out with the refusal.
+fn refused<B: Default>(
+    protocol: Protocol,
+    wait: Option<Duration>,
+    headers: &[(String, String)],
+) -> Response<B> {
     let mut response = match protocol {
         Protocol::Http => {
             let mut response = Response::new(B::default());
             *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            if !decision
-                .headers
+            if !headers
                 .iter()
                 .any(|(name, _)| name.eq_ignore_ascii_case("retry-after"))
             {
-                response.headers_mut().insert(
-                    http::header::RETRY_AFTER,
-                    HeaderValue::from(decision.retry_after_secs()),
-                );
+                response
+                    .headers_mut()
+                    .insert(http::header::RETRY_AFTER, HeaderValue::from(whole_seconds(wait)));
             }
             response
         }
         Protocol::Grpc => {
             // RetryInfo carries the exact wait, which gRPC clients and retry policies read; the
             // message says it in seconds for people.
-            let wait = decision.retry_after.unwrap_or(Duration::from_secs(1));
+            let wait = wait.unwrap_or(Duration::from_secs(1));
             Status::with_error_details(
                 Code::ResourceExhausted,
                 format!("rate limited; retry in {}s", whole_seconds(Some(wait))),
@@ -218,7 +211,7 @@ fn refused<B: Default>(protocol: Protocol, decision: &Decision) -> Response<B> {
             .into_http()
         }
     };
-    add_headers(&mut response, &decision.headers);
+    add_headers(&mut response, headers);
     response
 }
 

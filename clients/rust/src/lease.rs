@@ -81,13 +81,7 @@ impl Lease {
         if !self.is_held() {
             return Ok(self.ttl);
         }
-        let request = v1::AcquireRequest {
-            domain: self.client.domain().to_owned(),
-            descriptors: crate::descriptor::to_wire(&self.descriptors),
-            lease_id: self.id.clone(),
-            ttl: None,
-        };
-        let response = self.client.acquire_raw(request).await?;
+        let response = self.client.acquire_raw(&self.descriptors, &self.id).await?;
         self.ttl = duration(response.ttl).unwrap_or_default();
         Ok(self.ttl)
     }
