@@ -16,7 +16,7 @@ use crate::store::AnyStore;
 use crate::store::local_cache::LocalCache;
 use crate::store::memory::MemoryStore;
 use crate::store::per_second::RedisStores;
-use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
+use crate::store::redis::{RedisOptions, RedisStore, RedisTarget, TargetError};
 
 /// The embedded store, or Redis (connecting in the background) behind the local over-limit cache.
 pub(super) fn build_store(
@@ -95,17 +95,17 @@ pub(crate) fn redis_target(settings: &Settings) -> Result<Option<RedisTarget>, S
     if settings.redis_url.trim().is_empty() {
         return Ok(None);
     }
-    parse_target(
-        "redis_url",
+    RedisTarget::parse(
         &settings.redis_url,
         &settings.redis_type,
         &settings.redis_socket_type,
         settings.redis_auth.expose(),
         settings.redis_sentinel_auth.expose(),
         settings.redis_tls,
-        settings,
+        settings.redis_tls_skip_hostname_verification,
     )
     .map(Some)
+    .map_err(bad_target("redis_url", &settings.redis_url))
 }
 
 /// Where the per-second Redis is (`REDIS_PERSECOND`), or `None` when per-second limits stay in the
@@ -114,45 +114,27 @@ pub(crate) fn redis_persecond_target(settings: &Settings) -> Result<Option<Redis
     if !settings.redis_persecond {
         return Ok(None);
     }
-    parse_target(
-        "redis_persecond_url",
+    RedisTarget::parse(
         &settings.redis_persecond_url,
         &settings.redis_persecond_type,
         &settings.redis_persecond_socket_type,
         settings.redis_persecond_auth.expose(),
         settings.redis_persecond_sentinel_auth.expose(),
         settings.redis_persecond_tls,
-        settings,
-    )
-    .map(Some)
-}
-
-/// One Redis location; the error names the setting and the URL without its userinfo.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn parse_target(
-    name: &'static str,
-    url: &str,
-    kind: &str,
-    socket_type: &str,
-    auth: &str,
-    sentinel_auth: &str,
-    tls: bool,
-    settings: &Settings,
-) -> Result<RedisTarget, SettingsError> {
-    RedisTarget::parse(
-        url,
-        kind,
-        socket_type,
-        auth,
-        sentinel_auth,
-        tls,
         settings.redis_tls_skip_hostname_verification,
     )
-    .map_err(|e| SettingsError::BadValue {
+    .map(Some)
+    .map_err(bad_target("redis_persecond_url", &settings.redis_persecond_url))
+}
+
+/// A Redis location that does not parse, as the setting `name` holding `url`: the error names the
+/// URL without its userinfo (a password never reaches a log).
+fn bad_target<'a>(name: &'static str, url: &'a str) -> impl FnOnce(TargetError) -> SettingsError + 'a {
+    move |error| SettingsError::BadValue {
         name,
         value: without_userinfo(url),
-        reason: e.to_string(),
-    })
+        reason: error.to_string(),
+    }
 }
 
 /// The certificates for TLS to Redis, read from the configured files (none configured: `None`, and the
