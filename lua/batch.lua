@@ -51,17 +51,19 @@
 -- KEYS: one per item, in batch order (duplicates allowed). Fixed window: the caller-named window
 --   counter (Go's key). Others: the caller's state key. In Redis Cluster all must share a slot.
 -- ARGV: [1] policy (0 Independent, 1 AllOrNothing, 2 StopIncrementWhenOverLimit, 3 Peek,
---   4 Refund) in decimal; [2] the items, 64 bytes each: 8 little-endian IEEE doubles (struct
---   '<dddddddd') holding algorithm (0 fixed_window, 1 sliding_window, 2 sliding_log,
+--   4 Refund) in decimal; [2] the items, 64 bytes each: 8 little-endian unsigned 64-bit integers
+--   (struct '<I8' x 8) holding algorithm (0 fixed_window, 1 sliding_window, 2 sliding_log,
 --   3 token_bucket, 4 gcra), requests, window_us, burst, cost (a refund's amount), group (unused
 --   by peeks and refunds), window_start_us (fixed window; else 0), ttl_secs (fixed window, used
---   by consuming policies only; else 0). Binary because decimal parsing (strtod) was a large share of a call;
---   the caller converts each u64 to the nearest double, which is what tonumber() did with the
---   decimal string, so the values seen are the same. Each must be a non-negative integer.
--- Returns: an array { now_us, then per item: allowed (1/0), remaining, reset_after_us,
---   retry_after_us }. Values are integer replies, or decimal strings above 2^53 (only for absurd
---   limits; saturated at u64::MAX). Malformed arguments -> an error reply `ERR tollgate: ...`,
---   before anything is written.
+--   by consuming policies only; else 0). Binary because decimal parsing (strtod) was a large
+--   share of a call; unsigned because then every field read is a non-negative integer and needs
+--   no check. struct converts each to the nearest double, as tonumber() of the decimal did.
+-- Returns: one binary string, 8 + 25 bytes per item: now_us as a little-endian double, then per
+--   item struct '<Bddd': allowed (1/0), remaining, reset_after_us, retry_after_us. Doubles hold
+--   every value exactly below 2^53 (beyond, only for absurd limits, the caller saturates them at
+--   u64::MAX as Rust does). One string instead of an array of 1 + 4n integers: Redis turns each
+--   array element into a reply of its own, which cost more than packing. Malformed arguments ->
+--   an error reply `ERR tollgate: ...`, before anything is written.
 --
 -- Atomic: Redis runs a function or script to completion without interleaving any other command,
 --   so the read, the settling and the writes form one step; and during a call Redis evaluates
@@ -114,8 +116,11 @@ local key_of, alg_of, lim_of, cost_of, group_of, start_of, ttl_of = {}, {}, {}, 
 -- indexed by that slot.
 local first_of = {}
 -- Per key slot: the stored value (false when absent); the overlay (state as left by earlier items
--- of the pass: live, algorithm, window, state (false: none), writer item); written in this call.
+-- of the pass: live, algorithm, window, state (false: none), writer item, and for a state of the
+-- other algorithms the instant it expires, computed once for both the check and the write);
+-- written in this call.
 local raw, ov_live, ov_alg, ov_win, ov_state, ov_writer, written = {}, {}, {}, {}, {}, {}, {}
+local ov_expiry = {}
 -- Per item: the decision of the current pass, the first pass's verdict, the costs.
 local allowed, remaining, reset, retry, first_allowed, first_retry = {}, {}, {}, {}, {}, {}
 local settled = {}
@@ -123,20 +128,23 @@ local settled = {}
 -- calls like the arrays above, so an item costs no table allocation: as many as the largest batch
 -- seen, which the caller bounds.
 local lim_pool = {}
+-- The distinct keys to read, in first-appearance order, and each one's key slot.
+local read_key, read_slot = {}, {}
+local MGET_CHUNK = 1000
+-- The reply's pieces (now, then one per item), joined into one string.
+local reply_parts = {}
 
 -- The stored state of non-fixed item i, or nil for no state (absent, another algorithm or
 -- window, malformed, or already expired: MemoryStore ignores expired entries too).
 local function stored_state(i, now)
   local value = raw[first_of[i]]
-  if not value or #value < 9 then
+  local a = alg_of[i]
+  -- The algorithm byte is read without struct (a C call per field is costly); the algorithm's
+  -- decode unpacks the rest, window included, in one call.
+  if not value or string.byte(value) ~= a then
     return nil
   end
-  local a, lim = alg_of[i], lim_of[i]
-  local code, window_us = struct.unpack('<Bd', value)
-  if code ~= a or window_us ~= lim.window_us then
-    return nil
-  end
-  local algorithm = ALGORITHMS[a]
+  local lim, algorithm = lim_of[i], ALGORITHMS[a]
   local st = algorithm.decode(lim, value)
   if st == nil or algorithm.expires(lim, st) <= now then
     return nil
@@ -186,22 +194,26 @@ local function run(n, costs, now)
     -- The same key under another algorithm or window is a different entry in MemoryStore's
     -- terms; not a layout the caller produces, handled only so that it cannot break the script.
     local entry = ov_live[g] and ov_alg[g] == a and ov_win[g] == lim.window_us
-    local ok, left, rst, rty, next_state
+    local ok, left, rst, rty, next_state, expiry
     if a == 0 then
       local count = current_count(g, entry)
       ok, left, rst, rty, next_state = fixed_window_decide(lim, count, now, cost, start_of[i])
     else
       local st = current_state(i, g, entry, now)
       local algorithm = ALGORITHMS[a]
-      ok, left, rst, rty, next_state = algorithm.decide(lim, st, now, cost)
+      -- A decide may return the new state's expiry when it computed it anyway (token_bucket.lua).
+      ok, left, rst, rty, next_state, expiry = algorithm.decide(lim, st, now, cost)
       -- Stored as MemoryStore stores it: a state already expired under this limit is no state.
-      if next_state ~= nil and algorithm.expires(lim, next_state) <= now then
-        next_state = false
+      if cost > 0 and next_state ~= nil then
+        expiry = expiry or algorithm.expires(lim, next_state)
+        if expiry <= now then
+          next_state = false
+        end
       end
     end
     if cost > 0 then
-      ov_live[g], ov_alg[g], ov_win[g], ov_state[g], ov_writer[g] =
-        true, a, lim.window_us, next_state or false, i
+      ov_live[g], ov_alg[g], ov_win[g], ov_state[g], ov_writer[g], ov_expiry[g] =
+        true, a, lim.window_us, next_state or false, i, expiry
     end
     allowed[i], remaining[i], reset[i], retry[i] = ok, left, rst, rty
   end
@@ -279,7 +291,7 @@ local function refund_all(n, now, keys, marker_ttl)
       end
     end
     local entry = ov_live[g] and ov_alg[g] == a and ov_win[g] == lim.window_us
-    local ok, left, rst, rty, next_state, changed
+    local ok, left, rst, rty, next_state, changed, expiry
     if a == 0 then
       local count, exists = current_count(g, entry)
       ok, left, rst, rty, next_state = fixed_window_refund(lim, count, now, amount, start_of[i])
@@ -290,13 +302,16 @@ local function refund_all(n, now, keys, marker_ttl)
       -- Each refund returns `st` itself when it changed nothing (always when `st` is nil).
       ok, left, rst, rty, next_state = algorithm.refund(lim, st, now, amount)
       changed = next_state ~= st
-      if changed and algorithm.expires(lim, next_state) <= now then
-        next_state = false
+      if changed then
+        expiry = algorithm.expires(lim, next_state)
+        if expiry <= now then
+          next_state = false
+        end
       end
     end
     if changed then
-      ov_live[g], ov_alg[g], ov_win[g], ov_state[g], ov_writer[g] =
-        true, a, lim.window_us, next_state, i
+      ov_live[g], ov_alg[g], ov_win[g], ov_state[g], ov_writer[g], ov_expiry[g] =
+        true, a, lim.window_us, next_state, i, expiry
     end
     allowed[i], remaining[i], reset[i], retry[i] = ok and mine, left, rst, rty
   end
@@ -347,15 +362,13 @@ local function write_states(n)
     local g = first_of[i]
     if alg_of[i] ~= 0 and ov_live[g] and not written[g] and ov_alg[g] ~= 0 then
       written[g] = true
-      local a, st, lim = ov_alg[g], ov_state[g], lim_of[ov_writer[g]]
-      local algorithm = ALGORITHMS[a]
-      local old = raw[g]
+      local st, old = ov_state[g], raw[g]
       if st then
-        local value = algorithm.encode(lim, st)
+        -- Encoded under the limit of the item that left the state (the key's last writer).
+        local value = ALGORITHMS[ov_alg[g]].encode(lim_of[ov_writer[g]], st)
         if value ~= old then
           -- Milliseconds rounded up: the key outlives the state's last relevant µs.
-          local at_ms = math.ceil(algorithm.expires(lim, st) / 1000)
-          redis.call('SET', key_of[i], value, 'PXAT', int_str(at_ms))
+          redis.call('SET', key_of[i], value, 'PXAT', int_str(math.ceil(ov_expiry[g] / 1000)))
         end
       elseif old then
         redis.call('DEL', key_of[i])
@@ -388,17 +401,12 @@ local function tollgate_batch(keys, args)
       or policy == 3 or policy == 4) then
     return redis.error_reply('ERR tollgate: expected a policy 0..4 and 64 bytes of fields per key')
   end
-  local unpack, pos = struct.unpack, 1
+  local unpack_item, pos = struct.unpack, 1
   for i = 1, n do
     local a, requests, window_us, burst, cost, group, start, ttl
-    a, requests, window_us, burst, cost, group, start, ttl, pos = unpack('<dddddddd', items, pos)
-    -- Non-negative integers only (x % 1 is NaN for inf; comparisons with NaN are false).
-    if not (a >= 0 and a % 1 == 0 and requests >= 0 and requests % 1 == 0 and window_us >= 0
-        and window_us % 1 == 0 and burst >= 0 and burst % 1 == 0 and cost >= 0 and cost % 1 == 0
-        and group >= 0 and group % 1 == 0 and start >= 0 and start % 1 == 0 and ttl >= 0
-        and ttl % 1 == 0) then
-      return redis.error_reply('ERR tollgate: item ' .. i .. ' has a field that is not a non-negative integer')
-    end
+    -- Unsigned integers, so every field is a non-negative integer without a check.
+    a, requests, window_us, burst, cost, group, start, ttl, pos =
+      unpack_item('<I8I8I8I8I8I8I8I8', items, pos)
     if a > 4 then
       return redis.error_reply('ERR tollgate: unknown algorithm ' .. int_str(a))
     end
@@ -412,18 +420,27 @@ local function tollgate_batch(keys, args)
     lim_of[i] = lim
   end
   -- Read every distinct key once. A table keyed by key name keeps this linear: a request may carry
-  -- thousands of descriptors.
-  local first_index = {}
+  -- thousands of descriptors. One MGET per MGET_CHUNK keys instead of a GET each: every redis.call
+  -- has a fixed cost, and unpack() is bounded by Lua's C stack (8,000 values).
+  local first_index, distinct = {}, 0
   for i = 1, n do
     local key = keys[i]
     local g = first_index[key]
     if not g then
       g = i
       first_index[key] = i
-      raw[i] = redis.call('GET', key)
+      distinct = distinct + 1
+      read_key[distinct], read_slot[distinct] = key, i
       written[i] = false
     end
     first_of[i] = g
+  end
+  for from = 1, distinct, MGET_CHUNK do
+    local to = math.min(from + MGET_CHUNK - 1, distinct)
+    local values = redis.call('MGET', unpack(read_key, from, to))
+    for j = from, to do
+      raw[read_slot[j]] = values[j - from + 1]
+    end
   end
 
   if policy == 4 then
@@ -453,13 +470,10 @@ local function tollgate_batch(keys, args)
     end
   end
 
-  local reply = { reply_int(now) }
+  local pack = struct.pack
+  reply_parts[1] = pack('<d', now)
   for i = 1, n do
-    local at = 4 * i - 2
-    reply[at] = allowed[i] and 1 or 0
-    reply[at + 1] = reply_int(remaining[i])
-    reply[at + 2] = reply_int(reset[i])
-    reply[at + 3] = reply_int(retry[i])
+    reply_parts[i + 1] = pack('<Bddd', allowed[i] and 1 or 0, remaining[i], reset[i], retry[i])
   end
-  return reply
+  return table.concat(reply_parts, '', 1, n + 1)
 end

@@ -108,22 +108,6 @@ local function int_str(x)
   return string.format('%.0f', x)
 end
 
--- A reply field: an integer reply when exact (< 2^53), else the decimal string, saturated at
--- u64::MAX like the Rust algorithms (the decoder accepts both). Negative or NaN never occur,
--- but are clamped to 0 all the same so that the reply is always a non-negative integer.
-local function reply_int(x)
-  if not (x > 0) then
-    return 0
-  end
-  if x < TWO53 then
-    return x
-  end
-  if x >= 18446744073709551615 then
-    return '18446744073709551615'
-  end
-  return int_str(x)
-end
-
 -- The decision of a limit with requests == 0 (nothing ever refills), as algorithm::never_refills:
 -- a peek passes with nothing left; any costed request is denied with a retry hint of one window.
 -- Returns allowed, remaining, reset_after_us, retry_after_us, state (unchanged).

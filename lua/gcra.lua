@@ -8,7 +8,7 @@
 --
 -- Representation: exactly Rust's state, the theoretical arrival time `tat_us + tat_frac /
 -- requests` µs (tat_frac < requests), stored as 25 bytes, struct.pack('<Bddd', 4, window_us,
--- tat_us, tat_frac) (batch.lua checks the algorithm byte and the window), set with PXAT = TAT
+-- tat_us, tat_frac) (batch.lua checks the algorithm byte, the decode below the window), set with PXAT = TAT
 -- rounded up, so every key has a TTL. Keeping Rust's representation means a changed `requests` reinterprets the state
 -- exactly as Rust does (the fraction clamped to requests - 1).
 --
@@ -109,11 +109,15 @@ local function gcra_encode(lim, st)
   return struct.pack('<Bddd', 4, lim.window_us, st.tat, st.frac)
 end
 
--- `value` is a stored value whose first 9 bytes batch.lua checked; nil when malformed.
+-- `value` is a stored value whose algorithm byte batch.lua checked; nil when malformed or of
+-- another window.
 local function gcra_decode(lim, value)
   if #value ~= 25 then
     return nil
   end
-  local tat, frac = struct.unpack('<dd', value, 10)
+  local window_us, tat, frac = struct.unpack('<ddd', value, 2)
+  if window_us ~= lim.window_us then
+    return nil
+  end
   return { tat = tat, frac = frac }
 end

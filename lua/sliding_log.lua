@@ -6,8 +6,8 @@
 -- `sliding_log_decide` and `sliding_log_refund` (each handles one item and writes nothing),
 -- `sliding_log_expires`, `sliding_log_encode` and `sliding_log_decode`.
 --
--- Representation: struct.pack('<Bd', 2, window_us) (batch.lua checks the algorithm byte and the
--- window) followed by 16 bytes per entry, struct.pack('<dd', timestamp_us, cost), oldest first,
+-- Representation: struct.pack('<Bd', 2, window_us) (batch.lua checks the algorithm byte, the
+-- decode below the window) followed by 16 bytes per entry, struct.pack('<dd', timestamp_us, cost), oldest first,
 -- each cost >= 1; an empty log is never stored. Entries are sorted and have distinct
 -- timestamps; admitting drops expired ones, and an admission needs live total + cost <=
 -- requests, so the log holds at most `requests` entries (memory bounded as in Rust). Set with
@@ -149,10 +149,11 @@ local function sliding_log_encode(lim, st)
   return table.concat(parts)
 end
 
--- `value` is a stored value whose first 9 bytes batch.lua checked; nil when malformed.
+-- `value` is a stored value whose algorithm byte batch.lua checked; nil when malformed or of
+-- another window.
 local function sliding_log_decode(lim, value)
   local len = #value
-  if len < 25 or math.fmod(len - 9, 16) ~= 0 then
+  if len < 25 or math.fmod(len - 9, 16) ~= 0 or struct.unpack('<d', value, 2) ~= lim.window_us then
     return nil
   end
   local ats, cs, n, pos = {}, {}, 0, 10

@@ -7,7 +7,7 @@
 -- nothing), `sliding_window_expires`, `sliding_window_encode` and `sliding_window_decode`.
 --
 -- Representation: 33 bytes, struct.pack('<Bddd', 1, window_us, window_start_us, current,
--- previous) (batch.lua checks the algorithm byte and the window), set with PXAT = the state's
+-- previous) (batch.lua checks the algorithm byte, the decode below the window), set with PXAT = the state's
 -- expiry (end of the next window), so every key has a TTL.
 --
 -- Arguments: `lim` = { requests, window_us, w = max(window_us, 1), burst }; `st` = { start, cur,
@@ -126,11 +126,15 @@ local function sliding_window_encode(lim, st)
   return struct.pack('<Bdddd', 1, lim.window_us, st.start, st.cur, st.prev)
 end
 
--- `value` is a stored value whose first 9 bytes batch.lua checked; nil when malformed.
+-- `value` is a stored value whose algorithm byte batch.lua checked; nil when malformed or of
+-- another window.
 local function sliding_window_decode(lim, value)
   if #value ~= 33 then
     return nil
   end
-  local start, cur, prev = struct.unpack('<ddd', value, 10)
+  local window_us, start, cur, prev = struct.unpack('<dddd', value, 2)
+  if window_us ~= lim.window_us then
+    return nil
+  end
   return { start = start, cur = cur, prev = prev }
 end

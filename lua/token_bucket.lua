@@ -11,15 +11,17 @@
 -- which reaches burst * window_us (3.2 * 10^19 for 10^6 tokens a year) and does not fit a
 -- double. Here the same credits are split as `t * window_us + f` with 0 <= f < window_us: whole
 -- tokens t and the fraction f, each small. Stored as 49 bytes, struct.pack('<Bdddddd', 3,
--- window_us, requests, burst, t, f, updated_us) (batch.lua checks the algorithm byte and the
--- window; requests and burst are recorded only so that a reconfigured limit changes the stored
+-- window_us, requests, burst, t, f, updated_us) (batch.lua checks the algorithm byte, the
+-- decode below the window; requests and burst are recorded only so that a reconfigured limit changes the stored
 -- value and batch.lua rewrites the TTL), set with PXAT = the instant the bucket is full again, so
 -- every key has a TTL. Doubles hold these integers (all < 2^53) exactly.
 --
 -- Arguments: `lim` = { requests, window_us, w = max(window_us, 1), burst }; `st` = { t, f, at }
 -- or nil (a full bucket); `now` = Redis TIME in µs; `cost` (or a refund's `amount`) >= 0.
 -- Returns: allowed, remaining, reset_after_us, retry_after_us, next state (`st` itself when
--- unchanged: denials, peeks, requests == 0, and refunds of nothing or to no state).
+-- unchanged: denials, peeks, requests == 0, and refunds of nothing or to no state); a decision
+-- that made a new state also returns its expiry (token_bucket_expires of it), which it computed
+-- on the way, so that batch.lua need not compute it again.
 --
 -- Refunds (token_bucket::refund): refill as a decision does, then `amount` whole tokens back,
 -- capped at `burst` (the fraction f is kept: t + amount < burst leaves credits below capacity,
@@ -83,11 +85,13 @@ local function token_bucket_decide(lim, st, now, cost)
   end
   local left = t - cost
   local reset = lag + ceil_sub(burst - left, w, f, r)
-  local next_state = st
+  local next_state, expiry = st, nil
   if cost > 0 then
     next_state = { t = left, f = f, at = at }
+    -- token_bucket_expires(lim, next_state) is at + the same ceil_sub as `reset`: known already.
+    expiry = now + reset
   end
-  return true, left, reset, 0, next_state
+  return true, left, reset, 0, next_state, expiry
 end
 
 local function token_bucket_refund(lim, st, now, amount)
@@ -118,13 +122,14 @@ local function token_bucket_encode(lim, st)
   return struct.pack('<Bdddddd', 3, lim.window_us, lim.requests, lim.burst, st.t, st.f, st.at)
 end
 
--- `value` is a stored value whose first 9 bytes batch.lua checked; nil when malformed.
+-- `value` is a stored value whose algorithm byte batch.lua checked; nil when malformed or of
+-- another window.
 local function token_bucket_decode(lim, value)
   if #value ~= 49 then
     return nil
   end
-  local _, _, t, f, at = struct.unpack('<ddddd', value, 10)
-  if not (f < lim.w) then
+  local window_us, _, _, t, f, at = struct.unpack('<dddddd', value, 2)
+  if window_us ~= lim.window_us or not (f < lim.w) then
     return nil
   end
   return { t = t, f = f, at = at }

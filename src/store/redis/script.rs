@@ -55,8 +55,11 @@ pub const SOURCE: &str = program!();
 /// The EVAL form: the program, then a call of the driver with EVAL's globals.
 const EVAL_SOURCE: &str = program!("\nreturn tollgate_batch(KEYS, ARGV)\n");
 
-/// Bytes per item in `ARGV[2]`: eight little-endian doubles.
+/// Bytes per item in `ARGV[2]`: eight little-endian `u64`s.
 const ITEM_BYTES: usize = 64;
+
+/// Bytes per item in the script's reply: `allowed`, then three little-endian doubles.
+const REPLY_ITEM_BYTES: usize = 25;
 
 /// Library loads one call may make before giving up. One suffices unless another `FUNCTION FLUSH` lands
 /// between the load and the retry (a burst of flushes under load); a few more make that harmless.
@@ -108,21 +111,23 @@ pub struct ScriptReply {
 /// mean the server is not the Redis we expect (or the reply was corrupted), never a decision.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ScriptError {
-    /// The reply was not an array.
-    #[error("expected an array reply, got {0}")]
-    NotAnArray(String),
-    /// The array had the wrong number of elements.
-    #[error("expected {expected} values in the reply, got {got}")]
+    /// The reply was not of the expected type: a bulk string from the script, an array from a
+    /// pipeline.
+    #[error("unexpected reply type: {0}")]
+    WrongType(String),
+    /// The reply had the wrong size: bytes of the script's reply, values of a pipeline's.
+    #[error("expected {expected} in the reply, got {got}")]
     WrongLength {
-        /// `1 + 4 × items`.
+        /// The script: `8 + 25 × items` bytes; a pipeline: its commands' replies.
         expected: usize,
         /// What arrived.
         got: usize,
     },
-    /// An element was not a non-negative integer (or, for `allowed`, not 0 or 1).
-    #[error("reply value {index} is not a valid integer: {value}")]
+    /// A value was not what it may be: `allowed` other than 0 or 1 in the script's reply, or a
+    /// pipeline's reply that is not an integer.
+    #[error("reply value {index} is not valid: {value}")]
     BadValue {
-        /// Position in the reply array.
+        /// Position in the reply: the script's item, or the pipeline's command.
         index: usize,
         /// The value as received, for the log.
         value: String,
@@ -314,53 +319,48 @@ impl BatchScript {
         invocation
     }
 
-    /// Decodes the script's reply for `items` items.
+    /// Decodes the script's reply for `items` items: `8 + 25 × items` bytes (see `lua/batch.lua`).
     pub fn decode(reply: redis::Value, items: usize) -> Result<ScriptReply, ScriptError> {
-        let values = match reply {
-            redis::Value::Array(values) | redis::Value::Set(values) => values,
-            other => return Err(ScriptError::NotAnArray(format!("{other:?}"))),
+        let bytes = match reply {
+            redis::Value::BulkString(bytes) => bytes,
+            other => return Err(ScriptError::WrongType(format!("{other:?}"))),
         };
-        let expected = items.checked_mul(4).and_then(|n| n.checked_add(1));
-        if expected != Some(values.len()) {
+        let expected = items.checked_mul(REPLY_ITEM_BYTES).and_then(|n| n.checked_add(8));
+        if expected != Some(bytes.len()) {
             return Err(ScriptError::WrongLength {
                 expected: expected.unwrap_or(usize::MAX),
-                got: values.len(),
+                got: bytes.len(),
             });
         }
-        let number = |index: usize| -> Result<u64, ScriptError> {
-            integer(&values[index]).ok_or_else(|| ScriptError::BadValue {
-                index,
-                value: format!("{:?}", values[index]),
-            })
-        };
-        let now_us = number(0)?;
+        let (now, rest) = bytes.split_at(8);
         let mut decisions = Vec::with_capacity(items);
-        for item in 0..items {
-            let at = 1 + 4 * item;
-            let allowed = match number(at)? {
+        for (index, item) in rest.chunks_exact(REPLY_ITEM_BYTES).enumerate() {
+            let allowed = match item[0] {
                 0 => false,
                 1 => true,
-                _ => {
+                other => {
                     return Err(ScriptError::BadValue {
-                        index: at,
-                        value: format!("{:?}", values[at]),
+                        index,
+                        value: format!("allowed = {other}"),
                     });
                 }
             };
             decisions.push(Decision {
                 allowed,
-                remaining: number(at + 1)?,
-                reset_after_us: number(at + 2)?,
-                retry_after_us: number(at + 3)?,
+                remaining: double_at(item, 1),
+                reset_after_us: double_at(item, 9),
+                retry_after_us: double_at(item, 17),
             });
         }
-        Ok(ScriptReply { now_us, decisions })
+        Ok(ScriptReply {
+            now_us: double_at(now, 0),
+            decisions,
+        })
     }
 }
 
-/// `ARGV[2]`: per item, eight little-endian doubles in the order `lua/batch.lua` reads them. `as f64`
-/// rounds to the nearest double, as the script's `tonumber` of the decimal did before.
-#[allow(clippy::cast_precision_loss)]
+/// `ARGV[2]`: per item, eight little-endian `u64`s in the order `lua/batch.lua` reads them (the
+/// script's `struct.unpack` rounds each to the nearest double).
 fn pack_items(items: &[ScriptItem<'_>]) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(items.len() * ITEM_BYTES);
     for item in items {
@@ -374,7 +374,7 @@ fn pack_items(items: &[ScriptItem<'_>]) -> Vec<u8> {
             item.window_start_us,
             item.ttl_secs,
         ] {
-            bytes.extend_from_slice(&(field as f64).to_le_bytes());
+            bytes.extend_from_slice(&field.to_le_bytes());
         }
     }
     bytes
@@ -408,15 +408,14 @@ fn algorithm_code(algorithm: Algorithm) -> u8 {
     }
 }
 
-/// A non-negative integer from an integer reply or a decimal string (the script sends values above
-/// 2^53 as strings, since Lua numbers are doubles).
-fn integer(value: &redis::Value) -> Option<u64> {
-    match value {
-        redis::Value::Int(n) => u64::try_from(*n).ok(),
-        redis::Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
-        redis::Value::SimpleString(text) => text.parse().ok(),
-        _ => None,
-    }
+/// The little-endian double at `at` in `bytes` as a `u64`. Values are integers, exact below 2^53;
+/// `as` saturates beyond `u64::MAX`, as the Rust algorithms do, and maps a negative or NaN value
+/// (which the script never sends) to 0.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+fn double_at(bytes: &[u8], at: usize) -> u64 {
+    let mut double = [0; 8];
+    double.copy_from_slice(&bytes[at..at + 8]);
+    f64::from_le_bytes(double) as u64
 }
 
 #[cfg(test)]
@@ -424,73 +423,64 @@ mod tests {
     use super::*;
     use redis::Value;
 
-    fn reply(values: Vec<Value>) -> Value {
-        Value::Array(values)
+    /// A reply as the script packs it: `now`, then per item `allowed` and three doubles.
+    fn reply(now: f64, items: &[(u8, [f64; 3])]) -> Value {
+        let mut bytes = now.to_le_bytes().to_vec();
+        for (allowed, values) in items {
+            bytes.push(*allowed);
+            for value in values {
+                bytes.extend_from_slice(&value.to_le_bytes());
+            }
+        }
+        Value::BulkString(bytes)
     }
 
     #[test]
-    fn decodes_integers_and_big_decimal_strings() {
+    fn decodes_doubles_saturating_as_the_rust_algorithms_do() {
         let got = BatchScript::decode(
-            reply(vec![
-                Value::Int(1_700_000_000_000_000),
-                Value::Int(1),
-                Value::Int(4),
-                Value::BulkString(b"18446744073709551615".to_vec()),
-                Value::Int(0),
-            ]),
-            1,
+            reply(
+                1_700_000_000_000_000.0,
+                &[(1, [4.0, 1e30, 0.0]), (0, [0.0, 9_007_199_254_740_993.0, 3.0])],
+            ),
+            2,
         )
         .expect("valid reply");
         assert_eq!(got.now_us, 1_700_000_000_000_000);
         assert_eq!(
             got.decisions,
-            vec![Decision {
-                allowed: true,
-                remaining: 4,
-                reset_after_us: u64::MAX,
-                retry_after_us: 0
-            }]
+            vec![
+                Decision {
+                    allowed: true,
+                    remaining: 4,
+                    reset_after_us: u64::MAX,
+                    retry_after_us: 0
+                },
+                Decision {
+                    allowed: false,
+                    remaining: 0,
+                    // The double nearest 2^53 + 1, as Lua holds it.
+                    reset_after_us: 9_007_199_254_740_992,
+                    retry_after_us: 3
+                }
+            ]
         );
     }
 
     #[test]
     fn malformed_replies_are_errors_not_panics() {
+        let good = reply(1.0, &[(1, [1.0, 2.0, 3.0])]);
+        let Value::BulkString(bytes) = good.clone() else {
+            unreachable!("reply() builds a bulk string")
+        };
         let bad = [
             (Value::Nil, 0),
             (Value::Okay, 1),
-            (reply(vec![Value::Int(1)]), 1),
-            (reply(vec![Value::Int(1); 5]), usize::MAX),
-            (reply(vec![Value::Int(-1)]), 0),
-            (
-                reply(vec![
-                    Value::Int(1),
-                    Value::Int(2),
-                    Value::Int(0),
-                    Value::Int(0),
-                    Value::Int(0),
-                ]),
-                1,
-            ),
-            (
-                reply(vec![
-                    Value::Int(1),
-                    Value::Int(1),
-                    Value::Nil,
-                    Value::Int(0),
-                    Value::Int(0),
-                ]),
-                1,
-            ),
-            (
-                reply(vec![
-                    Value::Int(1),
-                    Value::Int(1),
-                    Value::BulkString(b"1e5".to_vec()),
-                    Value::Int(0),
-                    Value::Int(0),
-                ]),
-                1,
-            ),
+            (Value::Array(vec![Value::Int(1)]), 0),
+            (good.clone(), 0),
+            (good.clone(), 2),
+            (good, usize::MAX),
+            (Value::BulkString(bytes[..32].to_vec()), 1),
+            (reply(1.0, &[(2, [1.0, 2.0, 3.0])]), 1),
         ];
         for (value, items) in bad {
             assert!(BatchScript::decode(value.clone(), items).is_err(), "{value:?}");
@@ -518,7 +508,7 @@ mod tests {
     }
 
     #[test]
-    fn items_are_packed_as_little_endian_doubles() {
+    fn items_are_packed_as_little_endian_integers() {
         let item = ScriptItem {
             key: "k",
             limit: Limit {
@@ -534,10 +524,11 @@ mod tests {
         };
         let bytes = pack_items(&[item, item]);
         assert_eq!(bytes.len(), 2 * ITEM_BYTES);
-        let field = |at: usize| f64::from_le_bytes(bytes[8 * at..8 * at + 8].try_into().expect("8 bytes"));
+        let field = |at: usize| u64::from_le_bytes(bytes[8 * at..8 * at + 8].try_into().expect("8 bytes"));
         assert_eq!(
             (0..8).map(field).collect::<Vec<_>>(),
-            [4.0, 10.0, 1e6, 18_446_744_073_709_551_615.0, 1.0, 7.0, 0.0, 0.0]
+            [4, 10, 1_000_000, u64::MAX, 1, 7, 0, 0]
         );
+        assert_eq!(bytes[64..], bytes[..64]);
     }
 }
