@@ -93,7 +93,10 @@
 
 local MAX_EXACT = 9007199254740991
 
--- Algorithms other than the fixed window, by code.
+-- Algorithms other than the fixed window, by code. `decides_expired_as_none`: deciding from a state
+-- that has expired gives exactly what deciding from no state gives (each such file shows why), so
+-- a decision need not compute the expiry of the state it reads. A refund still does: refunding an
+-- expired state would rewrite a key that MemoryStore treats as absent.
 local ALGORITHMS = {
   [1] = { decide = sliding_window_decide, refund = sliding_window_refund,
           expires = sliding_window_expires, encode = sliding_window_encode,
@@ -103,9 +106,9 @@ local ALGORITHMS = {
           decode = sliding_log_decode },
   [3] = { decide = token_bucket_decide, refund = token_bucket_refund,
           expires = token_bucket_expires, encode = token_bucket_encode,
-          decode = token_bucket_decode },
+          decode = token_bucket_decode, decides_expired_as_none = true },
   [4] = { decide = gcra_decide, refund = gcra_refund, expires = gcra_expires,
-          encode = gcra_encode, decode = gcra_decode },
+          encode = gcra_encode, decode = gcra_decode, decides_expired_as_none = true },
 }
 
 -- Per-item scratch arrays, indexed 1..#keys and overwritten by every call before being read (a call
@@ -135,8 +138,9 @@ local MGET_CHUNK = 1000
 local reply_parts = {}
 
 -- The stored state of non-fixed item i, or nil for no state (absent, another algorithm or
--- window, malformed, or already expired: MemoryStore ignores expired entries too).
-local function stored_state(i, now)
+-- window, malformed, or already expired: MemoryStore ignores expired entries too; `deciding` skips
+-- that check where the algorithm decides an expired state as none anyway).
+local function stored_state(i, now, deciding)
   local value = raw[first_of[i]]
   local a = alg_of[i]
   -- The algorithm byte is read without struct (a C call per field is costly); the algorithm's
@@ -146,7 +150,8 @@ local function stored_state(i, now)
   end
   local lim, algorithm = lim_of[i], ALGORITHMS[a]
   local st = algorithm.decode(lim, value)
-  if st == nil or algorithm.expires(lim, st) <= now then
+  if st == nil or not (deciding and algorithm.decides_expired_as_none)
+      and algorithm.expires(lim, st) <= now then
     return nil
   end
   return st
@@ -154,11 +159,11 @@ end
 
 -- The state item i starts from (not a fixed window): the overlay's when an earlier item of this
 -- call left one on its key (`entry`), else the stored one; nil for none.
-local function current_state(i, g, entry, now)
+local function current_state(i, g, entry, now, deciding)
   if entry then
     return ov_state[g] or nil
   end
-  return stored_state(i, now)
+  return stored_state(i, now, deciding)
 end
 
 -- A fixed-window counter as stored, and whether the key holds something else.
@@ -199,7 +204,7 @@ local function run(n, costs, now)
       local count = current_count(g, entry)
       ok, left, rst, rty, next_state = fixed_window_decide(lim, count, now, cost, start_of[i])
     else
-      local st = current_state(i, g, entry, now)
+      local st = current_state(i, g, entry, now, true)
       local algorithm = ALGORITHMS[a]
       -- A decide may return the new state's expiry when it computed it anyway (token_bucket.lua).
       ok, left, rst, rty, next_state, expiry = algorithm.decide(lim, st, now, cost)

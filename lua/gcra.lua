@@ -27,6 +27,11 @@
 -- (d - amount) * window + e, turned back into a TAT exactly as decide does; reported as a peek
 -- of the new state sees it, allowed, no retry.
 --
+-- An expired state decides as no state (batch.lua's decides_expired_as_none): expired means the
+-- TAT, rounded up, is <= now, so either tat < now or tat == now with frac == 0, and gcra_debt is
+-- (0, 0) in both cases, as for no state; a denial returns `st`, which batch.lua then finds expired
+-- and stores as none, as it would store nil.
+--
 -- Atomicity: see batch.lua. Time: batch.lua's single TIME read.
 --
 -- Exactness: all fields and the stored TAT are exact when requests, burst, costs and window_us

@@ -141,10 +141,36 @@ local function sliding_log_expires(lim, st)
   return st.at[n] + lim.w
 end
 
+-- Entries packed or unpacked by one struct call: a C call per entry cost more than the rest of a
+-- decision, while one call per chunk keeps the values it pushes (2 per entry) well within Lua's C
+-- stack (8,000).
+local LOG_CHUNK = 1000
+-- '<' followed by k times 'dd', by k (made on first use: a library may not call string functions
+-- while it loads).
+local log_formats = {}
+-- Scratch for encode: the entries of one chunk, interleaved (time, cost, time, cost, ...).
+local log_flat = {}
+
+local function log_format(k)
+  local format = log_formats[k]
+  if not format then
+    format = '<' .. string.rep('dd', k)
+    log_formats[k] = format
+  end
+  return format
+end
+
 local function sliding_log_encode(lim, st)
-  local parts = { struct.pack('<Bd', 2, lim.window_us) }
-  for i = 1, #st.at do
-    parts[i + 1] = struct.pack('<dd', st.at[i], st.c[i])
+  local ats, cs = st.at, st.c
+  local n = #ats
+  local parts, m = { struct.pack('<Bd', 2, lim.window_us) }, 1
+  for from = 1, n, LOG_CHUNK do
+    local k = math.min(LOG_CHUNK, n - from + 1)
+    for j = 1, k do
+      log_flat[2 * j - 1], log_flat[2 * j] = ats[from + j - 1], cs[from + j - 1]
+    end
+    m = m + 1
+    parts[m] = struct.pack(log_format(k), unpack(log_flat, 1, 2 * k))
   end
   return table.concat(parts)
 end
@@ -156,10 +182,16 @@ local function sliding_log_decode(lim, value)
   if len < 25 or math.fmod(len - 9, 16) ~= 0 or struct.unpack('<d', value, 2) ~= lim.window_us then
     return nil
   end
-  local ats, cs, n, pos = {}, {}, 0, 10
-  while pos < len do
-    n = n + 1
-    ats[n], cs[n], pos = struct.unpack('<dd', value, pos)
+  local n = (len - 9) / 16
+  local ats, cs, pos = {}, {}, 10
+  for from = 1, n, LOG_CHUNK do
+    local k = math.min(LOG_CHUNK, n - from + 1)
+    -- 2k values, then the position after them.
+    local values = { struct.unpack(log_format(k), value, pos) }
+    for j = 1, k do
+      ats[from + j - 1], cs[from + j - 1] = values[2 * j - 1], values[2 * j]
+    end
+    pos = values[2 * k + 1]
   end
   return { at = ats, c = cs }
 end

@@ -27,6 +27,11 @@
 -- capped at `burst` (the fraction f is kept: t + amount < burst leaves credits below capacity,
 -- since f < window_us); reported as a peek of the new state sees it, allowed, no retry.
 --
+-- An expired state decides as no state (batch.lua's decides_expired_as_none): expired means
+-- st.at <= expiry <= now with the bucket refilled to burst by now, so token_bucket_level returns
+-- (burst, 0, now, 0), exactly what it returns for no state; a denial returns `st`, which batch.lua
+-- then finds expired and stores as none, as it would store nil.
+--
 -- Atomicity: see batch.lua. Time: batch.lua's single TIME read.
 --
 -- Exactness: every product (elapsed * requests, tokens * window_us) goes through muldiv, so all

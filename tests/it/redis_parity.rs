@@ -917,6 +917,58 @@ async fn every_written_key_has_a_ttl_and_expires() {
     }
 }
 
+/// A sliding log longer than the script packs or unpacks in one struct call (1,000 entries) is read
+/// and written whole: every one of 1,500 admissions counts, and a refund gives back from the newest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_log_of_more_than_one_chunk_round_trips() {
+    require_redis!();
+    let mut h = Harness::start().await;
+    let limit = Limit {
+        algorithm: Algorithm::SlidingLog,
+        requests: 3_000,
+        window_us: 3_600_000_000,
+        burst: 3_000,
+    };
+    let item = |cost| ScriptItem {
+        key: "long_log",
+        limit,
+        cost,
+        group: 0,
+        window_start_us: 0,
+        ttl_secs: 0,
+    };
+    for admitted in 1..=1_500_u64 {
+        let reply = h.call(&[item(1)], CommitPolicy::Independent).await;
+        assert!(reply.decisions[0].allowed, "admission {admitted}");
+        assert_eq!(
+            reply.decisions[0].remaining,
+            3_000 - admitted,
+            "admission {admitted}"
+        );
+    }
+    // One entry per call unless two calls read the same Redis µs: well over one chunk either way.
+    let bytes: usize = h
+        .server
+        .cli(&["STRLEN", "long_log"])
+        .trim()
+        .parse()
+        .expect("STRLEN");
+    assert!(bytes > 9 + 16 * 1_200, "{bytes} bytes");
+    let refund = h.call(&[item(5)], REFUND).await;
+    assert_eq!(refund.decisions[0].remaining, 1_505);
+    let peek = h.call(&[item(0)], PEEK).await;
+    assert_eq!(peek.decisions[0].remaining, 1_505);
+    assert_eq!(
+        h.server
+            .cli(&["STRLEN", "long_log"])
+            .trim()
+            .parse::<usize>()
+            .expect("STRLEN"),
+        bytes - 5 * 16,
+        "the five newest entries (cost 1 each) are gone"
+    );
+}
+
 /// Malformed arguments are an error reply, never a crashed or half-applied script.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_arguments_are_rejected() {
