@@ -6,9 +6,12 @@
 //! to the Lua code (#15).
 //!
 //! Run with `cargo bench --bench redis_script` (needs `redis-server` on `PATH`). Each algorithm: 16 items
-//! a call on keys cycling over 10,000 values, cost 1, limits that always allow, a warm-up, then
-//! `CALLS` measured calls, `ROUNDS` times; it prints the fewest µs per item and the median. Names given
-//! after `--` (`cargo bench --bench redis_script -- gcra`) measure only the algorithms they match.
+//! a call on keys cycling over 10,000 values, cost 1, limits that always allow and keep their state
+//! between hits, a warm-up, then `CALLS` measured calls, `ROUNDS` times; it prints the fewest µs per
+//! item and the median. Names given after `--` (`cargo bench --bench redis_script -- gcra`) measure
+//! only the algorithms they match. Time moves with the host's load; for a figure that does not,
+//! `scripts/bench-redis-script-instructions.sh` runs this bench against a `redis-server` under
+//! callgrind and counts the instructions Redis executes inside `FCALL` per item.
 
 #![allow(missing_docs)]
 
@@ -23,26 +26,40 @@ use tollgate::store::redis::script::{BatchScript, ScriptItem};
 
 /// Items per call: about what a coalesced call carries at 64 requests in flight.
 const ITEMS: usize = 16;
-/// Distinct keys cycled through.
+/// Distinct keys cycled through, at most (fewer when a round has fewer items, so that every measured
+/// item finds its key's state).
 const KEYS: usize = 10_000;
-/// Calls per measurement (after as many unmeasured, which create the keys).
+/// Calls per measurement (after as many unmeasured, which create the keys); `TOLLGATE_BENCH_CALLS`.
 const CALLS: usize = 2_000;
 /// Measurements per algorithm; the fewest µs is the figure (noise on a shared host only adds).
+/// `TOLLGATE_BENCH_ROUNDS`; 0 runs the unmeasured calls alone.
 const ROUNDS: usize = 7;
+
+fn setting(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
 
 fn limit(algorithm: Algorithm) -> Limit {
     // The sliding log keeps an entry per unit: a log of up to 100 entries a key, as the end-to-end
-    // bench sizes it; the others never come near their limit.
-    let requests = if algorithm == Algorithm::SlidingLog {
-        100
-    } else {
-        1_000_000_000
-    };
+    // bench sizes it. The others never come near their limit, yet keep their state between two hits
+    // on a key (at a billion a minute a bucket is full again within a millisecond, and every
+    // decision would take the no-state path).
+    if algorithm == Algorithm::SlidingLog {
+        return Limit {
+            algorithm,
+            requests: 100,
+            window_us: 60_000_000,
+            burst: 100,
+        };
+    }
     Limit {
         algorithm,
-        requests,
-        window_us: 60_000_000,
-        burst: requests,
+        requests: 1_000,
+        window_us: 86_400_000_000,
+        burst: 1_000,
     }
 }
 
@@ -54,12 +71,13 @@ async fn calls(
     first: usize,
     count: usize,
 ) {
-    let names: Vec<String> = (0..KEYS).map(|i| format!("bench_user_{i}")).collect();
+    let keys = KEYS.min(count * ITEMS).max(1);
+    let names: Vec<String> = (0..keys).map(|i| format!("bench_user_{i}")).collect();
     let limit = limit(algorithm);
     for call in 0..count {
         let items: Vec<ScriptItem<'_>> = (0..ITEMS)
             .map(|at| ScriptItem {
-                key: &names[(first + call * ITEMS + at) % KEYS],
+                key: &names[(first + call * ITEMS + at) % keys],
                 limit,
                 cost: 1,
                 group: at as u32,
@@ -89,7 +107,9 @@ async fn fcall_usec(conn: &mut MultiplexedConnection) -> f64 {
 }
 
 fn main() {
-    let server = RedisServer::start_on_free_port();
+    let calls_per_round = setting("TOLLGATE_BENCH_CALLS", CALLS);
+    let rounds_per_algorithm = setting("TOLLGATE_BENCH_ROUNDS", ROUNDS);
+    let mut server = RedisServer::start_on_free_port();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -99,7 +119,7 @@ fn main() {
         let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
         let script = BatchScript::new();
         script.preload(&mut conn).await.expect("FUNCTION LOAD");
-        println!("time inside FCALL per item, {ITEMS} items a call, {CALLS} calls a round:");
+        println!("time inside FCALL per item, {ITEMS} items a call, {calls_per_round} calls a round:");
         // `cargo bench --bench redis_script -- token_bucket` measures the algorithms whose name
         // contains an argument (for profiling one of them); no argument measures all.
         let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
@@ -111,15 +131,19 @@ fn main() {
                 .query_async(&mut conn)
                 .await
                 .expect("FLUSHALL");
-            calls(&mut conn, &script, algorithm, 0, CALLS).await;
-            let mut rounds = Vec::with_capacity(ROUNDS);
-            for round in 0..ROUNDS {
+            calls(&mut conn, &script, algorithm, 0, calls_per_round).await;
+            if rounds_per_algorithm == 0 {
+                continue;
+            }
+            let mut rounds = Vec::with_capacity(rounds_per_algorithm);
+            for round in 0..rounds_per_algorithm {
                 let _: () = redis::cmd("CONFIG")
                     .arg("RESETSTAT")
                     .query_async(&mut conn)
                     .await
                     .expect("RESETSTAT");
-                calls(&mut conn, &script, algorithm, (round + 1) * CALLS * ITEMS, CALLS).await;
+                let first = (round + 1) * calls_per_round * ITEMS;
+                calls(&mut conn, &script, algorithm, first, calls_per_round).await;
                 rounds.push(fcall_usec(&mut conn).await / ITEMS as f64);
             }
             rounds.sort_by(f64::total_cmp);
@@ -127,8 +151,9 @@ fn main() {
                 "  {:<15} {:.2} µs (median {:.2} µs)",
                 algorithm.as_str(),
                 rounds[0],
-                rounds[ROUNDS / 2]
+                rounds[rounds_per_algorithm / 2]
             );
         }
     });
+    server.shutdown();
 }

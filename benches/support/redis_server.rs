@@ -22,10 +22,16 @@ impl RedisServer {
         server
     }
 
-    /// Starts (or restarts) the server on `self.port` and waits until it answers PING.
+    /// Starts (or restarts) the server on `self.port` and waits until it answers PING. With
+    /// `TOLLGATE_BENCH_REDIS_WRAPPER` set (say `valgrind --tool=callgrind ...`), the server runs under
+    /// that command; see `scripts/bench-redis-script-instructions.sh`.
     pub(crate) fn start(&mut self) {
         assert!(self.child.is_none(), "redis-server already running");
-        let child = Command::new("redis-server")
+        let wrapper = std::env::var("TOLLGATE_BENCH_REDIS_WRAPPER").unwrap_or_default();
+        let mut command: Vec<&str> = wrapper.split_whitespace().collect();
+        command.push("redis-server");
+        let child = Command::new(command[0])
+            .args(&command[1..])
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .stdout(Stdio::null())
@@ -33,11 +39,12 @@ impl RedisServer {
             .spawn()
             .expect("start redis-server (is it on PATH?)");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // Long enough for a server started under valgrind.
+        let deadline = Instant::now() + Duration::from_secs(30);
         while !self.answers_ping() {
             assert!(
                 Instant::now() < deadline,
-                "redis-server did not answer PING within 10 s"
+                "redis-server did not answer PING within 30 s"
             );
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -48,6 +55,18 @@ impl RedisServer {
         if let Some(mut child) = self.child.take() {
             // Already exited is fine: either way it is gone once `wait` returns.
             let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// `SHUTDOWN NOSAVE`, and waits for the process to exit: a clean exit, after which a wrapper
+    /// such as valgrind writes its report (a SIGKILL would lose it).
+    #[allow(dead_code)] // Only the benches that may run under a wrapper call it.
+    pub(crate) fn shutdown(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) {
+                let _ = stream.write_all(b"SHUTDOWN NOSAVE\r\n");
+            }
             let _ = child.wait();
         }
     }
