@@ -8,10 +8,12 @@
 //! Run with `cargo bench --bench redis_script` (needs `redis-server` on `PATH`). Each algorithm: 16 items
 //! a call on keys cycling over 10,000 values, cost 1, limits that always allow and keep their state
 //! between hits, a warm-up, then `CALLS` measured calls, `ROUNDS` times; it prints the fewest µs per
-//! item and the median. Names given after `--` (`cargo bench --bench redis_script -- gcra`) measure
-//! only the algorithms they match. Time moves with the host's load; for a figure that does not,
-//! `scripts/bench-redis-script-instructions.sh` runs this bench against a `redis-server` under
-//! callgrind and counts the instructions Redis executes inside `FCALL` per item.
+//! item and the median. Two more workloads follow the algorithms: `sliding_log_long` (logs of 100 to
+//! 200 entries) and `floor` (what any script deciding from a stored state costs at least). Names given
+//! after `--` (`cargo bench --bench redis_script -- gcra floor`) measure only those. Time moves with
+//! the host's load; for a figure that does not, `scripts/bench-redis-script-instructions.sh` runs this
+//! bench against a `redis-server` under callgrind and counts the instructions Redis executes inside
+//! `FCALL` per item.
 
 #![allow(missing_docs)]
 
@@ -64,16 +66,86 @@ fn limit(algorithm: Algorithm) -> Limit {
 }
 
 /// `count` calls of `ITEMS` items each, starting at key index `first`.
+/// The least any script deciding from a stored state must make Redis do per item: a function that
+/// reads every key with one `MGET` and writes each with `SET key value PXAT at` (a 49-byte value, the
+/// token bucket's size, and the instant passed ready-made), with no logic at all.
+const FLOOR_LIBRARY: &str = "#!lua name=tollgate_bench_floor
+redis.register_function('tollgate_bench_floor', function(keys, args)
+  local values = redis.call('MGET', unpack(keys))
+  for i = 1, #keys do
+    redis.call('SET', keys[i], args[1], 'PXAT', args[2])
+  end
+  return #values
+end)
+";
+
+/// An absolute expiry in ms, as a script would write it.
+fn a_day_from_now_ms() -> u128 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock after 1970");
+    (now + std::time::Duration::from_secs(86_400)).as_millis()
+}
+
+/// What a round calls: the batch script for one algorithm, the script for long sliding logs, or the
+/// floor function.
+#[derive(Clone, Copy)]
+enum Workload {
+    Script(Algorithm),
+    /// The sliding log on few keys, so that every round adds 100 entries to each (10,000 a day, never
+    /// denied): the warm-up leaves 100, the first measured round goes from 100 to 200.
+    LongLog,
+    Floor,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Script(algorithm) => algorithm.as_str(),
+            Self::LongLog => "sliding_log_long",
+            Self::Floor => "floor",
+        }
+    }
+}
+
 async fn calls(
     conn: &mut MultiplexedConnection,
     script: &BatchScript,
-    algorithm: Algorithm,
+    workload: Workload,
     first: usize,
     count: usize,
 ) {
-    let keys = KEYS.min(count * ITEMS).max(1);
+    let mut keys = KEYS.min(count * ITEMS).max(1);
+    let limit = match workload {
+        Workload::Script(algorithm) => limit(algorithm),
+        Workload::LongLog => {
+            keys = (count * ITEMS / 100).max(1);
+            Limit {
+                algorithm: Algorithm::SlidingLog,
+                requests: 10_000,
+                window_us: 86_400_000_000,
+                burst: 10_000,
+            }
+        }
+        Workload::Floor => {
+            let names: Vec<String> = (0..keys).map(|i| format!("bench_user_{i}")).collect();
+            for call in 0..count {
+                let mut fcall = redis::cmd("FCALL");
+                fcall.arg("tollgate_bench_floor").arg(ITEMS);
+                for at in 0..ITEMS {
+                    fcall.arg(&names[(first + call * ITEMS + at) % keys]);
+                }
+                let _: i64 = fcall
+                    .arg([b'x'; 49].as_slice())
+                    .arg(a_day_from_now_ms())
+                    .query_async(conn)
+                    .await
+                    .expect("the floor call");
+            }
+            return;
+        }
+    };
     let names: Vec<String> = (0..keys).map(|i| format!("bench_user_{i}")).collect();
-    let limit = limit(algorithm);
     for call in 0..count {
         let items: Vec<ScriptItem<'_>> = (0..ITEMS)
             .map(|at| ScriptItem {
@@ -119,19 +191,28 @@ fn main() {
         let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
         let script = BatchScript::new();
         script.preload(&mut conn).await.expect("FUNCTION LOAD");
+        let _: String = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg(FLOOR_LIBRARY)
+            .query_async(&mut conn)
+            .await
+            .expect("FUNCTION LOAD of the floor");
         println!("time inside FCALL per item, {ITEMS} items a call, {calls_per_round} calls a round:");
-        // `cargo bench --bench redis_script -- token_bucket` measures the algorithms whose name
-        // contains an argument (for profiling one of them); no argument measures all.
+        // `cargo bench --bench redis_script -- token_bucket floor` measures the workloads named (for
+        // profiling one of them); no name measures all.
         let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-        let chosen = Algorithm::ALL.into_iter().filter(|algorithm| {
-            filters.is_empty() || filters.iter().any(|f| algorithm.as_str().contains(f.as_str()))
-        });
-        for algorithm in chosen {
+        let workloads = Algorithm::ALL
+            .into_iter()
+            .map(Workload::Script)
+            .chain([Workload::LongLog, Workload::Floor]);
+        let chosen =
+            workloads.filter(|workload| filters.is_empty() || filters.iter().any(|f| f == workload.name()));
+        for workload in chosen {
             let _: () = redis::cmd("FLUSHALL")
                 .query_async(&mut conn)
                 .await
                 .expect("FLUSHALL");
-            calls(&mut conn, &script, algorithm, 0, calls_per_round).await;
+            calls(&mut conn, &script, workload, 0, calls_per_round).await;
             if rounds_per_algorithm == 0 {
                 continue;
             }
@@ -143,13 +224,13 @@ fn main() {
                     .await
                     .expect("RESETSTAT");
                 let first = (round + 1) * calls_per_round * ITEMS;
-                calls(&mut conn, &script, algorithm, first, calls_per_round).await;
+                calls(&mut conn, &script, workload, first, calls_per_round).await;
                 rounds.push(fcall_usec(&mut conn).await / ITEMS as f64);
             }
             rounds.sort_by(f64::total_cmp);
             println!(
                 "  {:<15} {:.2} µs (median {:.2} µs)",
-                algorithm.as_str(),
+                workload.name(),
                 rounds[0],
                 rounds[rounds_per_algorithm / 2]
             );

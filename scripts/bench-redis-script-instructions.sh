@@ -6,6 +6,10 @@
 #
 #   scripts/bench-redis-script-instructions.sh [algorithm ...]
 #
+# `sliding_log_long` runs the sliding log on few keys, its logs going from 100 to 200 entries in the
+# measured round. `floor` is a function with no logic at all that reads its keys with one MGET and writes each with
+# SET ... PXAT: what any script deciding from a stored state costs Redis at least.
+#
 # Each algorithm runs twice, under a fresh server each time: the warm-up alone, then the warm-up and one
 # measured round; the difference over the round's items is the figure (only FCALL is counted:
 # --toggle-collect=fcallCommand). Needs valgrind, redis-server and cargo; takes about 10 s an algorithm.
@@ -14,7 +18,7 @@ cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
 calls="${CALLS:-300}"
 algorithms=("$@")
-[ "${#algorithms[@]}" -gt 0 ] || algorithms=(fixed_window sliding_window sliding_log token_bucket gcra)
+[ "${#algorithms[@]}" -gt 0 ] || algorithms=(fixed_window sliding_window sliding_log token_bucket gcra sliding_log_long floor)
 bench="$(cargo bench --locked --bench redis_script --no-run 2>&1 \
   | sed -n 's/.*Executable benches\/redis_script.rs (\(.*\))/\1/p')"
 [ -x "$bench" ] || { echo "could not build the redis_script bench" >&2; exit 1; }
