@@ -45,19 +45,22 @@
 --   existing counter in place with the TTL it has, so a Go replica's INCRBY + EXPIRE on the same
 --   key go on working; the key is never created (a fresh window has nothing to refund).
 --   With a refund token, KEYS holds after the items one single-use marker per item (items of one
---   descriptor share theirs) and ARGV[3] its TTL in ms: each marker is claimed with SET NX PX in this
+--   descriptor share theirs) and ARGV[4] its TTL in ms: each marker is claimed with SET NX PX in this
 --   call, and an item whose marker was already there gives nothing back and reports not allowed.
 --
 -- KEYS: one per item, in batch order (duplicates allowed). Fixed window: the caller-named window
 --   counter (Go's key). Others: the caller's state key. In Redis Cluster all must share a slot.
 -- ARGV: [1] policy (0 Independent, 1 AllOrNothing, 2 StopIncrementWhenOverLimit, 3 Peek,
---   4 Refund) in decimal; [2] the items, 64 bytes each: 8 little-endian unsigned 64-bit integers
---   (struct '<I8' x 8) holding algorithm (0 fixed_window, 1 sliding_window, 2 sliding_log,
---   3 token_bucket, 4 gcra), requests, window_us, burst, cost (a refund's amount), group (unused
---   by peeks and refunds), window_start_us (fixed window; else 0), ttl_secs (fixed window, used
---   by consuming policies only; else 0). Binary because decimal parsing (strtod) was a large
---   share of a call; unsigned because then every field read is a non-negative integer and needs
---   no check. struct converts each to the nearest double, as tonumber() of the decimal did.
+--   4 Refund) in decimal; [2] the call's distinct limits, 32 bytes each: algorithm (0
+--   fixed_window, 1 sliding_window, 2 sliding_log, 3 token_bucket, 4 gcra), requests, window_us,
+--   burst; [3] the items, 40 bytes each: the index of the item's limit in [2] (from 1), cost (a
+--   refund's amount), group (unused by peeks and refunds), window_start_us (fixed window; else
+--   0), ttl_secs (fixed window, used by consuming policies only; else 0). Every field is a
+--   little-endian unsigned 64-bit integer (struct '<I8'). Binary because decimal parsing (strtod)
+--   was a large share of a call; unsigned because then every field read is a non-negative integer
+--   and needs no check (struct converts each to the nearest double, as tonumber() of the decimal
+--   did); each limit once because a call's items mostly share a few (coalesced requests for the
+--   same rule), and unpacking a field costs more than anything done with it.
 -- Returns: one binary string, 8 + 25 bytes per item: now_us as a little-endian double, then per
 --   item struct '<Bddd': allowed (1/0), remaining, reset_after_us, retry_after_us. Doubles hold
 --   every value exactly below 2^53 (beyond, only for absurd limits, the caller saturates them at
@@ -127,9 +130,9 @@ local ov_expiry = {}
 -- Per item: the decision of the current pass, the first pass's verdict, the costs.
 local allowed, remaining, reset, retry, first_allowed, first_retry = {}, {}, {}, {}, {}, {}
 local settled = {}
--- Per item: the limit's fields as the algorithms read them (lim_of[i] points here). Reused across
--- calls like the arrays above, so an item costs no table allocation: as many as the largest batch
--- seen, which the caller bounds.
+-- Per distinct limit of the call: its fields as the algorithms read them (lim_of[i] points to its
+-- item's). Reused across calls like the arrays above, so a call allocates no limit table: as many
+-- as the most distinct limits a call has carried, which the caller bounds.
 local lim_pool = {}
 -- The distinct keys to read, in first-appearance order, and each one's key slot.
 local read_key, read_slot = {}, {}
@@ -389,40 +392,50 @@ local function tollgate_batch(keys, args)
     now = tonumber(time[1]) * 1000000 + tonumber(time[2])
   end
   local n = #keys
-  local policy, items = tonumber(args[1]), args[2]
-  -- A refund with a token (a third argument) sends one single-use marker key per item after the
+  local policy, limits, items = tonumber(args[1]), args[2], args[3]
+  -- A refund with a token (a fourth argument) sends one single-use marker key per item after the
   -- items' keys.
   local marker_ttl = nil
-  if #args == 3 and policy == 4 and n % 2 == 0 then
+  if #args == 4 and policy == 4 and n % 2 == 0 then
     n = n / 2
-    marker_ttl = tonumber(args[3])
+    marker_ttl = tonumber(args[4])
     if not (marker_ttl and marker_ttl >= 1 and marker_ttl % 1 == 0) then
       return redis.error_reply('ERR tollgate: the marker TTL must be a positive number of ms')
     end
-  elseif #args ~= 2 then
-    return redis.error_reply('ERR tollgate: expected a policy and the items (and, for a refund, a marker TTL)')
+  elseif #args ~= 3 then
+    return redis.error_reply('ERR tollgate: expected a policy, the limits and the items (and, for a refund, a marker TTL)')
   end
-  if #items ~= 64 * n or not (policy == 0 or policy == 1 or policy == 2
+  if #items ~= 40 * n or #limits % 32 ~= 0 or not (policy == 0 or policy == 1 or policy == 2
       or policy == 3 or policy == 4) then
-    return redis.error_reply('ERR tollgate: expected a policy 0..4 and 64 bytes of fields per key')
+    return redis.error_reply('ERR tollgate: expected a policy 0..4, 32 bytes per limit and 40 per key')
   end
-  local unpack_item, pos = struct.unpack, 1
-  for i = 1, n do
-    local a, requests, window_us, burst, cost, group, start, ttl
-    -- Unsigned integers, so every field is a non-negative integer without a check.
-    a, requests, window_us, burst, cost, group, start, ttl, pos =
-      unpack_item('<I8I8I8I8I8I8I8I8', items, pos)
+  -- Unsigned integers, so every field is a non-negative integer without a check.
+  local unpack_fields, pos = struct.unpack, 1
+  local limit_count = #limits / 32
+  for j = 1, limit_count do
+    local a, requests, window_us, burst
+    a, requests, window_us, burst, pos = unpack_fields('<I8I8I8I8', limits, pos)
     if a > 4 then
       return redis.error_reply('ERR tollgate: unknown algorithm ' .. int_str(a))
     end
-    key_of[i], alg_of[i], cost_of[i], group_of[i], start_of[i], ttl_of[i] = keys[i], a, cost, group, start, ttl
-    local lim = lim_pool[i]
+    local lim = lim_pool[j]
     if not lim then
-      lim = { requests = 0, window_us = 0, w = 1, burst = 0 }
-      lim_pool[i] = lim
+      lim = { algorithm = 0, requests = 0, window_us = 0, w = 1, burst = 0 }
+      lim_pool[j] = lim
     end
-    lim.requests, lim.window_us, lim.w, lim.burst = requests, window_us, math.max(window_us, 1), burst
-    lim_of[i] = lim
+    lim.algorithm, lim.requests, lim.window_us, lim.w, lim.burst =
+      a, requests, window_us, math.max(window_us, 1), burst
+  end
+  pos = 1
+  for i = 1, n do
+    local l, cost, group, start, ttl
+    l, cost, group, start, ttl, pos = unpack_fields('<I8I8I8I8I8', items, pos)
+    if not (l >= 1 and l <= limit_count) then
+      return redis.error_reply('ERR tollgate: item ' .. i .. ' names no limit')
+    end
+    local lim = lim_pool[l]
+    key_of[i], lim_of[i], alg_of[i], cost_of[i], group_of[i], start_of[i], ttl_of[i] =
+      keys[i], lim, lim.algorithm, cost, group, start, ttl
   end
   -- Read every distinct key once. A table keyed by key name keeps this linear: a request may carry
   -- thousands of descriptors. One MGET per MGET_CHUNK keys instead of a GET each: every redis.call

@@ -985,23 +985,42 @@ async fn malformed_arguments_are_rejected() {
         []
     );
     // Unsigned fields: a negative, fractional, NaN or infinite value cannot be written at all.
-    let item = |fields: [u64; 8]| -> Vec<u8> { fields.iter().flat_map(|f| f.to_le_bytes()).collect() };
-    let good = item([3, 1, 1, 1, 1, 0, 0, 0]);
+    let words = |fields: &[u64]| -> Vec<u8> { fields.iter().flat_map(|f| f.to_le_bytes()).collect() };
+    let limit = words(&[3, 1, 1, 1]);
+    let item = words(&[1, 1, 0, 0, 0]);
     let cases: Vec<(&str, Vec<Vec<u8>>)> = vec![
-        ("no items argument", vec![b"0".to_vec()]),
-        ("policy out of range", vec![b"7".to_vec(), good.clone()]),
-        ("items too short", vec![b"0".to_vec(), good[..63].to_vec()]),
+        ("no items argument", vec![b"0".to_vec(), limit.clone()]),
+        (
+            "policy out of range",
+            vec![b"7".to_vec(), limit.clone(), item.clone()],
+        ),
+        (
+            "items too short",
+            vec![b"0".to_vec(), limit.clone(), item[..39].to_vec()],
+        ),
+        (
+            "limits too short",
+            vec![b"0".to_vec(), limit[..31].to_vec(), item.clone()],
+        ),
         (
             "too many arguments",
-            vec![b"0".to_vec(), good.clone(), b"x".to_vec()],
+            vec![b"0".to_vec(), limit.clone(), item.clone(), b"x".to_vec()],
         ),
         (
             "unknown algorithm",
-            vec![b"0".to_vec(), item([9, 1, 1, 1, 1, 0, 0, 0])],
+            vec![b"0".to_vec(), words(&[9, 1, 1, 1]), item.clone()],
         ),
         (
             "algorithm beyond 2^53",
-            vec![b"0".to_vec(), item([u64::MAX, 1, 1, 1, 1, 0, 0, 0])],
+            vec![b"0".to_vec(), words(&[u64::MAX, 1, 1, 1]), item.clone()],
+        ),
+        (
+            "an item naming no limit",
+            vec![b"0".to_vec(), limit.clone(), words(&[2, 1, 0, 0, 0])],
+        ),
+        (
+            "an item naming limit 0",
+            vec![b"0".to_vec(), limit.clone(), words(&[0, 1, 0, 0, 0])],
         ),
     ];
     for (case, args) in cases {

@@ -23,6 +23,7 @@
 //! - **EVAL fallback (Redis 6.2).** The first `ERR unknown command` for `FCALL` switches this
 //!   [`BatchScript`] to `EVALSHA` of the same program for good (NOSCRIPT: load and retry once).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -55,8 +56,11 @@ pub const SOURCE: &str = program!();
 /// The EVAL form: the program, then a call of the driver with EVAL's globals.
 const EVAL_SOURCE: &str = program!("\nreturn tollgate_batch(KEYS, ARGV)\n");
 
-/// Bytes per item in `ARGV[2]`: eight little-endian `u64`s.
-const ITEM_BYTES: usize = 64;
+/// Bytes per distinct limit in `ARGV[2]`: four little-endian `u64`s.
+const LIMIT_BYTES: usize = 32;
+
+/// Bytes per item in `ARGV[3]`: five little-endian `u64`s.
+const ITEM_BYTES: usize = 40;
 
 /// Bytes per item in the script's reply: `allowed`, then three little-endian doubles.
 const REPLY_ITEM_BYTES: usize = 25;
@@ -259,7 +263,8 @@ impl BatchScript {
             for marker in marker_keys {
                 fcall.arg(*marker);
             }
-            fcall.arg(policy_code(policy)).arg(pack_items(items));
+            let (limits, fields) = pack_items(items);
+            fcall.arg(policy_code(policy)).arg(limits).arg(fields);
             if let Some(markers) = markers {
                 fcall.arg(markers.ttl_ms.max(1));
             }
@@ -312,7 +317,8 @@ impl BatchScript {
         for marker in markers.map_or(&[][..], |m| m.keys) {
             invocation.key(*marker);
         }
-        invocation.arg(policy_code(policy)).arg(pack_items(items));
+        let (limits, fields) = pack_items(items);
+        invocation.arg(policy_code(policy)).arg(limits).arg(fields);
         if let Some(markers) = markers {
             invocation.arg(markers.ttl_ms.max(1));
         }
@@ -359,25 +365,38 @@ impl BatchScript {
     }
 }
 
-/// `ARGV[2]`: per item, eight little-endian `u64`s in the order `lua/batch.lua` reads them (the
-/// script's `struct.unpack` rounds each to the nearest double).
-fn pack_items(items: &[ScriptItem<'_>]) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(items.len() * ITEM_BYTES);
+/// `ARGV[2]` and `ARGV[3]` (see `lua/batch.lua`): each distinct limit of the batch once (algorithm,
+/// requests, window, burst), then per item the 1-based index of its limit, its cost, group, window
+/// start and TTL; all little-endian `u64`s (the script's `struct.unpack` rounds each to the nearest
+/// double). A batch's items mostly share a few limits, and the script pays per field it unpacks.
+fn pack_items(items: &[ScriptItem<'_>]) -> (Vec<u8>, Vec<u8>) {
+    let mut index_of: HashMap<Limit, u64> = HashMap::new();
+    let mut limits = Vec::with_capacity(LIMIT_BYTES);
+    let mut fields = Vec::with_capacity(items.len() * ITEM_BYTES);
     for item in items {
+        let next = index_of.len() as u64 + 1;
+        let index = *index_of.entry(item.limit).or_insert_with(|| {
+            for field in [
+                u64::from(algorithm_code(item.limit.algorithm)),
+                item.limit.requests,
+                item.limit.window_us,
+                item.limit.burst,
+            ] {
+                limits.extend_from_slice(&field.to_le_bytes());
+            }
+            next
+        });
         for field in [
-            u64::from(algorithm_code(item.limit.algorithm)),
-            item.limit.requests,
-            item.limit.window_us,
-            item.limit.burst,
+            index,
             item.cost,
             u64::from(item.group),
             item.window_start_us,
             item.ttl_secs,
         ] {
-            bytes.extend_from_slice(&field.to_le_bytes());
+            fields.extend_from_slice(&field.to_le_bytes());
         }
     }
-    bytes
+    (limits, fields)
 }
 
 /// Whether `error` is a plain `ERR` reply whose text starts with `detail`.
@@ -508,27 +527,34 @@ mod tests {
     }
 
     #[test]
-    fn items_are_packed_as_little_endian_integers() {
-        let item = ScriptItem {
-            key: "k",
-            limit: Limit {
-                algorithm: Algorithm::Gcra,
-                requests: 10,
-                window_us: 1_000_000,
-                burst: u64::MAX,
-            },
-            cost: 1,
-            group: 7,
-            window_start_us: 0,
-            ttl_secs: 0,
+    fn each_limit_is_packed_once_and_items_name_theirs() {
+        let limit = |requests| Limit {
+            algorithm: Algorithm::Gcra,
+            requests,
+            window_us: 1_000_000,
+            burst: u64::MAX,
         };
-        let bytes = pack_items(&[item, item]);
-        assert_eq!(bytes.len(), 2 * ITEM_BYTES);
-        let field = |at: usize| u64::from_le_bytes(bytes[8 * at..8 * at + 8].try_into().expect("8 bytes"));
+        let item = |requests, cost| ScriptItem {
+            key: "k",
+            limit: limit(requests),
+            cost,
+            group: 7,
+            window_start_us: 3,
+            ttl_secs: 4,
+        };
+        let (limits, fields) = pack_items(&[item(10, 1), item(20, 2), item(10, 5)]);
+        let words = |bytes: &[u8]| -> Vec<u64> {
+            bytes
+                .chunks_exact(8)
+                .map(|word| u64::from_le_bytes(word.try_into().expect("8 bytes")))
+                .collect()
+        };
+        assert_eq!(limits.len(), 2 * LIMIT_BYTES);
         assert_eq!(
-            (0..8).map(field).collect::<Vec<_>>(),
-            [4, 10, 1_000_000, u64::MAX, 1, 7, 0, 0]
+            words(&limits),
+            [4, 10, 1_000_000, u64::MAX, 4, 20, 1_000_000, u64::MAX]
         );
-        assert_eq!(bytes[64..], bytes[..64]);
+        assert_eq!(fields.len(), 3 * ITEM_BYTES);
+        assert_eq!(words(&fields), [1, 1, 7, 3, 4, 2, 2, 7, 3, 4, 1, 5, 7, 3, 4]);
     }
 }
