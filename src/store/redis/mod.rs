@@ -413,10 +413,7 @@ impl RedisStore {
             return Err(CallError::NotConnected);
         };
         let (conn, link) = connections.whole();
-        let result = match tokio::time::timeout(self.options.deadline, call(conn)).await {
-            Ok(reply) => reply.map_err(CallError::Redis),
-            Err(_) => Err(CallError::Timeout),
-        };
+        let result = within(self.options.deadline, call(conn)).await;
         refresh_if_moved(link, &result);
         result
     }
@@ -488,8 +485,7 @@ impl RedisStore {
     ) -> Result<Vec<Decision>, CallError> {
         let sent_at = self.clock.now_us();
         self.script_calls.fetch_add(1, Ordering::Relaxed);
-        let call = self.script.call(conn, items, policy, markers);
-        let call = tokio::time::timeout(timeout, call);
+        let call = within(timeout, self.script.call(conn, items, policy, markers));
         let reply = if traced() {
             // A child of the RPC span (the current span), named as the database semantic conventions
             // name client calls: the operation. Coalesced calls serve several requests and have no
@@ -505,15 +501,23 @@ impl RedisStore {
         } else {
             call.await
         };
-        let reply = reply
-            .map_err(|_| CallError::Timeout)
-            .and_then(|r| r.map_err(CallError::Redis));
         self.observe(slot, &reply);
         let reply = reply?;
         let ScriptReply { now_us, decisions } =
             BatchScript::decode(reply, items.len()).map_err(CallError::Reply)?;
         self.offsets.record(slot, sent_at, self.clock.now_us(), now_us);
         Ok(decisions)
+    }
+}
+
+/// `call`, bounded by `timeout`: its reply, or the Redis error or missed deadline as a [`CallError`].
+async fn within<T>(
+    timeout: Duration,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, CallError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(reply) => reply.map_err(CallError::Redis),
+        Err(_) => Err(CallError::Timeout),
     }
 }
 

@@ -32,7 +32,7 @@ use redis::aio::ConnectionLike;
 
 use super::coalesce::{CALL_TIMEOUT, Pending, answer};
 use super::script::{ScriptError, ScriptItem};
-use super::{CallError, Connections, RedisStore, by_slot, refresh_if_moved, shares_group};
+use super::{CallError, Connections, RedisStore, by_slot, refresh_if_moved, shares_group, within};
 use crate::algorithm::{Algorithm, Decision, fixed_window};
 use crate::store::{BatchItem, CommitPolicy, StoreError};
 
@@ -147,11 +147,7 @@ impl RedisStore {
         }
         self.pipelines.fetch_add(1, Ordering::Relaxed);
         let sent_at = self.clock.now_us();
-        let call = pipe.query_async::<Vec<redis::Value>>(conn);
-        let values = match tokio::time::timeout(timeout, call).await {
-            Ok(reply) => reply.map_err(CallError::Redis)?,
-            Err(_) => return Err(CallError::Timeout),
-        };
+        let values = within(timeout, pipe.query_async::<Vec<redis::Value>>(conn)).await?;
         let bad = |index: usize| {
             CallError::Reply(ScriptError::BadValue {
                 index,
@@ -193,11 +189,7 @@ impl RedisStore {
                     .arg(named[at].1.ttl_secs.max(1))
                     .ignore();
             }
-            let call = again.query_async::<()>(conn);
-            match tokio::time::timeout(timeout, call).await {
-                Ok(reply) => reply.map_err(CallError::Redis)?,
-                Err(_) => return Err(CallError::Timeout),
-            }
+            within(timeout, again.query_async::<()>(conn)).await?;
         }
         Ok((now_us, counts))
     }
