@@ -154,7 +154,7 @@ enum CallError {
     CrossSlot,
     Timeout,
     Redis(redis::RedisError),
-    Reply(script::ScriptError),
+    Reply(script::ReplyError),
 }
 
 impl CallError {

@@ -31,7 +31,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 
 use super::coalesce::{CALL_TIMEOUT, Pending, answer};
-use super::script::{ScriptError, ScriptItem};
+use super::script::{ReplyError, ScriptItem};
 use super::{CallError, Connections, RedisStore, by_slot, refresh_if_moved, shares_group, within};
 use crate::algorithm::{Algorithm, Decision, fixed_window};
 use crate::store::{BatchItem, CommitPolicy, StoreError};
@@ -149,13 +149,13 @@ impl RedisStore {
         let sent_at = self.clock.now_us();
         let values = within(timeout, pipe.query_async::<Vec<redis::Value>>(conn)).await?;
         let bad = |index: usize| {
-            CallError::Reply(ScriptError::BadValue {
+            CallError::Reply(ReplyError::BadValue {
                 index,
                 value: format!("{:?}", values.get(index)),
             })
         };
         if values.len() != 2 * named.len() + 1 {
-            return Err(CallError::Reply(ScriptError::WrongLength {
+            return Err(CallError::Reply(ReplyError::WrongLength {
                 expected: 2 * named.len() + 1,
                 got: values.len(),
             }));

@@ -111,10 +111,11 @@ pub struct ScriptReply {
     pub decisions: Vec<Decision>,
 }
 
-/// Why a reply could not be decoded. None of these happens with the script this module sends; they
-/// mean the server is not the Redis we expect (or the reply was corrupted), never a decision.
+/// Why a reply (of the script, or of a fixed-window pipeline) could not be decoded. None of these
+/// happens with the calls Tollgate sends; they mean the server is not the Redis we expect (or the
+/// reply was corrupted), never a decision.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ScriptError {
+pub enum ReplyError {
     /// The reply was not of the expected type: a bulk string from the script, an array from a
     /// pipeline.
     #[error("unexpected reply type: {0}")]
@@ -326,14 +327,14 @@ impl BatchScript {
     }
 
     /// Decodes the script's reply for `items` items: `8 + 25 × items` bytes (see `lua/batch.lua`).
-    pub fn decode(reply: redis::Value, items: usize) -> Result<ScriptReply, ScriptError> {
+    pub fn decode(reply: redis::Value, items: usize) -> Result<ScriptReply, ReplyError> {
         let bytes = match reply {
             redis::Value::BulkString(bytes) => bytes,
-            other => return Err(ScriptError::WrongType(format!("{other:?}"))),
+            other => return Err(ReplyError::WrongType(format!("{other:?}"))),
         };
         let expected = items.checked_mul(REPLY_ITEM_BYTES).and_then(|n| n.checked_add(8));
         if expected != Some(bytes.len()) {
-            return Err(ScriptError::WrongLength {
+            return Err(ReplyError::WrongLength {
                 expected: expected.unwrap_or(usize::MAX),
                 got: bytes.len(),
             });
@@ -345,7 +346,7 @@ impl BatchScript {
                 0 => false,
                 1 => true,
                 other => {
-                    return Err(ScriptError::BadValue {
+                    return Err(ReplyError::BadValue {
                         index,
                         value: format!("allowed = {other}"),
                     });
