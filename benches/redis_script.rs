@@ -99,6 +99,20 @@ enum Workload {
 }
 
 impl Workload {
+    /// The limit the script enforces; `None` for the floor, which runs no script.
+    fn limit(self) -> Option<Limit> {
+        match self {
+            Self::Script(algorithm) => Some(limit(algorithm)),
+            Self::LongLog => Some(Limit {
+                algorithm: Algorithm::SlidingLog,
+                requests: 10_000,
+                window_us: 86_400_000_000,
+                burst: 10_000,
+            }),
+            Self::Floor => None,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Self::Script(algorithm) => algorithm.as_str(),
@@ -115,41 +129,32 @@ async fn calls(
     first: usize,
     count: usize,
 ) {
-    let mut keys = KEYS.min(count * ITEMS).max(1);
-    let limit = match workload {
-        Workload::Script(algorithm) => limit(algorithm),
-        Workload::LongLog => {
-            keys = (count * ITEMS / 100).max(1);
-            Limit {
-                algorithm: Algorithm::SlidingLog,
-                requests: 10_000,
-                window_us: 86_400_000_000,
-                burst: 10_000,
-            }
-        }
-        Workload::Floor => {
-            let names: Vec<String> = (0..keys).map(|i| format!("bench_user_{i}")).collect();
-            for call in 0..count {
-                let mut fcall = redis::cmd("FCALL");
-                fcall.arg("tollgate_bench_floor").arg(ITEMS);
-                for at in 0..ITEMS {
-                    fcall.arg(&names[(first + call * ITEMS + at) % keys]);
-                }
-                let _: i64 = fcall
-                    .arg([b'x'; 49].as_slice())
-                    .arg(a_day_from_now_ms())
-                    .query_async(conn)
-                    .await
-                    .expect("the floor call");
-            }
-            return;
-        }
-    };
+    let keys = match workload {
+        // Few keys, so that each gets 100 entries a round.
+        Workload::LongLog => count * ITEMS / 100,
+        Workload::Script(_) | Workload::Floor => KEYS.min(count * ITEMS),
+    }
+    .max(1);
     let names: Vec<String> = (0..keys).map(|i| format!("bench_user_{i}")).collect();
     for call in 0..count {
+        let key = |at: usize| names[(first + call * ITEMS + at) % keys].as_str();
+        let Some(limit) = workload.limit() else {
+            let mut fcall = redis::cmd("FCALL");
+            fcall.arg("tollgate_bench_floor").arg(ITEMS);
+            for at in 0..ITEMS {
+                fcall.arg(key(at));
+            }
+            let _: i64 = fcall
+                .arg([b'x'; 49].as_slice())
+                .arg(a_day_from_now_ms())
+                .query_async(conn)
+                .await
+                .expect("the floor call");
+            continue;
+        };
         let items: Vec<ScriptItem<'_>> = (0..ITEMS)
             .map(|at| ScriptItem {
-                key: &names[(first + call * ITEMS + at) % keys],
+                key: key(at),
                 limit,
                 cost: 1,
                 group: at as u32,
