@@ -116,7 +116,8 @@ local ALGORITHMS = {
 
 -- Per-item scratch arrays, indexed 1..#keys and overwritten by every call before being read (a call
 -- never sees another call's values). As a function library they are created once at load and
--- reused, so a call allocates no table but its states and its reply.
+-- reused, so a call allocates no table but its states and its reply. alg_of[i] is
+-- lim_of[i].algorithm, copied once because every pass reads it for every item.
 local key_of, alg_of, lim_of, cost_of, group_of, start_of, ttl_of = {}, {}, {}, {}, {}, {}, {}
 -- first_of[i]: the first item with item i's key ("its key's slot"); the per-key arrays below are
 -- indexed by that slot.
