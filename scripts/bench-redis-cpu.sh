@@ -3,7 +3,10 @@
 # load sent straight to Redis as envoyproxy/ratelimit counts a fixed window (INCRBY + EXPIRE per
 # descriptor, pipelined per request, `tollgate bench --api redis-floor`).
 #
-#   scripts/bench-redis-cpu.sh target/release/tollgate
+#   scripts/bench-redis-cpu.sh target/release/tollgate [workload ...]
+#
+# Workloads (all by default): floor-1 fixed-1 floor-3 fixed-3 token-bucket gcra sliding-window
+# sliding-log.
 #
 # Each turn: a fresh Tollgate on the shared throwaway redis-server (flushed), a 1 s warm-up, then
 # `tollgate bench --redis-url` (64 in flight, DURATION, default 10s), which prints the Redis process CPU
@@ -11,6 +14,8 @@
 # python3 on PATH.
 set -euo pipefail
 binary="$1"
+shift
+[ "$#" -gt 0 ] || set -- floor-1 fixed-1 floor-3 fixed-3 token-bucket gcra sliding-window sliding-log
 duration="${DURATION:-10s}"
 server=""
 cleanup_more() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }
@@ -69,11 +74,16 @@ floor() { # label descriptor-count
 # and not a billion a minute: at a billion a minute a bucket refills between two hits on its key
 # (10,000 keys, a few hits a key a second), so its state has expired and every decision took the
 # no-state path. At 1,000 a day the states live, as they do for a limit that matters.
-floor "floor: INCRBY+EXPIRE, 1 descriptor" 1
-turn "fixed_window, 1 descriptor" fixed_window 1000000000 minute 10000 1
-floor "floor: INCRBY+EXPIRE, 3 descriptors" 3
-turn "fixed_window, 3 descriptors" fixed_window 1000000000 minute 10000 3
-turn "token_bucket, 1 descriptor" token_bucket 1000 day 10000 1
-turn "gcra, 1 descriptor" gcra 1000 day 10000 1
-turn "sliding_window, 1 descriptor" sliding_window 1000 day 10000 1
-turn "sliding_log, 1 descriptor, 100 entries a key" sliding_log 100 minute 1000 1
+for workload in "$@"; do
+  case "$workload" in
+    floor-1) floor "floor: INCRBY+EXPIRE, 1 descriptor" 1 ;;
+    fixed-1) turn "fixed_window, 1 descriptor" fixed_window 1000000000 minute 10000 1 ;;
+    floor-3) floor "floor: INCRBY+EXPIRE, 3 descriptors" 3 ;;
+    fixed-3) turn "fixed_window, 3 descriptors" fixed_window 1000000000 minute 10000 3 ;;
+    token-bucket) turn "token_bucket, 1 descriptor" token_bucket 1000 day 10000 1 ;;
+    gcra) turn "gcra, 1 descriptor" gcra 1000 day 10000 1 ;;
+    sliding-window) turn "sliding_window, 1 descriptor" sliding_window 1000 day 10000 1 ;;
+    sliding-log) turn "sliding_log, 1 descriptor, 100 entries a key" sliding_log 100 minute 1000 1 ;;
+    *) echo "unknown workload: $workload" >&2; exit 2 ;;
+  esac
+done
