@@ -290,7 +290,7 @@ impl Metrics {
     pub fn render(&self, store: StoreCounters) -> String {
         let mut out = String::with_capacity(4096);
         self.render_rules(&mut out);
-        let counters: [(&str, &str, u64); 19] = [
+        let counters: [(&str, &str, u64); 22] = [
             (
                 "ratelimit_service_config_load_success",
                 "Rule sets loaded.",
@@ -340,6 +340,21 @@ impl Metrics {
                 "tollgate_redis_pipelines_total",
                 "Pipelines of fixed-window counters (INCRBY + EXPIRE) sent to Redis instead of script calls.",
                 store.redis_pipelines,
+            ),
+            (
+                "tollgate_redis_expires_sent_total",
+                "EXPIREs those pipelines sent with an INCRBY.",
+                store.redis_expires_sent,
+            ),
+            (
+                "tollgate_redis_expires_skipped_total",
+                "EXPIREs left out of those pipelines because the counter was known to carry a TTL.",
+                store.redis_expires_skipped,
+            ),
+            (
+                "tollgate_redis_ttl_repairs_total",
+                "Counters found created without a TTL (deleted since this instance saw them) and given one.",
+                store.redis_ttl_repairs,
             ),
             (
                 "tollgate_redis_queue_full_total",
@@ -549,6 +564,9 @@ mod tests {
             redis_batches: 40,
             redis_script_calls: 3,
             redis_pipelines: 5,
+            redis_expires_sent: 6,
+            redis_expires_skipped: 8,
+            redis_ttl_repairs: 10,
             redis_queue_full: 2,
             redis_abandoned: 1,
             memory_evictions: 9,
@@ -563,6 +581,9 @@ mod tests {
         assert!(text.contains("tollgate_local_cache_hits_total 7"));
         assert!(text.contains("tollgate_redis_batches_total 40"));
         assert!(text.contains("tollgate_redis_script_calls_total 3"));
+        assert!(text.contains("tollgate_redis_expires_sent_total 6"));
+        assert!(text.contains("tollgate_redis_expires_skipped_total 8"));
+        assert!(text.contains("tollgate_redis_ttl_repairs_total 10"));
         assert!(text.contains("tollgate_redis_pipelines_total 5"));
         assert!(text.contains("tollgate_redis_queue_full_total 2"));
         assert!(text.contains("tollgate_redis_abandoned_total 1"));

@@ -188,6 +188,13 @@ pub struct StoreCounters {
     pub redis_script_calls: u64,
     /// Pipelines of fixed-window counters (`INCRBY` + `EXPIRE`) sent to Redis instead of script calls.
     pub redis_pipelines: u64,
+    /// `EXPIRE`s those pipelines sent with an `INCRBY`.
+    pub redis_expires_sent: u64,
+    /// `EXPIRE`s left out of those pipelines because the counter was known to carry a TTL.
+    pub redis_expires_skipped: u64,
+    /// Counters found created without a TTL (deleted since this instance saw them with one) and given
+    /// one after the fact.
+    pub redis_ttl_repairs: u64,
     /// Requests refused because the queue of requests waiting for Redis was full.
     pub redis_queue_full: u64,
     /// Queued requests never sent because their caller had given up waiting.
@@ -211,21 +218,23 @@ impl AnyStore {
                 lease_slots: Some(store.leases().held_slots()),
                 ..StoreCounters::default()
             },
-            AnyStore::Redis(stores) => {
-                stores
-                    .all()
-                    .fold(StoreCounters::default(), |sum, cache| StoreCounters {
-                        local_cache_hits: sum.local_cache_hits + cache.hits(),
-                        redis_batches: sum.redis_batches + cache.inner().batches(),
-                        redis_script_calls: sum.redis_script_calls + cache.inner().script_calls(),
-                        redis_pipelines: sum.redis_pipelines + cache.inner().pipelines(),
-                        redis_queue_full: sum.redis_queue_full + cache.inner().queue_full(),
-                        redis_abandoned: sum.redis_abandoned + cache.inner().abandoned(),
-                        memory_evictions: 0,
-                        memory_keys: 0,
-                        lease_slots: None,
-                    })
-            }
+            AnyStore::Redis(stores) => stores.all().fold(StoreCounters::default(), |sum, cache| {
+                let (sent, skipped, repaired) = cache.inner().expires();
+                StoreCounters {
+                    local_cache_hits: sum.local_cache_hits + cache.hits(),
+                    redis_batches: sum.redis_batches + cache.inner().batches(),
+                    redis_script_calls: sum.redis_script_calls + cache.inner().script_calls(),
+                    redis_pipelines: sum.redis_pipelines + cache.inner().pipelines(),
+                    redis_expires_sent: sum.redis_expires_sent + sent,
+                    redis_expires_skipped: sum.redis_expires_skipped + skipped,
+                    redis_ttl_repairs: sum.redis_ttl_repairs + repaired,
+                    redis_queue_full: sum.redis_queue_full + cache.inner().queue_full(),
+                    redis_abandoned: sum.redis_abandoned + cache.inner().abandoned(),
+                    memory_evictions: 0,
+                    memory_keys: 0,
+                    lease_slots: None,
+                }
+            }),
         }
     }
 }

@@ -401,6 +401,60 @@ async fn concurrent_fixed_windows_share_pipelines_of_incrby_without_a_script() {
     Arc::into_inner(server).expect("clients done").stop().await;
 }
 
+/// A counter this instance has seen given a TTL is counted by INCRBY alone on later hits. Deleted
+/// meanwhile (an operator's DEL, eviction, a failover that lost it), the INCRBY that creates it again
+/// counts no more than its own cost, and the instance gives it its TTL back with EXPIRE NX.
+#[tokio::test]
+async fn a_counter_known_to_carry_a_ttl_is_counted_without_expire_and_repaired_when_deleted() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = start(&[("REDIS_URL", &url)], &rules(Algorithm::FixedWindow, 100)).await;
+    let before = command_calls(redis.port);
+    for _ in 0..5 {
+        ask(&server, &[&[("k", "hot")]]).await.expect("answer");
+    }
+    let after = command_calls(redis.port);
+    let delta =
+        |command: &str| after.get(command).copied().unwrap_or(0) - before.get(command).copied().unwrap_or(0);
+    assert_eq!(
+        (delta("incrby"), delta("expire")),
+        (5, 1),
+        "EXPIRE on the first hit only"
+    );
+    assert_eq!(metric(&server, "tollgate_redis_expires_sent_total ").await, 1);
+    assert_eq!(metric(&server, "tollgate_redis_expires_skipped_total ").await, 4);
+
+    let keys = redis.cli(&["KEYS", "rd_k_hot_*"]);
+    let key = keys.trim();
+    redis.cli(&["DEL", key]);
+    let monitor = Monitor::start(redis.port);
+    let answer = ask(&server, &[&[("k", "hot")]]).await.expect("answer");
+    assert_eq!(answer.statuses[0].limit_remaining, 99, "counted from zero again");
+    // The repair goes out in the background, without holding the answer up.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let ttl = loop {
+        let ttl: i64 = redis.cli(&["TTL", key]).trim().parse().expect("ttl");
+        if ttl > 0 || Instant::now() > deadline {
+            break ttl;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        (3000..=3900).contains(&ttl),
+        "the recreated counter has its TTL: {ttl}"
+    );
+    let commands = monitor.client_commands();
+    assert!(
+        commands
+            .iter()
+            .any(|c| c.starts_with("\"EXPIRE\"") && c.ends_with("\"NX\"")),
+        "repaired with EXPIRE NX, which cannot shorten a TTL another replica set: {commands:?}"
+    );
+    assert_eq!(metric(&server, "tollgate_redis_ttl_repairs_total ").await, 1);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn three_descriptors_cost_one_redis_command() {
     require_redis!();

@@ -27,6 +27,7 @@ mod pipeline;
 pub mod script;
 mod sentinel;
 mod target;
+mod timed_counters;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -112,6 +113,7 @@ fn refresh_if_moved<T>(link: Option<&Arc<SentinelLink>>, result: &Result<T, Call
 
 /// A connection for calls sent whole: to the single node or Sentinel's master, or to the cluster
 /// (which routes by the call's keys).
+#[derive(Clone)]
 enum WholeConnection {
     Node(ConnectionManager),
     Cluster(ClusterConnection),
@@ -196,6 +198,8 @@ pub struct RedisStore {
     script_calls: AtomicU64,
     /// Pipelines of fixed-window counters sent instead of script calls ([`pipeline`]).
     pipelines: AtomicU64,
+    /// The pipelines' counters known to carry a TTL already.
+    timed: timed_counters::TimedCounters,
     /// Redis Cluster only: rebuilds a connection whose calls keep failing.
     rebuild: Option<ClusterRebuild>,
     /// This store, for the background tasks it starts.
@@ -233,6 +237,7 @@ impl RedisStore {
             batches: AtomicU64::new(0),
             script_calls: AtomicU64::new(0),
             pipelines: AtomicU64::new(0),
+            timed: timed_counters::TimedCounters::new(),
             rebuild: cluster.then(ClusterRebuild::new),
             me: store.clone(),
         });
@@ -391,6 +396,17 @@ impl RedisStore {
     /// Pipelines of fixed-window counters sent so far instead of script calls.
     pub fn pipelines(&self) -> u64 {
         self.pipelines.load(Ordering::Relaxed)
+    }
+
+    /// The pipelines' `EXPIRE`s so far: sent, left out (the counter known to carry a TTL), and sent
+    /// after the fact (a counter found created without one).
+    pub fn expires(&self) -> (u64, u64, u64) {
+        let timed = &self.timed;
+        (
+            timed.sent.load(Ordering::Relaxed),
+            timed.skipped.load(Ordering::Relaxed),
+            timed.repaired.load(Ordering::Relaxed),
+        )
     }
 
     /// Whether Redis answers a `PING` within the deadline (readiness).

@@ -7,7 +7,9 @@
 //! docs/performance.md): no Lua, no argument decoding, no state to read back. So a queued request
 //! whose items are all such counters ([`pipelinable`]) goes into one pipeline with the other
 //! pipelinable requests queued with it: `TIME`, then per item `INCRBY key cost` and
-//! `EXPIRE key ttl NX`, one write and one round trip for all of them.
+//! `EXPIRE key ttl NX`, one write and one round trip for all of them. A counter this replica has
+//! already seen given its TTL gets `INCRBY` alone ([`super::timed_counters`]): the `EXPIRE NX` would
+//! change nothing, and left out it saves Redis a command on every hit but a counter's first.
 //!
 //! The keys and values are the script's and the Go service's: the window-named key holding a plain
 //! integer. `EXPIRE … NX` (Redis 7.0) sets the TTL once, when the counter is created, so the key
@@ -25,6 +27,7 @@
 //! In a Redis Cluster a pipeline must stay in one hash slot, so a request is counted with one
 //! pipeline per slot it touches, all sent at once (cluster calls are not coalesced).
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -122,10 +125,11 @@ impl RedisStore {
         Ok(decisions)
     }
 
-    /// `TIME`, then `INCRBY` + `EXPIRE` per item, as one pipeline. Returns Redis' clock and each
-    /// counter with its item counted (`None`: `INCRBY` refused the value there, and nothing was
-    /// counted). Every counter it touched has a TTL when it returns.
-    async fn increment<C: ConnectionLike + Send>(
+    /// `TIME`, then per item `INCRBY`, with `EXPIRE` unless the counter is known to carry a TTL
+    /// ([`super::timed_counters`]), as one pipeline. Returns Redis' clock and each counter with its item
+    /// counted (`None`: `INCRBY` refused the value there, and nothing was counted). Every counter it
+    /// touched has a TTL when it returns, or one on its way (a counter it found created without one).
+    async fn increment<C: ConnectionLike + Clone + Send + 'static>(
         &self,
         conn: &mut C,
         slot: Option<u16>,
@@ -138,13 +142,24 @@ impl RedisStore {
         pipe.ignore_errors();
         pipe.cmd("TIME");
         let expire_nx = self.script.has_functions();
+        // Each item's counter fingerprint, and whether its INCRBY goes with an EXPIRE.
+        let mut plan = Vec::with_capacity(named.len());
         for (key, item) in named.iter().map(|n| (&n.0, &n.1)) {
             pipe.cmd("INCRBY").arg(key).arg(item.cost);
-            let expire = pipe.cmd("EXPIRE").arg(key).arg(item.ttl_secs.max(1));
-            if expire_nx {
-                expire.arg("NX");
+            let fingerprint = self.timed.fingerprint(key);
+            let expires = !self.timed.has_ttl(fingerprint);
+            if expires {
+                let expire = pipe.cmd("EXPIRE").arg(key).arg(item.ttl_secs.max(1));
+                if expire_nx {
+                    expire.arg("NX");
+                }
             }
+            plan.push((fingerprint, expires));
         }
+        let expires = plan.iter().filter(|(_, expires)| *expires).count();
+        self.timed.sent.fetch_add(expires as u64, Ordering::Relaxed);
+        let skipped = named.len() - expires;
+        self.timed.skipped.fetch_add(skipped as u64, Ordering::Relaxed);
         self.pipelines.fetch_add(1, Ordering::Relaxed);
         let sent_at = self.clock.now_us();
         let values = within(timeout, pipe.query_async::<Vec<redis::Value>>(conn)).await?;
@@ -154,45 +169,95 @@ impl RedisStore {
                 value: format!("{:?}", values.get(index)),
             })
         };
-        if values.len() != 2 * named.len() + 1 {
+        let expected = 1 + named.len() + expires;
+        if values.len() != expected {
             return Err(CallError::Reply(ReplyError::WrongLength {
-                expected: 2 * named.len() + 1,
+                expected,
                 got: values.len(),
             }));
         }
         let now_us = redis_time_us(&values[0]).ok_or_else(|| bad(0))?;
         self.offsets.record(slot, sent_at, self.clock.now_us(), now_us);
         let mut counts = Vec::with_capacity(named.len());
-        let mut untimed = Vec::new();
-        for (at, pair) in values[1..].chunks_exact(2).enumerate() {
-            counts.push(match &pair[0] {
+        // Counters left without a TTL: where EXPIRE NX was refused, and where an INCRBY sent alone
+        // turned out to create its counter.
+        let (mut refused_nx, mut created) = (Vec::new(), Vec::new());
+        let mut index = 1;
+        for (at, &(fingerprint, expires)) in plan.iter().enumerate() {
+            let count = match &values[index] {
                 redis::Value::Int(after) => Some(u64::try_from(*after).unwrap_or(0)),
                 redis::Value::ServerError(_) => None,
-                _ => return Err(bad(1 + 2 * at)),
-            });
-            if matches!(pair[1], redis::Value::ServerError(_)) {
-                untimed.push(at);
+                _ => return Err(bad(index)),
+            };
+            index += 1;
+            if expires {
+                match &values[index] {
+                    redis::Value::Int(_) => self.timed.remember(fingerprint),
+                    redis::Value::ServerError(_) => refused_nx.push(at),
+                    _ => return Err(bad(index)),
+                }
+                index += 1;
+            } else if count.is_some_and(|after| after <= named[at].1.cost) {
+                // Nothing was counted in it before this INCRBY: it created the counter (the hint was
+                // wrong: the key was deleted since), which has no TTL yet.
+                created.push(at);
             }
+            counts.push(count);
         }
-        if !untimed.is_empty() {
+        if !refused_nx.is_empty() {
             // A server that turned out not to know EXPIRE's NX (older than 7.0, found before the
-            // script could tell): the counters must not live forever, so plain EXPIRE, as Go sends it.
+            // script could tell): the counters must not live forever, so plain EXPIRE, as Go sends it,
+            // before answering.
             tracing::warn!(
-                keys = untimed.len(),
+                keys = refused_nx.len(),
                 "EXPIRE NX refused: setting the counters' TTL with EXPIRE"
             );
-            let mut again = redis::pipe();
-            for &at in &untimed {
-                again
-                    .cmd("EXPIRE")
-                    .arg(&named[at].0)
-                    .arg(named[at].1.ttl_secs.max(1))
-                    .ignore();
-            }
+            let again = expire_pipe(named, &refused_nx, false);
             within(timeout, again.query_async::<()>(conn)).await?;
+        }
+        if !created.is_empty() {
+            self.timed
+                .repaired
+                .fetch_add(created.len() as u64, Ordering::Relaxed);
+            let again = expire_pipe(named, &created, expire_nx);
+            let mut conn = conn.clone();
+            let repair = async move { within(timeout, again.query_async::<()>(&mut conn)).await };
+            // A count a refund brought back to zero looks the same as a new counter, and may come
+            // often: its repair is an EXPIRE NX that changes nothing, sent without holding the answer
+            // up, as long as few are in flight.
+            match Arc::clone(&self.timed.repairs).try_acquire_owned() {
+                Ok(permit) => {
+                    let deadline = self.options.deadline;
+                    tokio::spawn(async move {
+                        if let Err(error) = repair.await {
+                            let error = error.into_store_error(deadline);
+                            tracing::warn!(%error, "cannot set a new counter's TTL");
+                        }
+                        drop(permit);
+                    });
+                }
+                Err(_) => repair.await?,
+            }
         }
         Ok((now_us, counts))
     }
+}
+
+/// A pipeline of `EXPIRE` (with `NX` if `nx`) for the counters of `named` at `positions`, each
+/// reply ignored.
+fn expire_pipe(named: &[&(String, ScriptItem<'static>)], positions: &[usize], nx: bool) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    for &at in positions {
+        let expire = pipe
+            .cmd("EXPIRE")
+            .arg(&named[at].0)
+            .arg(named[at].1.ttl_secs.max(1));
+        if nx {
+            expire.arg("NX");
+        }
+        expire.ignore();
+    }
+    pipe
 }
 
 /// Decides the items at `positions` of `named` from what one pipeline counted (Redis' clock and each
