@@ -2,6 +2,7 @@
 //! environment, same keys), shared counters, exact admission under concurrency, one round trip per
 //! request, the local over-limit cache, failure modes when Redis dies, and Redis Cluster.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -338,6 +339,12 @@ async fn sixty_four_clients_ten_pairs_each(server: &Arc<TestServer>) {
     }
 }
 
+/// How many times Redis ran `command` between two [`command_calls`].
+fn calls_between(before: &HashMap<String, u64>, after: &HashMap<String, u64>, command: &str) -> u64 {
+    let calls = |stats: &HashMap<String, u64>| stats.get(command).copied().unwrap_or(0);
+    calls(after) - calls(before)
+}
+
 /// A series of the server's `/metrics`.
 async fn metric(server: &TestServer, name: &str) -> u64 {
     let (_, text) = http(server.debug, "GET", "/metrics", "").await;
@@ -382,8 +389,7 @@ async fn concurrent_fixed_windows_share_pipelines_of_incrby_without_a_script() {
     let before = command_calls(redis.port);
     sixty_four_clients_ten_pairs_each(&server).await;
     let after = command_calls(redis.port);
-    let delta =
-        |command: &str| after.get(command).copied().unwrap_or(0) - before.get(command).copied().unwrap_or(0);
+    let delta = |command: &str| calls_between(&before, &after, command);
     assert_eq!(delta("fcall"), 0, "no script for fixed windows");
     assert_eq!(delta("incrby"), 1280, "one INCRBY per descriptor");
     assert_eq!(delta("expire"), 1280, "and one EXPIRE NX");
@@ -415,8 +421,7 @@ async fn a_counter_known_to_carry_a_ttl_is_counted_without_expire_and_repaired_w
         ask(&server, &[&[("k", "hot")]]).await.expect("answer");
     }
     let after = command_calls(redis.port);
-    let delta =
-        |command: &str| after.get(command).copied().unwrap_or(0) - before.get(command).copied().unwrap_or(0);
+    let delta = |command: &str| calls_between(&before, &after, command);
     assert_eq!(
         (delta("incrby"), delta("expire")),
         (5, 1),
