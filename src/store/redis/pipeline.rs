@@ -149,10 +149,7 @@ impl RedisStore {
             let fingerprint = self.timed.fingerprint(key);
             let expires = !self.timed.has_ttl(fingerprint);
             if expires {
-                let expire = pipe.cmd("EXPIRE").arg(key).arg(item.ttl_secs.max(1));
-                if expire_nx {
-                    expire.arg("NX");
-                }
+                push_expire(&mut pipe, key, item.ttl_secs, expire_nx);
             }
             plan.push((fingerprint, expires));
         }
@@ -216,31 +213,59 @@ impl RedisStore {
             within(timeout, again.query_async::<()>(conn)).await?;
         }
         if !created.is_empty() {
-            self.timed
-                .repaired
-                .fetch_add(created.len() as u64, Ordering::Relaxed);
-            let again = expire_pipe(named, &created, expire_nx);
-            let mut conn = conn.clone();
-            let repair = async move { within(timeout, again.query_async::<()>(&mut conn)).await };
-            // A count a refund brought back to zero looks the same as a new counter, and may come
-            // often: its repair is an EXPIRE NX that changes nothing, sent without holding the answer
-            // up, as long as few are in flight.
-            match Arc::clone(&self.timed.repairs).try_acquire_owned() {
-                Ok(permit) => {
-                    let deadline = self.options.deadline;
-                    tokio::spawn(async move {
-                        if let Err(error) = repair.await {
-                            let error = error.into_store_error(deadline);
-                            tracing::warn!(%error, "cannot set a new counter's TTL");
-                        }
-                        drop(permit);
-                    });
-                }
-                Err(_) => repair.await?,
-            }
+            self.repair_ttls(conn, named, &created, expire_nx, timeout)
+                .await?;
         }
         Ok((now_us, counts))
     }
+
+    /// Gives the counters of `named` at `created` (found created by an `INCRBY` sent without
+    /// `EXPIRE`) their TTL: in the background while few repairs are in flight, else before returning.
+    async fn repair_ttls<C: ConnectionLike + Clone + Send + 'static>(
+        &self,
+        conn: &C,
+        named: &[&(String, ScriptItem<'static>)],
+        created: &[usize],
+        expire_nx: bool,
+        timeout: Duration,
+    ) -> Result<(), CallError> {
+        self.timed
+            .repaired
+            .fetch_add(created.len() as u64, Ordering::Relaxed);
+        let again = expire_pipe(named, created, expire_nx);
+        let mut conn = conn.clone();
+        let repair = async move { within(timeout, again.query_async::<()>(&mut conn)).await };
+        // A count a refund brought back to zero looks the same as a new counter, and may come often:
+        // its repair is an EXPIRE NX that changes nothing, so it need not hold the answer up.
+        match Arc::clone(&self.timed.repairs).try_acquire_owned() {
+            Ok(permit) => {
+                let deadline = self.options.deadline;
+                tokio::spawn(async move {
+                    if let Err(error) = repair.await {
+                        let error = error.into_store_error(deadline);
+                        tracing::warn!(%error, "cannot set a new counter's TTL");
+                    }
+                    drop(permit);
+                });
+                Ok(())
+            }
+            Err(_) => repair.await,
+        }
+    }
+}
+
+/// Adds `EXPIRE key ttl_secs` (at least 1 s; with `NX` if `nx`) to `pipe`.
+fn push_expire<'p>(
+    pipe: &'p mut redis::Pipeline,
+    key: &str,
+    ttl_secs: u64,
+    nx: bool,
+) -> &'p mut redis::Pipeline {
+    let expire = pipe.cmd("EXPIRE").arg(key).arg(ttl_secs.max(1));
+    if nx {
+        expire.arg("NX");
+    }
+    expire
 }
 
 /// A pipeline of `EXPIRE` (with `NX` if `nx`) for the counters of `named` at `positions`, each
@@ -248,14 +273,7 @@ impl RedisStore {
 fn expire_pipe(named: &[&(String, ScriptItem<'static>)], positions: &[usize], nx: bool) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     for &at in positions {
-        let expire = pipe
-            .cmd("EXPIRE")
-            .arg(&named[at].0)
-            .arg(named[at].1.ttl_secs.max(1));
-        if nx {
-            expire.arg("NX");
-        }
-        expire.ignore();
+        push_expire(&mut pipe, &named[at].0, named[at].1.ttl_secs, nx).ignore();
     }
     pipe
 }
