@@ -36,15 +36,12 @@ use std::time::Duration;
 
 use redis::ServerErrorKind;
 use redis::aio::ConnectionLike;
-use redis::aio::ConnectionManager;
-use redis::cluster_async::ClusterConnection;
 
 use super::coalesce::{CALL_TIMEOUT, Pending, answer};
 use super::script::{ReplyError, ScriptItem};
-use super::slot_map::{Masters, Part, SlotMap};
+use super::slot_map::Part;
 use super::{
-    CallError, Connections, RedisMode, RedisStore, WholeConnection, by_slot, refresh_if_moved, shares_group,
-    target, within,
+    CallError, Connections, RedisStore, WholeConnection, by_slot, refresh_if_moved, shares_group, within,
 };
 use crate::algorithm::{Algorithm, Decision, fixed_window};
 use crate::store::{BatchItem, CommitPolicy, StoreError};
@@ -300,79 +297,6 @@ impl RedisStore {
             }
             Err(_) => repair.await,
         }
-    }
-}
-
-impl RedisStore {
-    /// Reads the cluster's slot map in the background, at most once a second, for the next pipelines
-    /// to group their counters by master (until then, one pipeline per slot).
-    fn read_slot_map(&self, conn: &ClusterConnection) {
-        const EVERY_US: u64 = 1_000_000;
-        let now = self.clock.now_us();
-        let tried = self.slot_map_tried_us.load(Ordering::Relaxed);
-        if now.saturating_sub(tried) < EVERY_US
-            || self
-                .slot_map_tried_us
-                .compare_exchange(tried, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
-        {
-            return;
-        }
-        let Some(store) = self.me.upgrade() else {
-            return;
-        };
-        let mut conn = conn.clone();
-        tokio::spawn(async move {
-            let command = redis::cmd("CLUSTER").arg("SLOTS").clone();
-            let reply = within(
-                Duration::from_micros(EVERY_US),
-                command.query_async::<redis::Value>(&mut conn),
-            )
-            .await;
-            let map = match reply.map(|reply| SlotMap::parse(&reply)) {
-                Ok(Some(map)) => map,
-                Ok(None) => {
-                    tracing::warn!("unexpected CLUSTER SLOTS reply: one pipeline per slot");
-                    return;
-                }
-                Err(error) => {
-                    let error = error.into_store_error(store.options.deadline);
-                    tracing::warn!(%error, "cannot read CLUSTER SLOTS: one pipeline per slot");
-                    return;
-                }
-            };
-            match store.link_masters(&map).await {
-                Ok(links) => store.slot_map.store(Some(Arc::new(Masters { map, links }))),
-                Err(error) => {
-                    tracing::warn!(%error, "cannot connect to every cluster master: one pipeline per slot");
-                }
-            }
-        });
-    }
-
-    /// A connection to each master of `map`, with the seed nodes' credentials and TLS settings.
-    async fn link_masters(&self, map: &SlotMap) -> Result<Vec<ConnectionManager>, redis::RedisError> {
-        let RedisMode::Cluster(seeds) = &self.options.target.mode else {
-            return Err(redis::RedisError::from((
-                redis::ErrorKind::InvalidClientConfig,
-                "not a cluster",
-            )));
-        };
-        let seed = seeds.first().ok_or_else(|| {
-            redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no seed node"))
-        })?;
-        let mut links = Vec::with_capacity(map.masters().len());
-        for (host, port) in map.masters() {
-            let info = target::node_at(seed, host, *port).ok_or_else(|| {
-                redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "a seed on a unix socket"))
-            })?;
-            let client = match &self.options.tls {
-                Some(certificates) => redis::Client::build_with_tls(info, certificates.clone())?,
-                None => redis::Client::open(info)?,
-            };
-            links.push(ConnectionManager::new_with_config(client, self.manager_config()).await?);
-        }
-        Ok(links)
     }
 }
 

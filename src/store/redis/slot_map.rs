@@ -10,10 +10,20 @@
 //! date (a slot moved), the master answers `MOVED` or `ASK` for the commands it does not serve, without
 //! running them, and runs the others; those counters are decided again by the script, which redis-rs
 //! routes by key, and the map is read again.
+//!
+//! The store reads the map in the background, at most once a second, and opens a connection to each
+//! master with the seed nodes' credentials and TLS settings before it uses the map.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
 
 use super::keys::SLOTS;
+use super::{RedisMode, RedisStore, target, within};
 
 /// A slot no master serves, as far as the map knows.
 const NOBODY: u16 = u16::MAX;
@@ -108,7 +118,7 @@ pub(super) struct Masters {
     /// Which master serves each slot.
     pub(super) map: SlotMap,
     /// A connection to each master.
-    pub(super) links: Vec<redis::aio::ConnectionManager>,
+    pub(super) links: Vec<ConnectionManager>,
 }
 
 /// Counters that go out in one pipeline: their master, their slots and their positions.
@@ -131,6 +141,79 @@ impl Part {
             slots: vec![slot],
             positions,
         }
+    }
+}
+
+impl RedisStore {
+    /// Reads the cluster's slot map in the background, at most once a second, for the next pipelines
+    /// to group their counters by master (until then, one pipeline per slot).
+    pub(super) fn read_slot_map(&self, conn: &ClusterConnection) {
+        const EVERY_US: u64 = 1_000_000;
+        let now = self.clock.now_us();
+        let tried = self.slot_map_tried_us.load(Ordering::Relaxed);
+        if now.saturating_sub(tried) < EVERY_US
+            || self
+                .slot_map_tried_us
+                .compare_exchange(tried, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let Some(store) = self.me.upgrade() else {
+            return;
+        };
+        let mut conn = conn.clone();
+        tokio::spawn(async move {
+            let command = redis::cmd("CLUSTER").arg("SLOTS").clone();
+            let reply = within(
+                Duration::from_micros(EVERY_US),
+                command.query_async::<redis::Value>(&mut conn),
+            )
+            .await;
+            let map = match reply.map(|reply| SlotMap::parse(&reply)) {
+                Ok(Some(map)) => map,
+                Ok(None) => {
+                    tracing::warn!("unexpected CLUSTER SLOTS reply: one pipeline per slot");
+                    return;
+                }
+                Err(error) => {
+                    let error = error.into_store_error(store.options.deadline);
+                    tracing::warn!(%error, "cannot read CLUSTER SLOTS: one pipeline per slot");
+                    return;
+                }
+            };
+            match store.link_masters(&map).await {
+                Ok(links) => store.slot_map.store(Some(Arc::new(Masters { map, links }))),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot connect to every cluster master: one pipeline per slot");
+                }
+            }
+        });
+    }
+
+    /// A connection to each master of `map`, with the seed nodes' credentials and TLS settings.
+    async fn link_masters(&self, map: &SlotMap) -> Result<Vec<ConnectionManager>, redis::RedisError> {
+        let RedisMode::Cluster(seeds) = &self.options.target.mode else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "not a cluster",
+            )));
+        };
+        let seed = seeds.first().ok_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no seed node"))
+        })?;
+        let mut links = Vec::with_capacity(map.masters().len());
+        for (host, port) in map.masters() {
+            let info = target::node_at(seed, host, *port).ok_or_else(|| {
+                redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "a seed on a unix socket"))
+            })?;
+            let client = match &self.options.tls {
+                Some(certificates) => redis::Client::build_with_tls(info, certificates.clone())?,
+                None => redis::Client::open(info)?,
+            };
+            links.push(ConnectionManager::new_with_config(client, self.manager_config()).await?);
+        }
+        Ok(links)
     }
 }
 
