@@ -322,15 +322,20 @@ impl RedisStore {
             .set_number_of_retries(1)
     }
 
+    /// A client for one node at `info`, with the configured TLS certificates if any.
+    fn node_client(&self, info: redis::ConnectionInfo) -> redis::RedisResult<redis::Client> {
+        match &self.options.tls {
+            Some(certificates) => redis::Client::build_with_tls(info, certificates.clone()),
+            None => redis::Client::open(info),
+        }
+    }
+
     async fn connect(&self) -> Result<Connections, redis::RedisError> {
         let timeout = self.options.connect_timeout;
         match &self.options.target.mode {
             RedisMode::Single(info) => {
                 let config = self.manager_config();
-                let client = match &self.options.tls {
-                    Some(certificates) => redis::Client::build_with_tls(info.clone(), certificates.clone())?,
-                    None => redis::Client::open(info.clone())?,
-                };
+                let client = self.node_client(info.clone())?;
                 let mut pool = Vec::with_capacity(self.options.connections.max(1));
                 for _ in 0..self.options.connections.max(1) {
                     pool.push(ConnectionManager::new_with_config(client.clone(), config.clone()).await?);

@@ -193,24 +193,17 @@ impl RedisStore {
 
     /// A connection to each master of `map`, with the seed nodes' credentials and TLS settings.
     async fn link_masters(&self, map: &SlotMap) -> Result<Vec<ConnectionManager>, redis::RedisError> {
+        let unusable =
+            |why: &'static str| redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, why));
         let RedisMode::Cluster(seeds) = &self.options.target.mode else {
-            return Err(redis::RedisError::from((
-                redis::ErrorKind::InvalidClientConfig,
-                "not a cluster",
-            )));
+            return Err(unusable("not a cluster"));
         };
-        let seed = seeds.first().ok_or_else(|| {
-            redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no seed node"))
-        })?;
+        let seed = seeds.first().ok_or_else(|| unusable("no seed node"))?;
         let mut links = Vec::with_capacity(map.masters().len());
         for (host, port) in map.masters() {
-            let info = target::node_at(seed, host, *port).ok_or_else(|| {
-                redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "a seed on a unix socket"))
-            })?;
-            let client = match &self.options.tls {
-                Some(certificates) => redis::Client::build_with_tls(info, certificates.clone())?,
-                None => redis::Client::open(info)?,
-            };
+            let info =
+                target::node_at(seed, host, *port).ok_or_else(|| unusable("a seed on a unix socket"))?;
+            let client = self.node_client(info)?;
             links.push(ConnectionManager::new_with_config(client, self.manager_config()).await?);
         }
         Ok(links)
