@@ -626,12 +626,13 @@ impl Store for Arc<RedisStore> {
 }
 
 impl RedisStore {
-    /// Whether a batch goes through the [`coalesce`] queue: independent batches, except when the
-    /// request is traced, so its `FCALL` span stays the child of its own RPC span. In a cluster only
-    /// `pipelined` ones, which share a pipeline per master: a script call must stay in one slot, and
-    /// concurrent requests' keys rarely share one.
+    /// Whether a batch goes through the [`coalesce`] queue: `pipelined` ones (independent and
+    /// untraced by definition), which share a pipeline, per master in a cluster; and off a cluster any
+    /// independent batch, except when the request is traced, so its `FCALL` span stays the child of
+    /// its own RPC span. In a cluster a script call must stay in one slot, and concurrent requests'
+    /// keys rarely share one.
     fn coalesces(&self, batch: &Batch, traced: bool, pipelined: bool) -> bool {
-        batch.policy == CommitPolicy::Independent && !traced && (pipelined || !self.is_cluster())
+        pipelined || (batch.policy == CommitPolicy::Independent && !traced && !self.is_cluster())
     }
 
     /// One batch on the deployment's connection: one script call (per slot in a cluster).
