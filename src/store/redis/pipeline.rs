@@ -174,16 +174,17 @@ impl RedisStore {
         let expire_nx = self.script.has_functions();
         // Each item's counter fingerprint, and whether its INCRBY goes with an EXPIRE.
         let mut plan = Vec::with_capacity(named.len());
+        let mut expires = 0;
         for (key, item) in named.iter().map(|n| (&n.0, &n.1)) {
             pipe.cmd("INCRBY").arg(key).arg(item.cost);
             let fingerprint = self.timed.fingerprint(key);
-            let expires = !self.timed.has_ttl(fingerprint);
-            if expires {
+            let expire = !self.timed.has_ttl(fingerprint);
+            if expire {
                 push_expire(&mut pipe, key, item.ttl_secs, expire_nx);
+                expires += 1;
             }
-            plan.push((fingerprint, expires));
+            plan.push((fingerprint, expire));
         }
-        let expires = plan.iter().filter(|(_, expires)| *expires).count();
         self.timed.sent.fetch_add(expires as u64, Ordering::Relaxed);
         let skipped = named.len() - expires;
         self.timed.skipped.fetch_add(skipped as u64, Ordering::Relaxed);
