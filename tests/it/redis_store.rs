@@ -837,6 +837,101 @@ async fn redis_cluster_counts_exactly_across_slots() {
     exact_admission(&env).await;
 }
 
+/// In a Redis Cluster, concurrent fixed-window requests share one pipeline per master (grouped by the
+/// slot map Tollgate reads), and a counter whose slot moved after the map was read is still counted
+/// exactly: its old master answers MOVED without counting, and the script counts it where it lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_shares_pipelines_per_master_and_follows_a_slot_that_moved() {
+    require_redis!();
+    let cluster = RedisCluster::start();
+    let addrs = cluster.addrs();
+    let env = [("REDIS_URL", addrs.as_str()), ("REDIS_TYPE", "cluster")];
+    let server = Arc::new(start(&env, &rules(Algorithm::FixedWindow, 100)).await);
+    let slot_map_reads = || -> u64 {
+        cluster
+            .nodes
+            .iter()
+            .map(|node| {
+                command_calls(node.port)
+                    .get("cluster|slots")
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .sum()
+    };
+    let before = slot_map_reads();
+    ask(&server, &[&[("k", "moved")]]).await.expect("answer");
+    // The first pipeline has the slot map read in the background.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while slot_map_reads() == before {
+        assert!(Instant::now() < deadline, "the slot map was never read");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let pipelines_before = metric(&server, "tollgate_redis_pipelines_total ").await;
+    sixty_four_clients_ten_pairs_each(&server).await;
+    let pipelines = metric(&server, "tollgate_redis_pipelines_total ").await - pipelines_before;
+    // One per request (and slot) without coalescing.
+    assert!(
+        pipelines < 480,
+        "{pipelines} pipelines for 640 concurrent requests on three masters"
+    );
+
+    // Move the counter's slot to another master, as resharding does.
+    let holders: Vec<(usize, String)> = (0..cluster.nodes.len())
+        .filter_map(|at| {
+            let keys = cluster.nodes[at].cli(&["KEYS", "rd_k_moved_*"]);
+            let key = keys.trim();
+            (!key.is_empty()).then(|| (at, key.to_owned()))
+        })
+        .collect();
+    let [(from, key)] = holders.as_slice() else {
+        panic!("one master holds the counter: {holders:?}")
+    };
+    let (source, target) = (&cluster.nodes[*from], &cluster.nodes[(from + 1) % 3]);
+    let id = |node: &RedisServer| node.cli(&["CLUSTER", "MYID"]).trim().to_owned();
+    let slot = tollgate::store::redis::slot(key).to_string();
+    target.cli(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &id(source)]);
+    source.cli(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &id(target)]);
+    source.cli(&["MIGRATE", "127.0.0.1", &target.port.to_string(), key, "0", "5000"]);
+    for node in &cluster.nodes {
+        node.cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &id(target)]);
+    }
+    // A counter in another slot of the old master, which shares the moved counter's pipeline.
+    let window = key.strip_prefix("rd_k_moved_").expect("a Go-format key");
+    let (stayed, stayed_key) = (0..)
+        .map(|i| format!("stayed-{i}"))
+        .map(|value| {
+            let key = format!("rd_k_{value}_{window}");
+            (value, key)
+        })
+        .find(|(_, key)| !source.cli(&["GET", key]).contains("MOVED"))
+        .expect("a key the old master serves");
+    let scripts_before = metric(&server, "tollgate_redis_script_calls_total ").await;
+    for expected in [[98, 99], [97, 98]] {
+        let answer = ask(&server, &[&[("k", "moved")], &[("k", &stayed)]])
+            .await
+            .expect("answer");
+        let remaining: Vec<u32> = answer.statuses.iter().map(|s| s.limit_remaining).collect();
+        assert_eq!(remaining, expected);
+    }
+    assert_eq!(
+        target.cli(&["GET", key]).trim(),
+        "3",
+        "counted where the slot lives now"
+    );
+    assert_eq!(
+        source.cli(&["GET", &stayed_key]).trim(),
+        "2",
+        "the counter sharing the pipeline counted once a request"
+    );
+    assert!(
+        metric(&server, "tollgate_redis_script_calls_total ").await > scripts_before,
+        "the old master answered MOVED, and the script counted the counter"
+    );
+    Arc::into_inner(server).expect("clients done").stop().await;
+}
+
 /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` on Redis Cluster is exact: the descriptors of one request
 /// would land in different slots (their envoyproxy/ratelimit keys do), yet one over its limit leaves the
 /// others untouched, because every domain's keys are kept in one slot.

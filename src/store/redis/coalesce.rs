@@ -9,7 +9,8 @@
 //!
 //! Requests made only of fixed-window counters share a pipeline of `INCRBY` + `EXPIRE` instead
 //! ([`super::pipeline`]); a drained group sends both at once, so each request still costs one round
-//! trip.
+//! trip. In a Redis Cluster only those are coalesced (one pipeline per master): a script call must stay
+//! in one hash slot, and concurrent requests' keys rarely share one.
 //!
 //! Only [`CommitPolicy::Independent`] batches are coalesced: for them, one call over the concatenated
 //! items is exactly the requests applied one after another (the script settles each group on its

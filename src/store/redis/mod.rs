@@ -1,6 +1,8 @@
 //! The Redis store: every replica of Tollgate shares the same counters, and every request costs at most
 //! one Redis round trip (one `FCALL` of the batch function, or `EVALSHA` of the same script on Redis
-//! older than 7.0; in Redis Cluster, one per hash slot the request touches, sent in parallel).
+//! older than 7.0; in Redis Cluster, one per hash slot the request touches, sent in parallel). Fixed
+//! windows alone are counted with `INCRBY` pipelines instead, shared by concurrent requests (in a
+//! cluster, one per master; `pipeline.rs`).
 //!
 //! - **Atomic.** The whole batch is decided inside one Lua script ([`script`]), so no other request
 //!   interleaves between reading and writing a counter, and `all_or_nothing` is exact.
@@ -26,6 +28,7 @@ mod lease;
 mod pipeline;
 pub mod script;
 mod sentinel;
+mod slot_map;
 mod target;
 mod timed_counters;
 
@@ -202,6 +205,11 @@ pub struct RedisStore {
     timed: timed_counters::TimedCounters,
     /// Redis Cluster only: rebuilds a connection whose calls keep failing.
     rebuild: Option<ClusterRebuild>,
+    /// Redis Cluster only: the master serving each slot, once read, and a connection to each, for
+    /// grouping pipelines by master.
+    slot_map: ArcSwapOption<slot_map::Masters>,
+    /// When the slot map was last asked for (local µs), so it is asked for at most once a second.
+    slot_map_tried_us: AtomicU64,
     /// This store, for the background tasks it starts.
     me: std::sync::Weak<RedisStore>,
 }
@@ -239,6 +247,8 @@ impl RedisStore {
             pipelines: AtomicU64::new(0),
             timed: timed_counters::TimedCounters::new(),
             rebuild: cluster.then(ClusterRebuild::new),
+            slot_map: ArcSwapOption::empty(),
+            slot_map_tried_us: AtomicU64::new(0),
             me: store.clone(),
         });
         tokio::spawn(Arc::clone(&store).connect_until_connected(stop));
@@ -312,15 +322,20 @@ impl RedisStore {
             .set_number_of_retries(1)
     }
 
+    /// A client for one node at `info`, with the configured TLS certificates if any.
+    fn node_client(&self, info: redis::ConnectionInfo) -> redis::RedisResult<redis::Client> {
+        match &self.options.tls {
+            Some(certificates) => redis::Client::build_with_tls(info, certificates.clone()),
+            None => redis::Client::open(info),
+        }
+    }
+
     async fn connect(&self) -> Result<Connections, redis::RedisError> {
         let timeout = self.options.connect_timeout;
         match &self.options.target.mode {
             RedisMode::Single(info) => {
                 let config = self.manager_config();
-                let client = match &self.options.tls {
-                    Some(certificates) => redis::Client::build_with_tls(info.clone(), certificates.clone())?,
-                    None => redis::Client::open(info.clone())?,
-                };
+                let client = self.node_client(info.clone())?;
                 let mut pool = Vec::with_capacity(self.options.connections.max(1));
                 for _ in 0..self.options.connections.max(1) {
                     pool.push(ConnectionManager::new_with_config(client.clone(), config.clone()).await?);
@@ -568,7 +583,7 @@ impl Store for Arc<RedisStore> {
             && batch.policy == CommitPolicy::Independent
             && !traced
             && pipeline::pipelinable(&batch.items);
-        if self.coalesces(batch, traced) {
+        if self.coalesces(batch, traced, pipelined) {
             let deadline = tokio::time::Instant::now() + self.options.deadline;
             let answer = self.coalescer.submit(named, deadline, pipelined)?;
             return match tokio::time::timeout_at(deadline, answer).await {
@@ -576,11 +591,6 @@ impl Store for Arc<RedisStore> {
                 Ok(Err(_)) => Err(StoreError::Unavailable("the coalesced call was dropped".into())),
                 Err(_) => Err(StoreError::Timeout(self.options.deadline)),
             };
-        }
-        if pipelined {
-            // Redis Cluster: one pipeline per slot the request touches, not coalesced.
-            let named: Vec<_> = named.iter().collect();
-            return self.count(&named, self.options.deadline).await;
         }
         let items: Vec<ScriptItem<'_>> = named
             .iter()
@@ -616,11 +626,13 @@ impl Store for Arc<RedisStore> {
 }
 
 impl RedisStore {
-    /// Whether a batch goes through the [`coalesce`] queue: independent batches on a single node or
-    /// Sentinel's master (a cluster call is split per slot anyway), except when the request is traced,
-    /// so its `FCALL` span stays the child of its own RPC span.
-    fn coalesces(&self, batch: &Batch, traced: bool) -> bool {
-        batch.policy == CommitPolicy::Independent && !traced && !self.is_cluster()
+    /// Whether a batch goes through the [`coalesce`] queue: `pipelined` ones (independent and
+    /// untraced by definition), which share a pipeline, per master in a cluster; and off a cluster any
+    /// independent batch, except when the request is traced, so its `FCALL` span stays the child of
+    /// its own RPC span. In a cluster a script call must stay in one slot, and concurrent requests'
+    /// keys rarely share one.
+    fn coalesces(&self, batch: &Batch, traced: bool, pipelined: bool) -> bool {
+        pipelined || (batch.policy == CommitPolicy::Independent && !traced && !self.is_cluster())
     }
 
     /// One batch on the deployment's connection: one script call (per slot in a cluster).

@@ -24,18 +24,25 @@
 //! A counter holding something that is not an integer (`INCRBY` refuses it) is decided again by the
 //! script, which reads such a value as 0 and overwrites it, as Go's `INCRBY` never could.
 //!
-//! In a Redis Cluster a pipeline must stay in one hash slot, so a request is counted with one
-//! pipeline per slot it touches, all sent at once (cluster calls are not coalesced).
+//! In a Redis Cluster the queued requests' counters go out as one pipeline per master, over a
+//! connection to each master, grouped by the slot map Tollgate reads (`CLUSTER SLOTS`,
+//! [`super::slot_map`]); a counter whose slot moved since gets `MOVED` or `ASK`, is not counted there,
+//! and is decided by the script instead. Until the map is read, and after a master fails, one
+//! pipeline per slot through the cluster connection.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use redis::ServerErrorKind;
 use redis::aio::ConnectionLike;
 
 use super::coalesce::{CALL_TIMEOUT, Pending, answer};
 use super::script::{ReplyError, ScriptItem};
-use super::{CallError, Connections, RedisStore, by_slot, refresh_if_moved, shares_group, within};
+use super::slot_map::Part;
+use super::{
+    CallError, Connections, RedisStore, WholeConnection, by_slot, refresh_if_moved, shares_group, within,
+};
 use crate::algorithm::{Algorithm, Decision, fixed_window};
 use crate::store::{BatchItem, CommitPolicy, StoreError};
 
@@ -58,8 +65,8 @@ impl RedisStore {
     }
 
     /// The decisions of `named`'s items, in order, counted with pipelines: one on a single node or
-    /// Sentinel's master; in a Redis Cluster one per hash slot (a pipeline must stay in one slot),
-    /// all sent at once. `timeout` bounds each pipeline.
+    /// Sentinel's master; in a Redis Cluster one per master (per slot until the slot map is read), all
+    /// sent at once. `timeout` bounds each pipeline.
     pub(super) async fn count(
         &self,
         named: &[&(String, ScriptItem<'static>)],
@@ -74,22 +81,43 @@ impl RedisStore {
         match &*connections {
             Connections::Cluster(conn) => {
                 let slots = by_slot(named.iter().map(|(key, _)| key.as_str()));
-                let calls = slots.iter().map(|(&slot, positions)| {
-                    let part: Vec<_> = positions.iter().map(|&at| named[at]).collect();
-                    let mut conn = conn.clone();
+                let masters = self.slot_map.load_full();
+                let parts = match &masters {
+                    Some(masters) => masters.map.by_master(slots),
+                    None => {
+                        self.read_slot_map(conn);
+                        slots.into_iter().map(|(slot, at)| Part::one(slot, at)).collect()
+                    }
+                };
+                let calls = parts.iter().map(|part| {
+                    let counters: Vec<_> = part.positions.iter().map(|&at| named[at]).collect();
+                    let link = part
+                        .master
+                        .and_then(|master| masters.as_ref()?.links.get(usize::from(master)));
+                    let mut conn = match link {
+                        Some(link) => WholeConnection::Node(link.clone()),
+                        None => WholeConnection::Cluster(conn.clone()),
+                    };
                     async move {
-                        let counted = self.increment(&mut conn, Some(slot), &part, timeout).await;
-                        self.observe(Some(slot), &counted);
+                        let counted = self
+                            .increment(&mut conn, Some(&part.slots), &counters, timeout)
+                            .await;
+                        if counted.is_err() && link.is_some() {
+                            // The master may have gone (a failover): back to the cluster connection,
+                            // which follows the cluster, until the map is read again.
+                            self.slot_map.store(None);
+                        }
+                        self.observe(Some(part.slots[0]), &counted);
                         counted
                     }
                 });
                 let answers = futures_util::future::try_join_all(calls)
                     .await
                     .map_err(into_store_error)?;
-                for (positions, counted) in slots.values().zip(answers) {
+                for (part, counted) in parts.iter().zip(answers) {
                     settle(
                         named,
-                        positions.iter().copied(),
+                        part.positions.iter().copied(),
                         counted,
                         &mut decisions,
                         &mut refused,
@@ -127,12 +155,14 @@ impl RedisStore {
 
     /// `TIME`, then per item `INCRBY`, with `EXPIRE` unless the counter is known to carry a TTL
     /// ([`super::timed_counters`]), as one pipeline. Returns Redis' clock and each counter with its item
-    /// counted (`None`: `INCRBY` refused the value there, and nothing was counted). Every counter it
-    /// touched has a TTL when it returns, or one on its way (a counter it found created without one).
+    /// counted (`None`: `INCRBY` refused the value there, or the node does not serve its slot, and
+    /// nothing was counted). Every counter it counted has a TTL when it returns, or one on its way (a
+    /// counter it found created without one). `slots`: in a cluster, the slots of the counters, all
+    /// served by the node `conn` reaches.
     async fn increment<C: ConnectionLike + Clone + Send + 'static>(
         &self,
         conn: &mut C,
-        slot: Option<u16>,
+        slots: Option<&[u16]>,
         named: &[&(String, ScriptItem<'static>)],
         timeout: Duration,
     ) -> Result<(u64, Vec<Option<u64>>), CallError> {
@@ -175,7 +205,15 @@ impl RedisStore {
             }));
         }
         let now_us = redis_time_us(&values[0]).ok_or_else(|| bad(0))?;
-        self.offsets.record(slot, sent_at, self.clock.now_us(), now_us);
+        let received_at = self.clock.now_us();
+        match slots {
+            None => self.offsets.record(None, sent_at, received_at, now_us),
+            Some(slots) => {
+                for &slot in slots {
+                    self.offsets.record(Some(slot), sent_at, received_at, now_us);
+                }
+            }
+        }
         let mut counts = Vec::with_capacity(named.len());
         // Counters left without a TTL: where EXPIRE NX was refused, and where an INCRBY sent alone
         // turned out to create its counter.
@@ -184,14 +222,22 @@ impl RedisStore {
         for (at, &(fingerprint, expires)) in plan.iter().enumerate() {
             let count = match &values[index] {
                 redis::Value::Int(after) => Some(u64::try_from(*after).unwrap_or(0)),
-                redis::Value::ServerError(_) => None,
+                redis::Value::ServerError(error) => {
+                    if matches!(error.kind(), Some(ServerErrorKind::Moved | ServerErrorKind::Ask)) {
+                        // A slot moved since the map was read: read it again.
+                        self.slot_map.store(None);
+                    }
+                    None
+                }
                 _ => return Err(bad(index)),
             };
             index += 1;
             if expires {
                 match &values[index] {
                     redis::Value::Int(_) => self.timed.remember(fingerprint),
-                    redis::Value::ServerError(_) => refused_nx.push(at),
+                    // Where INCRBY was refused too, the script writes the counter, TTL and all.
+                    redis::Value::ServerError(_) if count.is_some() => refused_nx.push(at),
+                    redis::Value::ServerError(_) => {}
                     _ => return Err(bad(index)),
                 }
                 index += 1;

@@ -165,6 +165,24 @@ pub(crate) fn tcp_settings() -> redis::io::tcp::TcpSettings {
     redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }
 
+/// How to reach the cluster node at `host:port`: `seed`'s credentials and TLS settings at another
+/// address. `None` for a seed on a unix socket, which has no such twin.
+pub(super) fn node_at(seed: &ConnectionInfo, host: &str, port: u16) -> Option<ConnectionInfo> {
+    let addr = match seed.addr() {
+        ConnectionAddr::Tcp(..) => ConnectionAddr::Tcp(host.to_owned(), port),
+        ConnectionAddr::TcpTls {
+            insecure, tls_params, ..
+        } => ConnectionAddr::TcpTls {
+            host: host.to_owned(),
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => return None,
+    };
+    Some(seed.clone().set_addr(addr))
+}
+
 fn with_auth(info: ConnectionInfo, auth: &str) -> ConnectionInfo {
     let settings = credentials(info.redis_settings().clone(), auth);
     info.set_redis_settings(settings)

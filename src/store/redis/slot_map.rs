@@ -1,0 +1,270 @@
+//! Redis Cluster: which master serves each hash slot, as Tollgate last read it (`CLUSTER SLOTS`).
+//!
+//! Concurrent requests' keys rarely share a slot (16,384 of them), but they share a few masters. So the
+//! fixed-window counters of coalesced requests go out as one pipeline per master, each command
+//! carrying its own key ([`super::pipeline`]), and the map says which keys go together.
+//!
+//! Each pipeline goes to its master over a connection of its own, not through redis-rs' cluster
+//! connection: that one sends a whole pipeline again wherever any of its replies says `MOVED` or
+//! `ASK`, which would count again the counters the first master had counted. Where the map is out of
+//! date (a slot moved), the master answers `MOVED` or `ASK` for the commands it does not serve, without
+//! running them, and runs the others; those counters are decided again by the script, which redis-rs
+//! routes by key, and the map is read again.
+//!
+//! The store reads the map in the background, at most once a second, and opens a connection to each
+//! master with the seed nodes' credentials and TLS settings before it uses the map.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
+
+use super::keys::SLOTS;
+use super::{RedisMode, RedisStore, target, within};
+
+/// A slot no master serves, as far as the map knows.
+const NOBODY: u16 = u16::MAX;
+
+/// The master serving each hash slot.
+#[derive(Debug)]
+pub(super) struct SlotMap {
+    /// Per slot, an index into `masters`.
+    owner: Box<[u16]>,
+    /// Each master's address (host, port), as the cluster announces it.
+    masters: Vec<(String, u16)>,
+}
+
+impl SlotMap {
+    /// Reads a `CLUSTER SLOTS` reply: one entry per range, `[first, last, [ip, port, ...], replicas...]`.
+    /// `None` if the reply has another shape.
+    pub(super) fn parse(reply: &redis::Value) -> Option<Self> {
+        let redis::Value::Array(ranges) = reply else {
+            return None;
+        };
+        let mut owner = vec![NOBODY; usize::from(SLOTS)].into_boxed_slice();
+        let mut masters: Vec<(String, u16)> = Vec::new();
+        for range in ranges {
+            let redis::Value::Array(fields) = range else {
+                return None;
+            };
+            let [
+                redis::Value::Int(first),
+                redis::Value::Int(last),
+                redis::Value::Array(master),
+                ..,
+            ] = fields.as_slice()
+            else {
+                return None;
+            };
+            let [redis::Value::BulkString(ip), redis::Value::Int(port), ..] = master.as_slice() else {
+                return None;
+            };
+            let address = (String::from_utf8(ip.clone()).ok()?, u16::try_from(*port).ok()?);
+            let index = match masters.iter().position(|known| *known == address) {
+                Some(index) => index,
+                None => {
+                    masters.push(address);
+                    masters.len() - 1
+                }
+            };
+            let index = u16::try_from(index).ok().filter(|&index| index != NOBODY)?;
+            let first = usize::try_from(*first).ok()?;
+            let last = usize::try_from(*last)
+                .ok()
+                .filter(|&last| last < usize::from(SLOTS) && first <= last)?;
+            owner[first..=last].fill(index);
+        }
+        Some(Self { owner, masters })
+    }
+
+    /// Each master's address (host, port); a [`Part`]'s `master` indexes it.
+    pub(super) fn masters(&self) -> &[(String, u16)] {
+        &self.masters
+    }
+
+    /// The slots of `by_slot` (slot → positions), grouped by the master serving them, in slot order.
+    /// Slots the map knows no master for go alone.
+    pub(super) fn by_master(&self, by_slot: BTreeMap<u16, Vec<usize>>) -> Vec<Part> {
+        let mut parts: Vec<Part> = Vec::new();
+        // Master index → its part; a handful of masters, so a short list.
+        let mut part_of: Vec<(u16, usize)> = Vec::new();
+        for (slot, positions) in by_slot {
+            let master = self.owner[usize::from(slot % SLOTS)];
+            let known = part_of.iter().find(|(m, _)| *m == master && master != NOBODY);
+            match known {
+                Some(&(_, at)) => {
+                    parts[at].slots.push(slot);
+                    parts[at].positions.extend(positions);
+                }
+                None => {
+                    let mut part = Part::one(slot, positions);
+                    if master != NOBODY {
+                        part_of.push((master, parts.len()));
+                        part.master = Some(master);
+                    }
+                    parts.push(part);
+                }
+            }
+        }
+        parts
+    }
+}
+
+/// The slot map, with a connection to each of its masters (in [`SlotMap::masters`] order).
+pub(super) struct Masters {
+    /// Which master serves each slot.
+    pub(super) map: SlotMap,
+    /// A connection to each master.
+    pub(super) links: Vec<ConnectionManager>,
+}
+
+/// Counters that go out in one pipeline: their master, their slots and their positions.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Part {
+    /// The master serving every slot of the part (an index into [`SlotMap::masters`]); `None`: a
+    /// slot the map knows no master for, sent through the cluster connection.
+    pub(super) master: Option<u16>,
+    /// The slots, ascending; never empty.
+    pub(super) slots: Vec<u16>,
+    /// The positions of the counters, slot by slot.
+    pub(super) positions: Vec<usize>,
+}
+
+impl Part {
+    /// The counters of one slot, sent through the cluster connection.
+    pub(super) fn one(slot: u16, positions: Vec<usize>) -> Self {
+        Self {
+            master: None,
+            slots: vec![slot],
+            positions,
+        }
+    }
+}
+
+impl RedisStore {
+    /// Reads the cluster's slot map in the background, at most once a second, for the next pipelines
+    /// to group their counters by master (until then, one pipeline per slot).
+    pub(super) fn read_slot_map(&self, conn: &ClusterConnection) {
+        const EVERY_US: u64 = 1_000_000;
+        let now = self.clock.now_us();
+        let tried = self.slot_map_tried_us.load(Ordering::Relaxed);
+        if now.saturating_sub(tried) < EVERY_US
+            || self
+                .slot_map_tried_us
+                .compare_exchange(tried, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let Some(store) = self.me.upgrade() else {
+            return;
+        };
+        let mut conn = conn.clone();
+        tokio::spawn(async move {
+            let command = redis::cmd("CLUSTER").arg("SLOTS").clone();
+            let reply = within(
+                Duration::from_micros(EVERY_US),
+                command.query_async::<redis::Value>(&mut conn),
+            )
+            .await;
+            let map = match reply.map(|reply| SlotMap::parse(&reply)) {
+                Ok(Some(map)) => map,
+                Ok(None) => {
+                    tracing::warn!("unexpected CLUSTER SLOTS reply: one pipeline per slot");
+                    return;
+                }
+                Err(error) => {
+                    let error = error.into_store_error(store.options.deadline);
+                    tracing::warn!(%error, "cannot read CLUSTER SLOTS: one pipeline per slot");
+                    return;
+                }
+            };
+            match store.link_masters(&map).await {
+                Ok(links) => store.slot_map.store(Some(Arc::new(Masters { map, links }))),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot connect to every cluster master: one pipeline per slot");
+                }
+            }
+        });
+    }
+
+    /// A connection to each master of `map`, with the seed nodes' credentials and TLS settings.
+    async fn link_masters(&self, map: &SlotMap) -> Result<Vec<ConnectionManager>, redis::RedisError> {
+        let unusable =
+            |why: &'static str| redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, why));
+        let RedisMode::Cluster(seeds) = &self.options.target.mode else {
+            return Err(unusable("not a cluster"));
+        };
+        let seed = seeds.first().ok_or_else(|| unusable("no seed node"))?;
+        let mut links = Vec::with_capacity(map.masters().len());
+        for (host, port) in map.masters() {
+            let info =
+                target::node_at(seed, host, *port).ok_or_else(|| unusable("a seed on a unix socket"))?;
+            let client = self.node_client(info)?;
+            links.push(ConnectionManager::new_with_config(client, self.manager_config()).await?);
+        }
+        Ok(links)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(first: i64, last: i64, port: i64) -> redis::Value {
+        redis::Value::Array(vec![
+            redis::Value::Int(first),
+            redis::Value::Int(last),
+            redis::Value::Array(vec![
+                redis::Value::BulkString(b"127.0.0.1".to_vec()),
+                redis::Value::Int(port),
+                redis::Value::BulkString(b"node-id".to_vec()),
+            ]),
+        ])
+    }
+
+    #[test]
+    fn slots_are_grouped_by_the_master_serving_them() {
+        // Two masters, one of them serving two ranges; slot 16383 served by nobody.
+        let reply = redis::Value::Array(vec![
+            range(0, 99, 7000),
+            range(100, 199, 7001),
+            range(200, 16382, 7000),
+        ]);
+        let map = SlotMap::parse(&reply).expect("a CLUSTER SLOTS reply");
+        let by_slot: BTreeMap<u16, Vec<usize>> =
+            [(5, vec![0]), (150, vec![1, 4]), (300, vec![2]), (16383, vec![3])]
+                .into_iter()
+                .collect();
+        assert_eq!(
+            map.masters(),
+            [("127.0.0.1".to_owned(), 7000), ("127.0.0.1".to_owned(), 7001)]
+        );
+        let part = |master, slots: &[u16], positions: &[usize]| Part {
+            master,
+            slots: slots.to_vec(),
+            positions: positions.to_vec(),
+        };
+        assert_eq!(
+            map.by_master(by_slot),
+            [
+                part(Some(0), &[5, 300], &[0, 2]),
+                part(Some(1), &[150], &[1, 4]),
+                part(None, &[16383], &[3])
+            ]
+        );
+    }
+
+    #[test]
+    fn replies_of_another_shape_are_no_map() {
+        assert!(SlotMap::parse(&redis::Value::Nil).is_none());
+        assert!(SlotMap::parse(&redis::Value::Array(vec![redis::Value::Int(1)])).is_none());
+        let beyond = redis::Value::Array(vec![range(0, 16384, 7000)]);
+        assert!(SlotMap::parse(&beyond).is_none(), "no slot 16384");
+        let backwards = redis::Value::Array(vec![range(10, 9, 7000)]);
+        assert!(SlotMap::parse(&backwards).is_none());
+    }
+}
