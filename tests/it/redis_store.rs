@@ -837,16 +837,9 @@ async fn redis_cluster_counts_exactly_across_slots() {
     exact_admission(&env).await;
 }
 
-/// In a Redis Cluster, concurrent fixed-window requests share one pipeline per master (grouped by the
-/// slot map Tollgate reads), and a counter whose slot moved after the map was read is still counted
-/// exactly: its old master answers MOVED without counting, and the script counts it where it lives.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_shares_pipelines_per_master_and_follows_a_slot_that_moved() {
-    require_redis!();
-    let cluster = RedisCluster::start();
-    let addrs = cluster.addrs();
-    let env = [("REDIS_URL", addrs.as_str()), ("REDIS_TYPE", "cluster")];
-    let server = Arc::new(start(&env, &rules(Algorithm::FixedWindow, 100)).await);
+/// Asks for `value` of `k` once, and waits until the cluster's slot map has been read because of it
+/// (in the background), so that the next pipelines go per master.
+async fn first_ask_reads_the_slot_map(cluster: &RedisCluster, server: &TestServer, value: &str) {
     let slot_map_reads = || -> u64 {
         cluster
             .nodes
@@ -860,14 +853,74 @@ async fn a_cluster_shares_pipelines_per_master_and_follows_a_slot_that_moved() {
             .sum()
     };
     let before = slot_map_reads();
-    ask(&server, &[&[("k", "moved")]]).await.expect("answer");
-    // The first pipeline has the slot map read in the background.
+    ask(server, &[&[("k", value)]]).await.expect("answer");
     let deadline = Instant::now() + Duration::from_secs(5);
     while slot_map_reads() == before {
         assert!(Instant::now() < deadline, "the slot map was never read");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The links to the masters are opened after the map is read.
     tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// In a Redis Cluster, a master that dies fails only the requests whose counters it serves: requests
+/// that shared a coalesced group with them, counted by the other masters, are answered from Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_cluster_master_fails_only_the_requests_it_serves() {
+    require_redis!();
+    let mut cluster = RedisCluster::start();
+    let addrs = cluster.addrs();
+    let env = [("REDIS_URL", addrs.as_str()), ("REDIS_TYPE", "cluster")];
+    let server = Arc::new(start(&env, &rules(Algorithm::FixedWindow, 100)).await);
+    first_ask_reads_the_slot_map(&cluster, &server, "warm").await;
+    let warm = cluster
+        .nodes
+        .iter()
+        .map(|node| node.cli(&["KEYS", "rd_k_warm_*"]).trim().to_owned())
+        .find(|key| !key.is_empty())
+        .expect("the first counter");
+    let window = warm.strip_prefix("rd_k_warm_").expect("a Go-format key");
+    let values: Vec<String> = (0..64).map(|i| format!("v{i}")).collect();
+    // A node answers MOVED for the keys it does not serve.
+    let on_dead: Vec<bool> = values
+        .iter()
+        .map(|value| {
+            !cluster.nodes[0]
+                .cli(&["GET", &format!("rd_k_{value}_{window}")])
+                .contains("MOVED")
+        })
+        .collect();
+    assert!(on_dead.iter().any(|&dead| dead) && on_dead.iter().any(|&dead| !dead));
+    cluster.nodes[0].kill();
+    // Before the other masters see it gone (cluster-node-timeout 2 s) and refuse every command.
+    let answers = futures_util::future::join_all(values.iter().map(|value| {
+        let server = Arc::clone(&server);
+        async move { ask(&server, &[&[("k", value.as_str())]]).await }
+    }))
+    .await;
+    for ((value, dead), answer) in values.iter().zip(&on_dead).zip(&answers) {
+        match answer {
+            Ok(answer) => {
+                assert!(!dead, "{value}: answered though its master is dead");
+                assert_eq!(answer.statuses[0].limit_remaining, 99, "{value}");
+            }
+            Err(status) => assert!(dead, "{value}: failed though a live master serves it: {status}"),
+        }
+    }
+    Arc::into_inner(server).expect("clients done").stop().await;
+}
+
+/// In a Redis Cluster, concurrent fixed-window requests share one pipeline per master (grouped by the
+/// slot map Tollgate reads), and a counter whose slot moved after the map was read is still counted
+/// exactly: its old master answers MOVED without counting, and the script counts it where it lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_shares_pipelines_per_master_and_follows_a_slot_that_moved() {
+    require_redis!();
+    let cluster = RedisCluster::start();
+    let addrs = cluster.addrs();
+    let env = [("REDIS_URL", addrs.as_str()), ("REDIS_TYPE", "cluster")];
+    let server = Arc::new(start(&env, &rules(Algorithm::FixedWindow, 100)).await);
+    first_ask_reads_the_slot_map(&cluster, &server, "moved").await;
     let pipelines_before = metric(&server, "tollgate_redis_pipelines_total ").await;
     sixty_four_clients_ten_pairs_each(&server).await;
     let pipelines = metric(&server, "tollgate_redis_pipelines_total ").await - pipelines_before;

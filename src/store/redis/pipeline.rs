@@ -37,7 +37,7 @@ use std::time::Duration;
 use redis::ServerErrorKind;
 use redis::aio::ConnectionLike;
 
-use super::coalesce::{CALL_TIMEOUT, Pending, answer};
+use super::coalesce::{CALL_TIMEOUT, Pending};
 use super::script::{ReplyError, ScriptItem};
 use super::slot_map::Part;
 use super::{
@@ -56,26 +56,45 @@ pub(super) fn pipelinable(items: &[BatchItem]) -> bool {
 }
 
 impl RedisStore {
-    /// One pipeline for several queued requests whose items are all [`pipelinable`]; each request
-    /// gets its own decisions back.
+    /// One pipeline for several queued requests whose items are all [`pipelinable`] (in a cluster,
+    /// one per master); each request gets its own decisions back, or the error of a pipeline that
+    /// carried one of its counters: a master that fails fails only the requests it serves.
+    ///
+    /// On a single node a pipeline may hold its coalescing slot up to [`CALL_TIMEOUT`], so that a slow
+    /// Redis is not sent more calls than the coalescer allows. In a cluster one slow or dead master
+    /// must not hold up the requests the others serve, so the pipelines are bounded by the latest
+    /// deadline of the group's requests instead: past it, nobody waits for their answers.
     pub(super) async fn send_pipelined(&self, group: Vec<Pending>) {
         let named: Vec<&(String, ScriptItem<'static>)> = group.iter().flat_map(|p| &p.named).collect();
-        let result = self.count(&named, CALL_TIMEOUT).await;
-        answer(group, result);
+        let timeout = if self.is_cluster() {
+            let latest = group.iter().map(|p| p.deadline).max();
+            latest.map_or(Duration::ZERO, |at| {
+                at.saturating_duration_since(tokio::time::Instant::now())
+            })
+        } else {
+            CALL_TIMEOUT
+        };
+        let mut decisions = self.count(&named, timeout).await.into_iter();
+        for request in group {
+            let own = decisions.by_ref().take(request.named.len()).collect();
+            let _ = request.reply.send(own);
+        }
     }
 
-    /// The decisions of `named`'s items, in order, counted with pipelines: one on a single node or
-    /// Sentinel's master; in a Redis Cluster one per master (per slot until the slot map is read), all
-    /// sent at once. `timeout` bounds each pipeline.
+    /// The decision of each of `named`'s items, in order, counted with pipelines: one on a single node
+    /// or Sentinel's master; in a Redis Cluster one per master (per slot until the slot map is read),
+    /// all sent at once. `timeout` bounds each pipeline. An item carried by a pipeline that failed gets
+    /// that pipeline's error; the others are decided.
     pub(super) async fn count(
         &self,
         named: &[&(String, ScriptItem<'static>)],
         timeout: Duration,
-    ) -> Result<Vec<Decision>, StoreError> {
+    ) -> Vec<Result<Decision, StoreError>> {
         let Some(connections) = self.connections.load_full() else {
-            return Err(StoreError::Unavailable("not connected to Redis yet".into()));
+            let error = StoreError::Unavailable("not connected to Redis yet".into());
+            return vec![Err(error); named.len()];
         };
-        let mut decisions = vec![Decision::default(); named.len()];
+        let mut decisions = vec![Ok(Decision::default()); named.len()];
         let mut refused = Vec::new();
         let into_store_error = |error: CallError| error.into_store_error(self.options.deadline);
         match &*connections {
@@ -103,33 +122,32 @@ impl RedisStore {
                             .increment(&mut conn, Some(&part.slots), &counters, timeout)
                             .await;
                         if counted.is_err() && link.is_some() {
-                            // The master may have gone (a failover): back to the cluster connection,
-                            // which follows the cluster, until the map is read again.
+                            // The master may have gone (a failover): its link and the map are dropped,
+                            // and counters go through the cluster connection, which follows the
+                            // cluster, until the map is read again.
                             self.slot_map.store(None);
                         }
                         self.observe(Some(part.slots[0]), &counted);
                         counted
                     }
                 });
-                let answers = futures_util::future::try_join_all(calls)
-                    .await
-                    .map_err(into_store_error)?;
+                let answers = futures_util::future::join_all(calls).await;
                 for (part, counted) in parts.iter().zip(answers) {
-                    settle(
-                        named,
-                        part.positions.iter().copied(),
-                        counted,
-                        &mut decisions,
-                        &mut refused,
-                    );
+                    let positions = part.positions.iter().copied();
+                    match counted {
+                        Ok(counted) => settle(named, positions, counted, &mut decisions, &mut refused),
+                        Err(error) => fail(&mut decisions, positions, &into_store_error(error)),
+                    }
                 }
             }
             whole => {
                 let (mut conn, link) = whole.whole();
                 let counted = self.increment(&mut conn, None, named, timeout).await;
                 refresh_if_moved(link, &counted);
-                let counted = counted.map_err(into_store_error)?;
-                settle(named, 0..named.len(), counted, &mut decisions, &mut refused);
+                match counted {
+                    Ok(counted) => settle(named, 0..named.len(), counted, &mut decisions, &mut refused),
+                    Err(error) => fail(&mut decisions, 0..named.len(), &into_store_error(error)),
+                }
             }
         }
         if !refused.is_empty() {
@@ -145,12 +163,17 @@ impl RedisStore {
                 .collect();
             let redecided = self
                 .invoke_whole(&again, CommitPolicy::Independent, None, timeout)
-                .await?;
-            for (at, decision) in refused.into_iter().zip(redecided) {
-                decisions[at] = decision;
+                .await;
+            match redecided {
+                Ok(redecided) => {
+                    for (at, decision) in refused.into_iter().zip(redecided) {
+                        decisions[at] = Ok(decision);
+                    }
+                }
+                Err(error) => fail(&mut decisions, refused.into_iter(), &error),
             }
         }
-        Ok(decisions)
+        decisions
     }
 
     /// `TIME`, then per item `INCRBY`, with `EXPIRE` unless the counter is known to carry a TTL
@@ -331,18 +354,33 @@ fn settle(
     named: &[&(String, ScriptItem<'static>)],
     positions: impl Iterator<Item = usize>,
     (now_us, counts): (u64, Vec<Option<u64>>),
-    decisions: &mut [Decision],
+    decisions: &mut [Result<Decision, StoreError>],
     refused: &mut Vec<usize>,
 ) {
     for (at, count) in positions.zip(counts) {
         let item = &named[at].1;
         match count {
             Some(after) => {
-                decisions[at] =
-                    fixed_window::decide_counted(&item.limit, item.window_start_us, now_us, after);
+                decisions[at] = Ok(fixed_window::decide_counted(
+                    &item.limit,
+                    item.window_start_us,
+                    now_us,
+                    after,
+                ));
             }
             None => refused.push(at),
         }
+    }
+}
+
+/// Gives the items at `positions` the error of the pipeline or call that should have decided them.
+fn fail(
+    decisions: &mut [Result<Decision, StoreError>],
+    positions: impl Iterator<Item = usize>,
+    error: &StoreError,
+) {
+    for at in positions {
+        decisions[at] = Err(error.clone());
     }
 }
 
