@@ -10,8 +10,10 @@
 #
 # Each turn: a fresh Tollgate on the shared throwaway redis-server (flushed), a 1 s warm-up, then
 # `tollgate bench --redis-url` (64 in flight, DURATION, default 10s), which prints the Redis process CPU
-# per decision and the most expensive commands from INFO commandstats. Needs redis-server, redis-cli and
-# python3 on PATH.
+# per decision and the most expensive commands from INFO commandstats. RATE=N sends N requests a second
+# instead (open loop, still at most 64 in flight), for the cost at a load below the peak; TOLLGATE_ENV
+# passes settings to the server under test (e.g. TOLLGATE_ENV='REDIS_PIPELINE_WINDOW=150us'). Needs
+# redis-server, redis-cli and python3 on PATH.
 set -euo pipefail
 binary="$1"
 shift
@@ -39,7 +41,7 @@ bench() { # label keys descriptors... (then the bench's own arguments after --)
   shift 2
   printf '== %s\n' "$label"
   "$binary" bench --addr "http://127.0.0.1:$port" --domain bench --keys "$keys" --concurrency 64 \
-    --duration "$duration" --redis-url "redis://127.0.0.1:$redis_port" "$@" 2>&1 \
+    ${RATE:+--rate "$RATE"} --duration "$duration" --redis-url "redis://127.0.0.1:$redis_port" "$@" 2>&1 \
     | grep -E 'decisions/s|errors|latency|redis|calls/decision'
 }
 
@@ -51,7 +53,8 @@ turn() { # label algorithm limit unit keys descriptor-count
   done
   redis-cli -p "$redis_port" flushall >/dev/null
   port="$(free_port)"
-  REDIS_URL="127.0.0.1:$redis_port" "$binary" serve --config-dir "$work/cpu-rules" \
+  # shellcheck disable=SC2086 # TOLLGATE_ENV is a list of settings
+  env ${TOLLGATE_ENV:-} REDIS_URL="127.0.0.1:$redis_port" "$binary" serve --config-dir "$work/cpu-rules" \
     --grpc-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$(free_port)" \
     --debug-addr "127.0.0.1:$(free_port)" >"$work/server.log" 2>&1 &
   server=$!

@@ -32,7 +32,7 @@ pub(super) fn build_store(
         )));
     };
     let tls = redis_tls_certificates(settings)?;
-    let cached = |target, connections, connect_timeout| {
+    let cached = |target, connections, connect_timeout, (pipeline_window, pipeline_limit)| {
         let options = RedisOptions {
             target,
             connections,
@@ -41,17 +41,28 @@ pub(super) fn build_store(
             expiration_jitter_max_secs: settings.expiration_jitter_max_seconds,
             tls: tls.clone(),
             pipeline_fixed_windows: settings.redis_pipeline_fixed_windows,
+            pipeline_window,
+            pipeline_limit,
         };
         let redis = RedisStore::start(options, Arc::clone(&clock), stop.clone());
         LocalCache::new(redis, settings.local_cache_size_in_bytes, Arc::clone(&clock))
     };
-    let main = cached(target, settings.redis_pool_size, settings.redis_connect_timeout);
+    let main = cached(
+        target,
+        settings.redis_pool_size,
+        settings.redis_connect_timeout,
+        (settings.redis_pipeline_window, settings.redis_pipeline_limit),
+    );
     let per_second = redis_persecond_target(settings)?.map(|target| {
         tracing::info!(redis = %target, "per-second limits are counted in their own Redis (REDIS_PERSECOND)");
         cached(
             target,
             settings.redis_persecond_pool_size,
             settings.redis_persecond_connect_timeout,
+            (
+                settings.redis_persecond_pipeline_window,
+                settings.redis_persecond_pipeline_limit,
+            ),
         )
     });
     Ok(AnyStore::Redis(RedisStores { main, per_second }))

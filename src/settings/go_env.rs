@@ -58,6 +58,13 @@ const GO_DIRECT: &[(&str, &str)] = &[
     ("REDIS_PERSECOND_TLS", "redis_persecond_tls"),
     ("REDIS_PERSECOND_POOL_SIZE", "redis_persecond_pool_size"),
     ("REDIS_PERSECOND_TIMEOUT", "redis_persecond_connect_timeout"),
+    ("REDIS_PIPELINE_WINDOW", "redis_pipeline_window"),
+    ("REDIS_PIPELINE_LIMIT", "redis_pipeline_limit"),
+    (
+        "REDIS_PERSECOND_PIPELINE_WINDOW",
+        "redis_persecond_pipeline_window",
+    ),
+    ("REDIS_PERSECOND_PIPELINE_LIMIT", "redis_persecond_pipeline_limit"),
     ("EXPIRATION_JITTER_MAX_SECONDS", "expiration_jitter_max_seconds"),
     ("LOCAL_CACHE_SIZE_IN_BYTES", "local_cache_size_in_bytes"),
     ("NEAR_LIMIT_RATIO", "near_limit_ratio"),
@@ -232,10 +239,6 @@ const GO_IGNORED: &[(&str, &str)] = &[
         "Tollgate is healthy once a rule set is loaded, even an empty one",
     ),
     (
-        "REDIS_PIPELINE_",
-        "concurrent requests share script calls instead",
-    ),
-    (
         "REDIS_CLUSTER_PIPELINE_PARALLELISM",
         "one script call per slot, all in parallel",
     ),
@@ -250,10 +253,6 @@ const GO_IGNORED: &[(&str, &str)] = &[
     (
         "REDIS_STARTUP_",
         "Tollgate starts at once and connects to Redis in the background",
-    ),
-    (
-        "REDIS_PERSECOND_PIPELINE_",
-        "concurrent requests share script calls instead",
     ),
     (
         "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",

@@ -407,6 +407,71 @@ async fn concurrent_fixed_windows_share_pipelines_of_incrby_without_a_script() {
     Arc::into_inner(server).expect("clients done").stop().await;
 }
 
+/// Eight requests for different counters, one every 2 ms, each from its own client; their answers in
+/// order, and how long the whole took.
+async fn eight_staggered_requests(server: &Arc<TestServer>) -> (Vec<RateLimitResponse>, Duration) {
+    let started = Instant::now();
+    let requests = (0..8).map(|i| {
+        let server = Arc::clone(server);
+        async move {
+            tokio::time::sleep(Duration::from_millis(2 * i)).await;
+            ask(&server, &[&[("k", &format!("staggered-{i}"))]])
+                .await
+                .expect("answer")
+        }
+    });
+    let answers = futures_util::future::join_all(requests).await;
+    (answers, started.elapsed())
+}
+
+/// `REDIS_PIPELINE_WINDOW` (the Go service's setting): a call waits that long after its first request
+/// for others to join it, so requests that would each have gone alone share one pipeline or script
+/// call; `REDIS_PIPELINE_LIMIT` sends a call once it carries that many items.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_window_gathers_requests_into_one_call_up_to_the_limit() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let window = ("REDIS_PIPELINE_WINDOW", "300ms");
+    for (algorithm, limit, calls, series) in [
+        (Algorithm::FixedWindow, "0", 1, "tollgate_redis_pipelines_total "),
+        (Algorithm::FixedWindow, "2", 4, "tollgate_redis_pipelines_total "),
+        (
+            Algorithm::TokenBucket,
+            "0",
+            1,
+            "tollgate_redis_script_calls_total ",
+        ),
+    ] {
+        let env = [
+            ("REDIS_URL", url.as_str()),
+            window,
+            ("REDIS_PIPELINE_LIMIT", limit),
+        ];
+        let server = Arc::new(start(&env, &rules(algorithm, 100)).await);
+        // Loads the library (and reads the server's version) before counting calls.
+        ask(&server, &[&[("k", "warm-up")]]).await.expect("answer");
+        let before = metric(&server, series).await;
+        let (answers, took) = eight_staggered_requests(&server).await;
+        let remaining: Vec<u32> = answers.iter().map(|a| a.statuses[0].limit_remaining).collect();
+        assert_eq!(remaining, [99; 8], "{algorithm:?}, limit {limit}");
+        assert_eq!(
+            metric(&server, series).await - before,
+            calls,
+            "{algorithm:?}, limit {limit}: calls for 8 requests arriving within 14 ms"
+        );
+        // Without a limit the call waits out the window; with one, each call goes once full.
+        let waited = took >= Duration::from_millis(300);
+        assert_eq!(
+            waited,
+            limit == "0",
+            "{algorithm:?}, limit {limit}: took {took:?}"
+        );
+        Arc::into_inner(server).expect("clients done").stop().await;
+        redis.cli(&["FLUSHALL"]);
+    }
+}
+
 /// A counter this instance has seen given a TTL is counted by INCRBY alone on later hits. Deleted
 /// meanwhile (an operator's DEL, eviction, a failover that lost it), the INCRBY that creates it again
 /// counts no more than its own cost, and the instance gives it its TTL back with EXPIRE NX.

@@ -7,6 +7,12 @@
 //! Under light load a request finds a free slot and is sent at once, alone; under heavy load calls
 //! grow to carry many requests, and Redis spends its time on the decisions, not on the calls.
 //!
+//! Between the two, a call carries few requests, and Redis spends most of its CPU on calls. An operator
+//! who would rather spend latency than Redis CPU sets a gathering window (`REDIS_PIPELINE_WINDOW`, the
+//! Go service's name for its own implicit pipelining): a call waits that long after its first request
+//! arrived for others to join it, unless it already carries `REDIS_PIPELINE_LIMIT` items. A request
+//! that already waited that long in the queue (every slot busy) adds no wait.
+//!
 //! Requests made only of fixed-window counters share a pipeline of `INCRBY` + `EXPIRE` instead
 //! ([`super::pipeline`]); a drained group sends both at once, so each request still costs one round
 //! trip. In a Redis Cluster only those are coalesced (one pipeline per master): a script call must stay
@@ -39,6 +45,7 @@ use tokio::time::Instant;
 
 use super::RedisStore;
 use super::script::ScriptItem;
+use super::window_timer::WindowTimer;
 use crate::algorithm::Decision;
 use crate::store::StoreError;
 
@@ -68,6 +75,8 @@ pub(super) struct Pending {
     pub(super) deadline: Instant,
     /// Every item is a fixed-window counter `INCRBY` decides ([`super::pipeline`]).
     pub(super) pipelined: bool,
+    /// When it was queued: the gathering window runs from the first request of a call.
+    queued_at: Instant,
 }
 
 impl Pending {
@@ -75,6 +84,15 @@ impl Pending {
     fn abandoned(&self) -> bool {
         self.reply.is_closed() || Instant::now() >= self.deadline
     }
+}
+
+/// How a call gathers requests beyond those queued when it opens.
+#[derive(Debug, Clone, Copy)]
+struct Gathering {
+    /// How long after its first request's arrival a call waits for more; zero: no wait.
+    window: Duration,
+    /// Items at which a call stops gathering (at most [`MAX_ITEMS_PER_CALL`]).
+    full_at: usize,
 }
 
 /// The queue in front of the script calls.
@@ -94,11 +112,25 @@ pub(super) struct Counts {
 }
 
 impl Coalescer {
-    /// Starts the task that drains the queue into calls; it ends when the store is dropped.
-    pub(super) fn start(store: Weak<RedisStore>) -> Self {
+    /// Starts the task that drains the queue into calls; it ends when the store is dropped. A call
+    /// waits up to `window` after its first request's arrival for more to join it, and stops gathering
+    /// at `limit` items (zero: at [`MAX_ITEMS_PER_CALL`], which also caps a larger limit).
+    pub(super) fn start(store: Weak<RedisStore>, window: Duration, limit: usize) -> Self {
         let (queue, pending) = mpsc::channel(QUEUE_CAPACITY);
         let counts = Arc::new(Counts::default());
-        tokio::spawn(drain(store, pending, Arc::clone(&counts)));
+        let full_at = match limit {
+            0 => MAX_ITEMS_PER_CALL,
+            limit => limit.min(MAX_ITEMS_PER_CALL),
+        };
+        if limit > MAX_ITEMS_PER_CALL {
+            tracing::warn!(
+                limit,
+                bound = MAX_ITEMS_PER_CALL,
+                "REDIS_PIPELINE_LIMIT is above the most items a call carries: calls stop at the bound"
+            );
+        }
+        let gathering = Gathering { window, full_at };
+        tokio::spawn(drain(store, pending, Arc::clone(&counts), gathering));
         Self { queue, counts }
     }
 
@@ -121,6 +153,7 @@ impl Coalescer {
             reply,
             deadline,
             pipelined,
+            queued_at: Instant::now(),
         }) {
             Ok(()) => Ok(answer),
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -136,11 +169,19 @@ impl Coalescer {
 }
 
 /// Takes a free call slot, then what is queued (up to [`MAX_ITEMS_PER_CALL`] items, skipping requests
-/// nobody waits for), and sends it as one call that keeps the slot until Redis answers.
-async fn drain(store: Weak<RedisStore>, mut pending: mpsc::Receiver<Pending>, counts: Arc<Counts>) {
+/// nobody waits for) and what arrives within the gathering window, and sends it as one call that keeps
+/// the slot until Redis answers.
+async fn drain(
+    store: Weak<RedisStore>,
+    mut pending: mpsc::Receiver<Pending>,
+    counts: Arc<Counts>,
+    gathering: Gathering,
+) {
     let slots = Arc::new(Semaphore::new(CALLS_IN_FLIGHT));
     // A request that did not fit the previous call: it opens the next one.
     let mut carried: Option<Pending> = None;
+    // Only with a gathering window.
+    let mut timer = (!gathering.window.is_zero()).then(WindowTimer::new);
     loop {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             return;
@@ -152,8 +193,10 @@ async fn drain(store: Weak<RedisStore>, mut pending: mpsc::Receiver<Pending>, co
         if next.is_none() {
             return;
         }
-        let mut group = Vec::new();
+        let mut group: Vec<Pending> = Vec::new();
         let mut items = 0;
+        // Whether the call still gathers: from its first request's arrival until the window closes.
+        let mut gathering_open = false;
         while let Some(request) = next.take() {
             if request.abandoned() {
                 counts.abandoned.fetch_add(1, Ordering::Relaxed);
@@ -161,13 +204,29 @@ async fn drain(store: Weak<RedisStore>, mut pending: mpsc::Receiver<Pending>, co
                 carried = Some(request);
                 break;
             } else {
+                if let (true, Some(timer)) = (group.is_empty(), &mut timer) {
+                    timer.arm(request.queued_at + gathering.window);
+                    gathering_open = true;
+                }
                 items += request.named.len();
                 group.push(request);
             }
-            if items >= MAX_ITEMS_PER_CALL {
+            if items >= gathering.full_at {
                 break;
             }
-            next = pending.try_recv().ok();
+            next = match (pending.try_recv(), &timer) {
+                (Ok(request), _) => Some(request),
+                (Err(mpsc::error::TryRecvError::Empty), Some(timer)) if gathering_open => {
+                    tokio::select! {
+                        request = pending.recv() => request,
+                        () = timer.closed() => {
+                            gathering_open = false;
+                            None
+                        }
+                    }
+                }
+                (Err(_), _) => None,
+            };
         }
         if group.is_empty() {
             continue;

@@ -31,6 +31,7 @@ mod sentinel;
 mod slot_map;
 mod target;
 mod timed_counters;
+mod window_timer;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -78,6 +79,12 @@ pub struct RedisOptions {
     /// Decide requests made only of fixed-window counters with pipelined `INCRBY` + `EXPIRE` instead of
     /// the script (`src/store/redis/pipeline.rs`; `TOLLGATE_REDIS_PIPELINE_FIXED_WINDOWS`, on by default).
     pub pipeline_fixed_windows: bool,
+    /// How long a coalesced call waits, from its first request's arrival, for more requests to join it
+    /// (`REDIS_PIPELINE_WINDOW`); zero sends it as soon as a call slot is free.
+    pub pipeline_window: Duration,
+    /// A coalesced call is sent once it carries this many items (`REDIS_PIPELINE_LIMIT`); zero: the
+    /// built-in bound alone.
+    pub pipeline_limit: usize,
 }
 
 /// Live connections, filled in by the background connector.
@@ -235,7 +242,11 @@ impl RedisStore {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let cluster = matches!(options.target.mode, RedisMode::Cluster(_));
         let store = Arc::new_cyclic(|store| Self {
-            coalescer: coalesce::Coalescer::start(store.clone()),
+            coalescer: coalesce::Coalescer::start(
+                store.clone(),
+                options.pipeline_window,
+                options.pipeline_limit,
+            ),
             options,
             connections: ArcSwapOption::empty(),
             script: BatchScript::new(),

@@ -204,6 +204,8 @@ pub async fn connected_store(url: &str, kind: &str) -> (Arc<RedisStore>, Cancell
         tls: None,
         expiration_jitter_max_secs: 0,
         pipeline_fixed_windows: true,
+        pipeline_window: Duration::ZERO,
+        pipeline_limit: 0,
     };
     let stop = CancellationToken::new();
     let store = RedisStore::start(options, Arc::new(SystemClock), stop.clone());
