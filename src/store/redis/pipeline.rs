@@ -27,8 +27,9 @@
 //! In a Redis Cluster the queued requests' counters go out as one pipeline per master, over a
 //! connection to each master, grouped by the slot map Tollgate reads (`CLUSTER SLOTS`,
 //! [`super::slot_map`]); a counter whose slot moved since gets `MOVED` or `ASK`, is not counted there,
-//! and is decided by the script instead. Until the map is read, and after a master fails, one
-//! pipeline per slot through the cluster connection.
+//! and is decided by the script instead. Until the map is read, and after a master fails, the script
+//! decides the counters, one call per slot (never a pipeline through redis-rs' cluster connection,
+//! which resends a whole pipeline on one redirect).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -40,9 +41,7 @@ use redis::aio::ConnectionLike;
 use super::coalesce::{CALL_TIMEOUT, Pending};
 use super::script::{ReplyError, ScriptItem};
 use super::slot_map::Part;
-use super::{
-    CallError, Connections, RedisStore, WholeConnection, by_slot, refresh_if_moved, shares_group, within,
-};
+use super::{CallError, Connections, RedisStore, by_slot, refresh_if_moved, shares_group, within};
 use crate::algorithm::{Algorithm, Decision, fixed_window};
 use crate::store::{BatchItem, CommitPolicy, StoreError};
 
@@ -82,7 +81,8 @@ impl RedisStore {
     }
 
     /// The decision of each of `named`'s items, in order, counted with pipelines: one on a single node
-    /// or Sentinel's master; in a Redis Cluster one per master (per slot until the slot map is read),
+    /// or Sentinel's master; in a Redis Cluster one per master (a script call per slot until the slot
+    /// map is read),
     /// all sent at once. `timeout` bounds each pipeline. An item carried by a pipeline that failed gets
     /// that pipeline's error; the others are decided.
     pub(super) async fn count(
@@ -108,36 +108,54 @@ impl RedisStore {
                         slots.into_iter().map(|(slot, at)| Part::one(slot, at)).collect()
                     }
                 };
-                let calls = parts.iter().map(|part| {
-                    let counters: Vec<_> = part.positions.iter().map(|&at| named[at]).collect();
+                // A part with a link to its master is pipelined over it. Any other (the map not read
+                // yet, or dropped after a failure; a slot no master serves) is decided by the script,
+                // one call per slot through the cluster connection: that connection would send a whole
+                // pipeline again on a single ASK or MOVED reply, counting twice what the first node had
+                // counted, where a script call that is redirected has run nowhere.
+                let (mut linked, mut unlinked) = (Vec::new(), Vec::new());
+                for part in &parts {
                     let link = part
                         .master
                         .and_then(|master| masters.as_ref()?.links.get(usize::from(master)));
-                    let mut conn = match link {
-                        Some(link) => WholeConnection::Node(link.clone()),
-                        None => WholeConnection::Cluster(conn.clone()),
-                    };
+                    match link {
+                        Some(link) => linked.push((part, link.clone())),
+                        None => unlinked.push(part),
+                    }
+                }
+                let pipelines = linked.iter().map(|(part, link)| {
+                    let counters: Vec<_> = part.positions.iter().map(|&at| named[at]).collect();
+                    let mut link = link.clone();
                     async move {
                         let counted = self
-                            .increment(&mut conn, Some(&part.slots), &counters, timeout)
+                            .increment(&mut link, Some(&part.slots), &counters, timeout)
                             .await;
-                        if counted.is_err() && link.is_some() {
+                        if counted.is_err() {
                             // The master may have gone (a failover): its link and the map are dropped,
-                            // and counters go through the cluster connection, which follows the
-                            // cluster, until the map is read again.
+                            // and its counters go to the script, which follows the cluster, until the
+                            // map is read again.
                             self.slot_map.store(None);
                         }
                         self.observe(Some(part.slots[0]), &counted);
                         counted
                     }
                 });
-                let answers = futures_util::future::join_all(calls).await;
-                for (part, counted) in parts.iter().zip(answers) {
+                let scripts = unlinked
+                    .iter()
+                    .map(|part| self.decide_by_script(named, &part.positions, timeout));
+                let (pipelined, scripted) = tokio::join!(
+                    futures_util::future::join_all(pipelines),
+                    futures_util::future::join_all(scripts)
+                );
+                for ((part, _), counted) in linked.iter().zip(pipelined) {
                     let positions = part.positions.iter().copied();
                     match counted {
                         Ok(counted) => settle(named, positions, counted, &mut decisions, &mut refused),
                         Err(error) => fail(&mut decisions, positions, &into_store_error(error)),
                     }
+                }
+                for (part, result) in unlinked.iter().zip(scripted) {
+                    place(&mut decisions, &part.positions, result);
                 }
             }
             whole => {
@@ -153,27 +171,30 @@ impl RedisStore {
         if !refused.is_empty() {
             // Not counted anywhere yet: the script decides them, overwriting what INCRBY refused.
             refused.sort_unstable();
-            let again: Vec<ScriptItem<'_>> = (0u32..)
-                .zip(&refused)
-                .map(|(group, &at)| ScriptItem {
-                    key: &named[at].0,
-                    group,
-                    ..named[at].1
-                })
-                .collect();
-            let redecided = self
-                .invoke_whole(&again, CommitPolicy::Independent, None, timeout)
-                .await;
-            match redecided {
-                Ok(redecided) => {
-                    for (at, decision) in refused.into_iter().zip(redecided) {
-                        decisions[at] = Ok(decision);
-                    }
-                }
-                Err(error) => fail(&mut decisions, refused.into_iter(), &error),
-            }
+            let redecided = self.decide_by_script(named, &refused, timeout).await;
+            place(&mut decisions, &refused, redecided);
         }
         decisions
+    }
+
+    /// The decisions of `named`'s items at `positions` by the batch script, each item independent of the
+    /// others (a group of its own), as separate requests would be decided.
+    async fn decide_by_script(
+        &self,
+        named: &[&(String, ScriptItem<'static>)],
+        positions: &[usize],
+        timeout: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let items: Vec<ScriptItem<'_>> = (0u32..)
+            .zip(positions)
+            .map(|(group, &at)| ScriptItem {
+                key: &named[at].0,
+                group,
+                ..named[at].1
+            })
+            .collect();
+        self.invoke_whole(&items, CommitPolicy::Independent, None, timeout)
+            .await
     }
 
     /// `TIME`, then per item `INCRBY`, with `EXPIRE` unless the counter is known to carry a TTL
@@ -370,6 +391,22 @@ fn settle(
             }
             None => refused.push(at),
         }
+    }
+}
+
+/// Puts a script call's decisions for the items at `positions` in their places, or its error.
+fn place(
+    decisions: &mut [Result<Decision, StoreError>],
+    positions: &[usize],
+    result: Result<Vec<Decision>, StoreError>,
+) {
+    match result {
+        Ok(decided) => {
+            for (&at, decision) in positions.iter().zip(decided) {
+                decisions[at] = Ok(decision);
+            }
+        }
+        Err(error) => fail(decisions, positions.iter().copied(), &error),
     }
 }
 

@@ -125,7 +125,7 @@ pub(super) struct Masters {
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Part {
     /// The master serving every slot of the part (an index into [`SlotMap::masters`]); `None`: a
-    /// slot the map knows no master for, sent through the cluster connection.
+    /// slot the map knows no master for, decided by the script through the cluster connection.
     pub(super) master: Option<u16>,
     /// The slots, ascending; never empty.
     pub(super) slots: Vec<u16>,
@@ -134,7 +134,7 @@ pub(super) struct Part {
 }
 
 impl Part {
-    /// The counters of one slot, sent through the cluster connection.
+    /// The counters of one slot, decided by the script through the cluster connection.
     pub(super) fn one(slot: u16, positions: Vec<usize>) -> Self {
         Self {
             master: None,
@@ -146,7 +146,7 @@ impl Part {
 
 impl RedisStore {
     /// Reads the cluster's slot map in the background, at most once a second, for the next pipelines
-    /// to group their counters by master (until then, one pipeline per slot).
+    /// to group their counters by master (until then, the script decides them, one call per slot).
     pub(super) fn read_slot_map(&self, conn: &ClusterConnection) {
         const EVERY_US: u64 = 1_000_000;
         let now = self.clock.now_us();
@@ -173,19 +173,21 @@ impl RedisStore {
             let map = match reply.map(|reply| SlotMap::parse(&reply)) {
                 Ok(Some(map)) => map,
                 Ok(None) => {
-                    tracing::warn!("unexpected CLUSTER SLOTS reply: one pipeline per slot");
+                    tracing::warn!(
+                        "unexpected CLUSTER SLOTS reply: fixed windows go to the script, one call per slot"
+                    );
                     return;
                 }
                 Err(error) => {
                     let error = error.into_store_error(store.options.deadline);
-                    tracing::warn!(%error, "cannot read CLUSTER SLOTS: one pipeline per slot");
+                    tracing::warn!(%error, "cannot read CLUSTER SLOTS: fixed windows go to the script, one call per slot");
                     return;
                 }
             };
             match store.link_masters(&map).await {
                 Ok(links) => store.slot_map.store(Some(Arc::new(Masters { map, links }))),
                 Err(error) => {
-                    tracing::warn!(%error, "cannot connect to every cluster master: one pipeline per slot");
+                    tracing::warn!(%error, "cannot connect to every cluster master: fixed windows go to the script, one call per slot");
                 }
             }
         });
