@@ -6,7 +6,9 @@
 #   scripts/bench-redis-cluster-cpu.sh target/release/tollgate [workload ...]
 #
 # Workloads (all by default): fixed-1 fixed-3 token-bucket-1 token-bucket-3. DURATION of load (default
-# 8s) after a 2 s warm-up. Needs redis-server, redis-cli and python3.
+# 8s) after a 2 s warm-up. RATE=N sends N requests a second (open loop) instead of keeping 64 in flight;
+# TOLLGATE_ENV passes settings to the server (e.g. TOLLGATE_ENV='REDIS_PIPELINE_WINDOW=500us'). Needs
+# redis-server, redis-cli and python3.
 set -euo pipefail
 binary="$1"
 shift
@@ -66,7 +68,8 @@ turn() { # label algorithm limit unit descriptor-count
   } > "$work/rules/bench.yaml"
   for node in "${nodes[@]}"; do redis-cli -p "$node" flushall >/dev/null; done
   port="$(free_port)"
-  REDIS_TYPE=cluster REDIS_URL="$seeds" "$binary" serve --config-dir "$work/rules" \
+  # shellcheck disable=SC2086 # TOLLGATE_ENV is a list of settings
+  env ${TOLLGATE_ENV:-} REDIS_TYPE=cluster REDIS_URL="$seeds" "$binary" serve --config-dir "$work/rules" \
     --grpc-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$(free_port)" \
     --debug-addr "127.0.0.1:$(free_port)" >"$work/server.log" 2>&1 &
   server=$!
@@ -76,7 +79,7 @@ turn() { # label algorithm limit unit descriptor-count
   local before after output
   before="$(cluster_cpu)"
   output="$("$binary" bench --addr "http://127.0.0.1:$port" --domain bench --keys 10000 \
-    --concurrency 64 --duration "$duration" "${args[@]}" 2>&1)"
+    --concurrency 64 ${RATE:+--rate "$RATE"} --duration "$duration" "${args[@]}" 2>&1)"
   after="$(cluster_cpu)"
   kill "$server"
   wait "$server" 2>/dev/null || true
