@@ -32,7 +32,9 @@
 //! - a call carries at most [`MAX_ITEMS_PER_CALL`] items (a larger request goes alone, and waits for
 //!   the next call rather than inflating one already full);
 //! - a call holds its slot until Redis answers, or [`CALL_TIMEOUT`] passes and the connection is
-//!   deemed dead: a slow Redis gets no more concurrent calls than [`CALLS_IN_FLIGHT`].
+//!   deemed dead: a slow Redis gets no more concurrent calls than [`CALLS_IN_FLIGHT`]. (In a cluster a
+//!   group's per-master pipelines stop at their requests' deadline instead, so that one stalled master
+//!   does not hold up the requests the others serve: [`super::pipeline`].)
 //!
 //! [`CommitPolicy::Independent`]: crate::store::CommitPolicy::Independent
 
@@ -193,7 +195,7 @@ async fn drain(
         if next.is_none() {
             return;
         }
-        let mut group: Vec<Pending> = Vec::new();
+        let mut group = Vec::new();
         let mut items = 0;
         // Whether the call still gathers: from its first request's arrival until the window closes.
         let mut gathering_open = false;
