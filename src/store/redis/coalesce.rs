@@ -15,8 +15,9 @@
 //!
 //! Requests made only of fixed-window counters share a pipeline of `INCRBY` + `EXPIRE` instead
 //! ([`super::pipeline`]); a drained group sends both at once, so each request still costs one round
-//! trip. In a Redis Cluster only those are coalesced (one pipeline per master): a script call must stay
-//! in one hash slot, and concurrent requests' keys rarely share one.
+//! trip. In a Redis Cluster both go one pipeline per master: a script call must stay in one hash slot,
+//! and concurrent requests' keys rarely share one, so there the group's script calls, one per slot,
+//! share each master's trip instead ([`super::cluster_scripts`]).
 //!
 //! Only [`CommitPolicy::Independent`] batches are coalesced: for them, one call over the concatenated
 //! items is exactly the requests applied one after another (the script settles each group on its
@@ -275,6 +276,13 @@ impl RedisStore {
             }
             offset = next_offset;
         }
+        let connections = self.connections.load_full();
+        if let Some(super::Connections::Cluster(conn)) = connections.as_deref() {
+            let timeout = self.group_timeout(&group);
+            let decisions = self.decide_per_master(conn, &items, timeout).await;
+            answer_each(group, decisions);
+            return;
+        }
         let result = self
             .invoke_whole(
                 &items,
@@ -284,6 +292,27 @@ impl RedisStore {
             )
             .await;
         answer(group, result);
+    }
+
+    /// How long a group's calls may take: [`CALL_TIMEOUT`] on one node, so that a slow Redis is not sent
+    /// more calls than the coalescer allows; in a cluster the latest deadline of its requests, since one
+    /// slow or dead master must not hold up the requests the others serve, and past it nobody waits.
+    pub(super) fn group_timeout(&self, group: &[Pending]) -> Duration {
+        if !self.is_cluster() {
+            return CALL_TIMEOUT;
+        }
+        let latest = group.iter().map(|p| p.deadline).max();
+        latest.map_or(Duration::ZERO, |at| at.saturating_duration_since(Instant::now()))
+    }
+}
+
+/// Hands each request of a group its own items' decisions (they come in request order), or the error of
+/// the first of its items that has one.
+pub(super) fn answer_each(group: Vec<Pending>, decisions: Vec<Result<Decision, StoreError>>) {
+    let mut decisions = decisions.into_iter();
+    for request in group {
+        let own = decisions.by_ref().take(request.named.len()).collect();
+        let _ = request.reply.send(own);
     }
 }
 

@@ -22,6 +22,7 @@
 
 mod clock_offset;
 mod cluster_rebuild;
+mod cluster_scripts;
 mod coalesce;
 mod keys;
 mod lease;
@@ -594,7 +595,7 @@ impl Store for Arc<RedisStore> {
             && batch.policy == CommitPolicy::Independent
             && !traced
             && pipeline::pipelinable(&batch.items);
-        if self.coalesces(batch, traced, pipelined) {
+        if self.coalesces(batch, traced) {
             let deadline = tokio::time::Instant::now() + self.options.deadline;
             let answer = self.coalescer.submit(named, deadline, pipelined)?;
             return match tokio::time::timeout_at(deadline, answer).await {
@@ -637,13 +638,12 @@ impl Store for Arc<RedisStore> {
 }
 
 impl RedisStore {
-    /// Whether a batch goes through the [`coalesce`] queue: `pipelined` ones (independent and
-    /// untraced by definition), which share a pipeline, per master in a cluster; and off a cluster any
-    /// independent batch, except when the request is traced, so its `FCALL` span stays the child of
-    /// its own RPC span. In a cluster a script call must stay in one slot, and concurrent requests'
-    /// keys rarely share one.
-    fn coalesces(&self, batch: &Batch, traced: bool, pipelined: bool) -> bool {
-        pipelined || (batch.policy == CommitPolicy::Independent && !traced && !self.is_cluster())
+    /// Whether a batch goes through the [`coalesce`] queue: any independent batch, except when the
+    /// request is traced, so its `FCALL` span stays the child of its own RPC span. Fixed-window batches
+    /// share a pipeline ([`pipeline`]); the others share a script call, or in a cluster, where a script
+    /// call must stay in one slot, a pipeline of script calls per master ([`cluster_scripts`]).
+    fn coalesces(&self, batch: &Batch, traced: bool) -> bool {
+        batch.policy == CommitPolicy::Independent && !traced
     }
 
     /// One batch on the deployment's connection: one script call (per slot in a cluster).

@@ -38,7 +38,7 @@ use std::time::Duration;
 use redis::ServerErrorKind;
 use redis::aio::ConnectionLike;
 
-use super::coalesce::{CALL_TIMEOUT, Pending};
+use super::coalesce::{Pending, answer_each};
 use super::script::{ReplyError, ScriptItem};
 use super::slot_map::Part;
 use super::{CallError, Connections, RedisStore, by_slot, refresh_if_moved, shares_group, within};
@@ -58,26 +58,10 @@ impl RedisStore {
     /// One pipeline for several queued requests whose items are all [`pipelinable`] (in a cluster,
     /// one per master); each request gets its own decisions back, or the error of a pipeline that
     /// carried one of its counters: a master that fails fails only the requests it serves.
-    ///
-    /// On a single node a pipeline may hold its coalescing slot up to [`CALL_TIMEOUT`], so that a slow
-    /// Redis is not sent more calls than the coalescer allows. In a cluster one slow or dead master
-    /// must not hold up the requests the others serve, so the pipelines are bounded by the latest
-    /// deadline of the group's requests instead: past it, nobody waits for their answers.
     pub(super) async fn send_pipelined(&self, group: Vec<Pending>) {
         let named: Vec<&(String, ScriptItem<'static>)> = group.iter().flat_map(|p| &p.named).collect();
-        let timeout = if self.is_cluster() {
-            let latest = group.iter().map(|p| p.deadline).max();
-            latest.map_or(Duration::ZERO, |at| {
-                at.saturating_duration_since(tokio::time::Instant::now())
-            })
-        } else {
-            CALL_TIMEOUT
-        };
-        let mut decisions = self.count(&named, timeout).await.into_iter();
-        for request in group {
-            let own = decisions.by_ref().take(request.named.len()).collect();
-            let _ = request.reply.send(own);
-        }
+        let decisions = self.count(&named, self.group_timeout(&group)).await;
+        answer_each(group, decisions);
     }
 
     /// The decision of each of `named`'s items, in order, counted with pipelines: one on a single node

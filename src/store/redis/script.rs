@@ -243,6 +243,31 @@ impl BatchScript {
         &self.library
     }
 
+    /// The `FCALL` command of one batch, to send as it is (a pipeline of them, in a Redis Cluster) when
+    /// [`BatchScript::has_functions`]; its reply decodes with [`BatchScript::decode`].
+    pub fn fcall(
+        &self,
+        items: &[ScriptItem<'_>],
+        policy: CommitPolicy,
+        markers: Option<Markers<'_>>,
+    ) -> redis::Cmd {
+        let mut fcall = redis::cmd("FCALL");
+        let marker_keys = markers.map_or(&[][..], |m| m.keys);
+        fcall.arg(&self.function).arg(items.len() + marker_keys.len());
+        for item in items {
+            fcall.arg(item.key);
+        }
+        for marker in marker_keys {
+            fcall.arg(*marker);
+        }
+        let (limits, fields) = pack_items(items);
+        fcall.arg(policy_code(policy)).arg(limits).arg(fields);
+        if let Some(markers) = markers {
+            fcall.arg(markers.ttl_ms.max(1));
+        }
+        fcall
+    }
+
     /// Runs one batch and returns the raw reply (see [`BatchScript::decode`]); a refund may claim
     /// `markers` (see [`Markers`]). `FCALL`, and on `Function not found` a `FUNCTION LOAD REPLACE` and
     /// a retry (up to `MAX_LOADS` times); on a server without `FCALL`, `EVALSHA` from then on
@@ -255,20 +280,7 @@ impl BatchScript {
         markers: Option<Markers<'_>>,
     ) -> redis::RedisResult<redis::Value> {
         if self.functions.load(Ordering::Relaxed) {
-            let mut fcall = redis::cmd("FCALL");
-            let marker_keys = markers.map_or(&[][..], |m| m.keys);
-            fcall.arg(&self.function).arg(items.len() + marker_keys.len());
-            for item in items {
-                fcall.arg(item.key);
-            }
-            for marker in marker_keys {
-                fcall.arg(*marker);
-            }
-            let (limits, fields) = pack_items(items);
-            fcall.arg(policy_code(policy)).arg(limits).arg(fields);
-            if let Some(markers) = markers {
-                fcall.arg(markers.ttl_ms.max(1));
-            }
+            let fcall = self.fcall(items, policy, markers);
             let mut loads = 0;
             loop {
                 match fcall.query_async(conn).await {

@@ -23,7 +23,7 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 
 use super::keys::SLOTS;
-use super::{RedisMode, RedisStore, target, within};
+use super::{CallError, RedisMode, RedisStore, target, within};
 
 /// A slot no master serves, as far as the map knows.
 const NOBODY: u16 = u16::MAX;
@@ -78,6 +78,11 @@ impl SlotMap {
             owner[first..=last].fill(index);
         }
         Some(Self { owner, masters })
+    }
+
+    /// The master serving `slot` (an index into [`SlotMap::masters`]), if the map knows one.
+    pub(super) fn master_of(&self, slot: u16) -> Option<u16> {
+        Some(self.owner[usize::from(slot % SLOTS)]).filter(|&master| master != NOBODY)
     }
 
     /// Each master's address (host, port); a [`Part`]'s `master` indexes it.
@@ -206,9 +211,32 @@ impl RedisStore {
             let info =
                 target::node_at(seed, host, *port).ok_or_else(|| unusable("a seed on a unix socket"))?;
             let client = self.node_client(info)?;
-            links.push(ConnectionManager::new_with_config(client, self.manager_config()).await?);
+            let mut link = ConnectionManager::new_with_config(client, self.manager_config()).await?;
+            self.load_library(&mut link).await;
+            links.push(link);
         }
         Ok(links)
+    }
+
+    /// Loads the batch function on a master, so that no call needs to load it on the way. A script call
+    /// that finds it missing loads it through the cluster connection, on every master at once; with one
+    /// master down that load waits for it, and the calls to the others with it (fixed-window counters
+    /// fall back to the script when their master's pipeline fails). Already there (another replica, or an
+    /// earlier map) is fine; anything else is left to that fallback, and logged.
+    async fn load_library(&self, link: &mut ConnectionManager) {
+        if !self.script.has_functions() {
+            return;
+        }
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg(self.script.library());
+        match within(self.options.connect_timeout, load.query_async::<redis::Value>(link)).await {
+            Ok(_) => {}
+            Err(CallError::Redis(error)) if error.to_string().contains("already exists") => {}
+            Err(error) => {
+                let error = error.into_store_error(self.options.deadline);
+                tracing::warn!(%error, "cannot load the batch function on a cluster master");
+            }
+        }
     }
 }
 

@@ -1,0 +1,182 @@
+//! Redis Cluster: the script calls of coalesced requests, one pipeline per master.
+//!
+//! A script call must stay in one hash slot, and concurrent requests' keys rarely share one, so in a
+//! cluster coalescing cannot merge requests into one call as it does on one node. What it can share is
+//! the trip: the calls of a drained group, one `FCALL` per slot, go to each master as one pipeline over
+//! Tollgate's own connection to it ([`super::slot_map`]), so Redis reads, wakes up and answers once per
+//! master and group instead of once per request and slot.
+//!
+//! An `FCALL` that a master answers with an error (`MOVED`, `ASK` or `TRYAGAIN` while a slot moves, or
+//! `Function not found` on a master that has not loaded the library yet) has run nowhere: that slot's
+//! call is made again through redis-rs' cluster connection, which follows redirects and loads the
+//! library ([`RedisStore::invoke`]). Without the slot map, without a link to a slot's master, or on a
+//! server without functions, every slot's call goes that way. A master whose pipeline fails or times
+//! out fails only the items it serves, and its link and the map are dropped until the map is read
+//! again.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
+
+use super::script::{BatchScript, ReplyError, ScriptItem};
+use super::{CallError, RedisStore, by_slot, within};
+use crate::algorithm::Decision;
+use crate::store::{CommitPolicy, StoreError};
+
+impl RedisStore {
+    /// The decision of each of `items` (the concatenated items of independent requests, groups distinct),
+    /// in order: one `FCALL` per slot, pipelined per master. `timeout` bounds each pipeline and call.
+    pub(super) async fn decide_per_master(
+        &self,
+        conn: &ClusterConnection,
+        items: &[ScriptItem<'_>],
+        timeout: Duration,
+    ) -> Vec<Result<Decision, StoreError>> {
+        let slots = by_slot(items.iter().map(|item| item.key));
+        let masters = self.slot_map.load_full();
+        if masters.is_none() {
+            self.read_slot_map(conn);
+        }
+        let mut linked: BTreeMap<u16, (ConnectionManager, Vec<u16>)> = BTreeMap::new();
+        let mut alone = Vec::new();
+        for &slot in slots.keys() {
+            let link = masters
+                .as_ref()
+                .filter(|_| self.script.has_functions())
+                .and_then(|masters| {
+                    let master = masters.map.master_of(slot)?;
+                    Some((master, masters.links.get(usize::from(master))?))
+                });
+            match link {
+                Some((master, link)) => {
+                    let (_, of_master) = linked.entry(master).or_insert_with(|| (link.clone(), Vec::new()));
+                    of_master.push(slot);
+                }
+                None => alone.push(slot),
+            }
+        }
+        let part = |slot: u16| -> Vec<ScriptItem<'_>> { slots[&slot].iter().map(|&at| items[at]).collect() };
+        let pipelines = linked.into_values().map(|(mut link, of_master)| {
+            let parts: Vec<(u16, Vec<ScriptItem<'_>>)> =
+                of_master.into_iter().map(|slot| (slot, part(slot))).collect();
+            async move {
+                let answers = self.pipeline_calls(&mut link, conn, &parts, timeout).await;
+                parts
+                    .into_iter()
+                    .map(|(slot, _)| slot)
+                    .zip(answers)
+                    .collect::<Vec<_>>()
+            }
+        });
+        let singles = alone.into_iter().map(|slot| {
+            let part = part(slot);
+            let mut conn = conn.clone();
+            async move {
+                let answer = self
+                    .invoke(
+                        &mut conn,
+                        Some(slot),
+                        &part,
+                        CommitPolicy::Independent,
+                        None,
+                        timeout,
+                    )
+                    .await
+                    .map_err(|error| error.into_store_error(self.options.deadline));
+                vec![(slot, answer)]
+            }
+        });
+        let (pipelined, single) = tokio::join!(
+            futures_util::future::join_all(pipelines),
+            futures_util::future::join_all(singles)
+        );
+        let mut decisions = vec![Ok(Decision::default()); items.len()];
+        for (slot, answer) in pipelined.into_iter().chain(single).flatten() {
+            let positions = &slots[&slot];
+            match answer {
+                Ok(decided) => {
+                    for (&at, decision) in positions.iter().zip(decided) {
+                        decisions[at] = Ok(decision);
+                    }
+                }
+                Err(error) => {
+                    for &at in positions {
+                        decisions[at] = Err(error.clone());
+                    }
+                }
+            }
+        }
+        decisions
+    }
+
+    /// The `FCALL`s of `parts` (slot, items), all served by the master `link` reaches, as one pipeline;
+    /// each slot's decisions or error. A call the master refused is made again through `conn`.
+    async fn pipeline_calls(
+        &self,
+        link: &mut ConnectionManager,
+        conn: &ClusterConnection,
+        parts: &[(u16, Vec<ScriptItem<'_>>)],
+        timeout: Duration,
+    ) -> Vec<Result<Vec<Decision>, StoreError>> {
+        let into_store_error = |error: CallError| error.into_store_error(self.options.deadline);
+        let mut pipe = redis::pipe();
+        // A refused call comes back in its place; the others ran.
+        pipe.ignore_errors();
+        for (_, items) in parts {
+            pipe.add_command(self.script.fcall(items, CommitPolicy::Independent, None));
+        }
+        self.pipelines.fetch_add(1, Ordering::Relaxed);
+        self.script_calls.fetch_add(parts.len() as u64, Ordering::Relaxed);
+        let sent_at = self.clock.now_us();
+        let replies = within(timeout, pipe.query_async::<Vec<redis::Value>>(link)).await;
+        self.observe(parts.first().map(|(slot, _)| *slot), &replies);
+        let replies = match replies {
+            Ok(replies) if replies.len() == parts.len() => replies,
+            Ok(replies) => {
+                let error = into_store_error(CallError::Reply(ReplyError::WrongLength {
+                    expected: parts.len(),
+                    got: replies.len(),
+                }));
+                return parts.iter().map(|_| Err(error.clone())).collect();
+            }
+            Err(error) => {
+                // The master may have gone (a failover): its link and the map are dropped, and the
+                // calls go through the cluster connection until the map is read again.
+                self.slot_map.store(None);
+                let error = into_store_error(error);
+                return parts.iter().map(|_| Err(error.clone())).collect();
+            }
+        };
+        let received_at = self.clock.now_us();
+        let mut answers = Vec::with_capacity(parts.len());
+        for ((slot, items), reply) in parts.iter().zip(replies) {
+            let answer = match reply {
+                redis::Value::ServerError(_) => {
+                    // Run nowhere: made again where redis-rs routes it, loading the library if needed.
+                    self.invoke(
+                        &mut conn.clone(),
+                        Some(*slot),
+                        items,
+                        CommitPolicy::Independent,
+                        None,
+                        timeout,
+                    )
+                    .await
+                    .map_err(into_store_error)
+                }
+                reply => BatchScript::decode(reply, items.len())
+                    .map(|reply| {
+                        self.offsets
+                            .record(Some(*slot), sent_at, received_at, reply.now_us);
+                        reply.decisions
+                    })
+                    .map_err(|error| into_store_error(CallError::Reply(error))),
+            };
+            answers.push(answer);
+        }
+        answers
+    }
+}
