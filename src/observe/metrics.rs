@@ -338,7 +338,7 @@ impl Metrics {
             ),
             (
                 "tollgate_redis_pipelines_total",
-                "Pipelines of fixed-window counters (INCRBY + EXPIRE) sent to Redis instead of script calls.",
+                "Pipelines sent to Redis: of fixed-window counters (INCRBY + EXPIRE) instead of script calls, and in a Redis Cluster of a coalesced group's script calls to one master.",
                 store.redis_pipelines,
             ),
             (

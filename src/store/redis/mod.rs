@@ -207,7 +207,8 @@ pub struct RedisStore {
     batches: AtomicU64,
     /// Script calls made (per hash slot in a cluster; shared by coalesced batches).
     script_calls: AtomicU64,
-    /// Pipelines of fixed-window counters sent instead of script calls ([`pipeline`]).
+    /// Pipelines sent: of fixed-window counters instead of script calls ([`pipeline`]), and in a
+    /// cluster of script calls to one master ([`cluster_scripts`]).
     pipelines: AtomicU64,
     /// The pipelines' counters known to carry a TTL already.
     timed: timed_counters::TimedCounters,

@@ -229,7 +229,12 @@ impl RedisStore {
         }
         let mut load = redis::cmd("FUNCTION");
         load.arg("LOAD").arg(self.script.library());
-        match within(self.options.connect_timeout, load.query_async::<redis::Value>(link)).await {
+        match within(
+            self.options.connect_timeout,
+            load.query_async::<redis::Value>(link),
+        )
+        .await
+        {
             Ok(_) => {}
             Err(CallError::Redis(error)) if error.to_string().contains("already exists") => {}
             Err(error) => {
