@@ -912,8 +912,8 @@ async fn redis_cluster_counts_exactly_across_slots() {
     exact_admission(&env).await;
 }
 
-/// Asks for `value` of `k` once, and waits until the cluster's slot map has been read because of it
-/// (in the background), so that the next pipelines go per master.
+/// Asks for `value` of `k` once, waits until the cluster's slot map has been read because of it (in
+/// the background), then asks for `links-ready` until requests go out over the links to the masters.
 async fn first_ask_reads_the_slot_map(cluster: &RedisCluster, server: &TestServer, value: &str) {
     let slot_map_reads = || -> u64 {
         cluster
@@ -934,8 +934,14 @@ async fn first_ask_reads_the_slot_map(cluster: &RedisCluster, server: &TestServe
         assert!(Instant::now() < deadline, "the slot map was never read");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // The links to the masters are opened after the map is read.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The links to the masters are opened after the map is read: once they are, requests go out as
+    // pipelines per master (before, each call goes alone through the cluster connection).
+    let before = metric(server, "tollgate_redis_pipelines_total ").await;
+    while metric(server, "tollgate_redis_pipelines_total ").await == before {
+        assert!(Instant::now() < deadline, "the links to the masters never opened");
+        ask(server, &[&[("k", "links-ready")]]).await.expect("answer");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// In a Redis Cluster, a master that dies fails only the requests whose counters it serves: requests

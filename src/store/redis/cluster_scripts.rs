@@ -11,8 +11,8 @@
 //! call is made again through redis-rs' cluster connection, which follows redirects and loads the
 //! library ([`RedisStore::invoke`]). Without the slot map, without a link to a slot's master, or on a
 //! server without functions, every slot's call goes that way. A master whose pipeline fails or times
-//! out fails only the items it serves, and its link and the map are dropped until the map is read
-//! again.
+//! out fails only the items it serves, and its slots go through the cluster connection until a newer
+//! map is read; the other masters keep their links.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -37,9 +37,6 @@ impl RedisStore {
     ) -> Vec<Result<Decision, StoreError>> {
         let slots = by_slot(items.iter().map(|item| item.key));
         let masters = self.slot_map.load_full();
-        if masters.is_none() {
-            self.read_slot_map(conn);
-        }
         let mut linked: BTreeMap<u16, (ConnectionManager, Vec<u16>)> = BTreeMap::new();
         let mut alone = Vec::new();
         for &slot in slots.keys() {
@@ -48,7 +45,7 @@ impl RedisStore {
                 .filter(|_| self.script.has_functions())
                 .and_then(|masters| {
                     let master = masters.map.master_of(slot)?;
-                    Some((master, masters.links.get(usize::from(master))?))
+                    Some((master, masters.link(master)?))
                 });
             match link {
                 Some((master, link)) => {
@@ -58,12 +55,18 @@ impl RedisStore {
                 None => alone.push(slot),
             }
         }
+        if !alone.is_empty() {
+            // No map yet, a master whose link failed, or a slot no master served.
+            self.read_slot_map(conn);
+        }
         let part = |slot: u16| -> Vec<ScriptItem<'_>> { slots[&slot].iter().map(|&at| items[at]).collect() };
-        let pipelines = linked.into_values().map(|(mut link, of_master)| {
+        let pipelines = linked.into_iter().map(|(master, (mut link, of_master))| {
             let parts: Vec<(u16, Vec<ScriptItem<'_>>)> =
                 of_master.into_iter().map(|slot| (slot, part(slot))).collect();
             async move {
-                let answers = self.pipeline_calls(&mut link, conn, &parts, timeout).await;
+                let answers = self
+                    .pipeline_calls(master, &mut link, conn, &parts, timeout)
+                    .await;
                 parts
                     .into_iter()
                     .map(|(slot, _)| slot)
@@ -112,10 +115,11 @@ impl RedisStore {
         decisions
     }
 
-    /// The `FCALL`s of `parts` (slot, items), all served by the master `link` reaches, as one pipeline;
+    /// The `FCALL`s of `parts` (slot, items), all served by `master`, over its `link`, as one pipeline;
     /// each slot's decisions or error. A call the master refused is made again through `conn`.
     async fn pipeline_calls(
         &self,
+        master: u16,
         link: &mut ConnectionManager,
         conn: &ClusterConnection,
         parts: &[(u16, Vec<ScriptItem<'_>>)],
@@ -143,9 +147,9 @@ impl RedisStore {
                 return parts.iter().map(|_| Err(error.clone())).collect();
             }
             Err(error) => {
-                // The master may have gone (a failover): its link and the map are dropped, and the
-                // calls go through the cluster connection until the map is read again.
-                self.slot_map.store(None);
+                // The master may have gone (a failover): its calls go through the cluster connection
+                // until the map is read again.
+                self.link_failed(conn, Some(master));
                 let error = into_store_error(error);
                 return parts.iter().map(|_| Err(error.clone())).collect();
             }

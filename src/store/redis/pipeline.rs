@@ -93,19 +93,21 @@ impl RedisStore {
                     }
                 };
                 // A part with a link to its master is pipelined over it. Any other (the map not read
-                // yet, or dropped after a failure; a slot no master serves) is decided by the script,
+                // yet; a master whose link failed; a slot no master serves) is decided by the script,
                 // one call per slot through the cluster connection: that connection would send a whole
                 // pipeline again on a single ASK or MOVED reply, counting twice what the first node had
                 // counted, where a script call that is redirected has run nowhere.
                 let (mut linked, mut unlinked) = (Vec::new(), Vec::new());
                 for part in &parts {
-                    let link = part
-                        .master
-                        .and_then(|master| masters.as_ref()?.links.get(usize::from(master)));
+                    let link = part.master.and_then(|master| masters.as_ref()?.link(master));
                     match link {
                         Some(link) => linked.push((part, link.clone())),
                         None => unlinked.push(part),
                     }
+                }
+                if masters.is_some() && !unlinked.is_empty() {
+                    // A master whose link failed, or a slot no master served: the map may be out of date.
+                    self.read_slot_map(conn);
                 }
                 let pipelines = linked.iter().map(|(part, link)| {
                     let counters: Vec<_> = part.positions.iter().map(|&at| named[at]).collect();
@@ -115,10 +117,9 @@ impl RedisStore {
                             .increment(&mut link, Some(&part.slots), &counters, timeout)
                             .await;
                         if counted.is_err() {
-                            // The master may have gone (a failover): its link and the map are dropped,
-                            // and its counters go to the script, which follows the cluster, until the
-                            // map is read again.
-                            self.slot_map.store(None);
+                            // The master may have gone (a failover): its counters go to the script,
+                            // which follows the cluster, until the map is read again.
+                            self.link_failed(conn, part.master);
                         }
                         self.observe(Some(part.slots[0]), &counted);
                         counted

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
@@ -123,7 +123,27 @@ pub(super) struct Masters {
     /// Which master serves each slot.
     pub(super) map: SlotMap,
     /// A connection to each master.
-    pub(super) links: Vec<ConnectionManager>,
+    links: Vec<ConnectionManager>,
+    /// Per master, whether a call over its link has failed: from then on its slots go through the
+    /// cluster connection, until a newer map replaces this one. The other masters keep their links, so
+    /// the requests they serve do not wait for the cluster connection to find its way around the
+    /// failed one.
+    failed: Vec<AtomicBool>,
+}
+
+impl Masters {
+    /// The links of `map`'s masters, in [`SlotMap::masters`] order, none failed yet.
+    fn new(map: SlotMap, links: Vec<ConnectionManager>) -> Self {
+        let failed = links.iter().map(|_| AtomicBool::new(false)).collect();
+        Self { map, links, failed }
+    }
+
+    /// The link to `master`, unless a call over it has failed.
+    pub(super) fn link(&self, master: u16) -> Option<&ConnectionManager> {
+        let at = usize::from(master);
+        let failed = self.failed.get(at)?.load(Ordering::Relaxed);
+        (!failed).then(|| self.links.get(at)).flatten()
+    }
 }
 
 /// Counters that go out in one pipeline: their master, their slots and their positions.
@@ -150,6 +170,18 @@ impl Part {
 }
 
 impl RedisStore {
+    /// A call over the link to `master` (of the map in force) failed: the master may have gone (a
+    /// failover). Its slots go through the cluster connection, which follows the cluster, and the map
+    /// is read again (at most once a second) until a newer one replaces it.
+    pub(super) fn link_failed(&self, conn: &ClusterConnection, master: Option<u16>) {
+        if let (Some(masters), Some(master)) = (self.slot_map.load_full(), master)
+            && let Some(failed) = masters.failed.get(usize::from(master))
+        {
+            failed.store(true, Ordering::Relaxed);
+        }
+        self.read_slot_map(conn);
+    }
+
     /// Reads the cluster's slot map in the background, at most once a second, for the next pipelines
     /// to group their counters by master (until then, the script decides them, one call per slot).
     pub(super) fn read_slot_map(&self, conn: &ClusterConnection) {
@@ -190,7 +222,7 @@ impl RedisStore {
                 }
             };
             match store.link_masters(&map).await {
-                Ok(links) => store.slot_map.store(Some(Arc::new(Masters { map, links }))),
+                Ok(links) => store.slot_map.store(Some(Arc::new(Masters::new(map, links)))),
                 Err(error) => {
                     tracing::warn!(%error, "cannot connect to every cluster master: fixed windows go to the script, one call per slot");
                 }
