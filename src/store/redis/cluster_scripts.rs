@@ -22,7 +22,7 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 
 use super::script::{BatchScript, ReplyError, ScriptItem};
-use super::{CallError, RedisStore, by_slot, within};
+use super::{CallError, RedisStore, by_slot, place, within};
 use crate::algorithm::Decision;
 use crate::store::{CommitPolicy, StoreError};
 
@@ -37,16 +37,15 @@ impl RedisStore {
     ) -> Vec<Result<Decision, StoreError>> {
         let slots = by_slot(items.iter().map(|item| item.key));
         let masters = self.slot_map.load_full();
+        // Without functions (Redis 6.2, EVALSHA) every call goes through the cluster connection.
+        let masters = masters.filter(|_| self.script.has_functions());
         let mut linked: BTreeMap<u16, (ConnectionManager, Vec<u16>)> = BTreeMap::new();
         let mut alone = Vec::new();
         for &slot in slots.keys() {
-            let link = masters
-                .as_ref()
-                .filter(|_| self.script.has_functions())
-                .and_then(|masters| {
-                    let master = masters.map.master_of(slot)?;
-                    Some((master, masters.link(master)?))
-                });
+            let link = masters.as_ref().and_then(|masters| {
+                let master = masters.map.master_of(slot)?;
+                Some((master, masters.link(master)?))
+            });
             match link {
                 Some((master, link)) => {
                     let (_, of_master) = linked.entry(master).or_insert_with(|| (link.clone(), Vec::new()));
@@ -57,7 +56,7 @@ impl RedisStore {
         }
         if !alone.is_empty() {
             // No map yet, a master whose link failed, or a slot no master served.
-            self.read_slot_map(conn);
+            self.read_slot_map();
         }
         let part = |slot: u16| -> Vec<ScriptItem<'_>> { slots[&slot].iter().map(|&at| items[at]).collect() };
         let pipelines = linked.into_iter().map(|(master, (mut link, of_master))| {
@@ -98,19 +97,7 @@ impl RedisStore {
         );
         let mut decisions = vec![Ok(Decision::default()); items.len()];
         for (slot, answer) in pipelined.into_iter().chain(single).flatten() {
-            let positions = &slots[&slot];
-            match answer {
-                Ok(decided) => {
-                    for (&at, decision) in positions.iter().zip(decided) {
-                        decisions[at] = Ok(decision);
-                    }
-                }
-                Err(error) => {
-                    for &at in positions {
-                        decisions[at] = Err(error.clone());
-                    }
-                }
-            }
+            place(&mut decisions, &slots[&slot], answer);
         }
         decisions
     }
@@ -149,7 +136,7 @@ impl RedisStore {
             Err(error) => {
                 // The master may have gone (a failover): its calls go through the cluster connection
                 // until the map is read again.
-                self.link_failed(conn, Some(master));
+                self.link_failed(Some(master));
                 let error = into_store_error(error);
                 return parts.iter().map(|_| Err(error.clone())).collect();
             }

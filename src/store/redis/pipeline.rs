@@ -41,7 +41,9 @@ use redis::aio::ConnectionLike;
 use super::coalesce::{Pending, answer_each};
 use super::script::{ReplyError, ScriptItem};
 use super::slot_map::Part;
-use super::{CallError, Connections, RedisStore, by_slot, refresh_if_moved, shares_group, within};
+use super::{
+    CallError, Connections, RedisStore, by_slot, fail, place, refresh_if_moved, shares_group, within,
+};
 use crate::algorithm::{Algorithm, Decision, fixed_window};
 use crate::store::{BatchItem, CommitPolicy, StoreError};
 
@@ -66,9 +68,8 @@ impl RedisStore {
 
     /// The decision of each of `named`'s items, in order, counted with pipelines: one on a single node
     /// or Sentinel's master; in a Redis Cluster one per master (a script call per slot until the slot
-    /// map is read),
-    /// all sent at once. `timeout` bounds each pipeline. An item carried by a pipeline that failed gets
-    /// that pipeline's error; the others are decided.
+    /// map is read), all sent at once. `timeout` bounds each pipeline. An item carried by a pipeline
+    /// that failed gets that pipeline's error; the others are decided.
     pub(super) async fn count(
         &self,
         named: &[&(String, ScriptItem<'static>)],
@@ -82,13 +83,13 @@ impl RedisStore {
         let mut refused = Vec::new();
         let into_store_error = |error: CallError| error.into_store_error(self.options.deadline);
         match &*connections {
-            Connections::Cluster(conn) => {
+            Connections::Cluster(_) => {
                 let slots = by_slot(named.iter().map(|(key, _)| key.as_str()));
                 let masters = self.slot_map.load_full();
                 let parts = match &masters {
                     Some(masters) => masters.map.by_master(slots),
                     None => {
-                        self.read_slot_map(conn);
+                        self.read_slot_map();
                         slots.into_iter().map(|(slot, at)| Part::one(slot, at)).collect()
                     }
                 };
@@ -107,7 +108,7 @@ impl RedisStore {
                 }
                 if masters.is_some() && !unlinked.is_empty() {
                     // A master whose link failed, or a slot no master served: the map may be out of date.
-                    self.read_slot_map(conn);
+                    self.read_slot_map();
                 }
                 let pipelines = linked.iter().map(|(part, link)| {
                     let counters: Vec<_> = part.positions.iter().map(|&at| named[at]).collect();
@@ -119,7 +120,7 @@ impl RedisStore {
                         if counted.is_err() {
                             // The master may have gone (a failover): its counters go to the script,
                             // which follows the cluster, until the map is read again.
-                            self.link_failed(conn, part.master);
+                            self.link_failed(part.master);
                         }
                         self.observe(Some(part.slots[0]), &counted);
                         counted
@@ -254,7 +255,7 @@ impl RedisStore {
                 redis::Value::ServerError(error) => {
                     if matches!(error.kind(), Some(ServerErrorKind::Moved | ServerErrorKind::Ask)) {
                         // A slot moved since the map was read: read it again.
-                        self.slot_map.store(None);
+                        self.read_slot_map();
                     }
                     None
                 }
@@ -376,33 +377,6 @@ fn settle(
             }
             None => refused.push(at),
         }
-    }
-}
-
-/// Puts a script call's decisions for the items at `positions` in their places, or its error.
-fn place(
-    decisions: &mut [Result<Decision, StoreError>],
-    positions: &[usize],
-    result: Result<Vec<Decision>, StoreError>,
-) {
-    match result {
-        Ok(decided) => {
-            for (&at, decision) in positions.iter().zip(decided) {
-                decisions[at] = Ok(decision);
-            }
-        }
-        Err(error) => fail(decisions, positions.iter().copied(), &error),
-    }
-}
-
-/// Gives the items at `positions` the error of the pipeline or call that should have decided them.
-fn fail(
-    decisions: &mut [Result<Decision, StoreError>],
-    positions: impl Iterator<Item = usize>,
-    error: &StoreError,
-) {
-    for at in positions {
-        decisions[at] = Err(error.clone());
     }
 }
 

@@ -20,10 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
-use redis::cluster_async::ClusterConnection;
 
 use super::keys::SLOTS;
-use super::{CallError, RedisMode, RedisStore, target, within};
+use super::{CallError, Connections, RedisMode, RedisStore, target, within};
 
 /// A slot no master serves, as far as the map knows.
 const NOBODY: u16 = u16::MAX;
@@ -173,18 +172,20 @@ impl RedisStore {
     /// A call over the link to `master` (of the map in force) failed: the master may have gone (a
     /// failover). Its slots go through the cluster connection, which follows the cluster, and the map
     /// is read again (at most once a second) until a newer one replaces it.
-    pub(super) fn link_failed(&self, conn: &ClusterConnection, master: Option<u16>) {
+    pub(super) fn link_failed(&self, master: Option<u16>) {
         if let (Some(masters), Some(master)) = (self.slot_map.load_full(), master)
             && let Some(failed) = masters.failed.get(usize::from(master))
         {
             failed.store(true, Ordering::Relaxed);
         }
-        self.read_slot_map(conn);
+        self.read_slot_map();
     }
 
     /// Reads the cluster's slot map in the background, at most once a second, for the next pipelines
     /// to group their counters by master (until then, the script decides them, one call per slot).
-    pub(super) fn read_slot_map(&self, conn: &ClusterConnection) {
+    /// Also called when a master answers `MOVED` or `ASK`: the map in force stays (the other slots are
+    /// still where it says) until the newer one replaces it.
+    pub(super) fn read_slot_map(&self) {
         const EVERY_US: u64 = 1_000_000;
         let now = self.clock.now_us();
         let tried = self.slot_map_tried_us.load(Ordering::Relaxed);
@@ -197,6 +198,10 @@ impl RedisStore {
             return;
         }
         let Some(store) = self.me.upgrade() else {
+            return;
+        };
+        let connections = self.connections.load_full();
+        let Some(Connections::Cluster(conn)) = connections.as_deref() else {
             return;
         };
         let mut conn = conn.clone();
