@@ -969,6 +969,111 @@ async fn a_sliding_log_of_more_than_one_chunk_round_trips() {
     );
 }
 
+/// Logs of up to 100 entries, with costs of 1 to 3, entries expiring under real time and denials whose
+/// retry hint lands anywhere in the log: the script sums and searches a log eight entries at a time,
+/// and every decision must still be the reference store's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_sliding_logs_match_rust() {
+    require_redis!();
+    let mut rng = Rng(seed(0x5106));
+    let mut h = Harness::start().await;
+    let specs: Vec<Spec> = [(100, 2_000_000), (37, 500_000)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (requests, window_us))| Spec {
+            name: format!("long_log{i}"),
+            limit: Limit {
+                algorithm: Algorithm::SlidingLog,
+                requests,
+                window_us,
+                burst: requests,
+            },
+        })
+        .collect();
+    let mut longest = 0;
+    for step in 0..400 {
+        // Peeks ask for a lot, so that their retry hints land anywhere in a log that admissions of
+        // 1 to 3 keep long.
+        let policy = match rng.range(0, 99) {
+            0..=79 => CommitPolicy::Independent,
+            80..=94 => PEEK,
+            _ => REFUND,
+        };
+        let reqs: Vec<Req> = (0..rng.range(1, 3))
+            .map(|group| {
+                let spec = rng.range(0, 1) as usize;
+                let top = specs[spec].limit.requests;
+                let cost = if policy == PEEK {
+                    rng.range(0, top + 2)
+                } else {
+                    rng.range(1, 3)
+                };
+                req(spec, cost, group as u32)
+            })
+            .collect();
+        h.step(&specs, &reqs, policy, &format!("step {step}")).await;
+        let bytes: usize = h
+            .server
+            .cli(&["STRLEN", "g0:long_log0"])
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        longest = longest.max(bytes.saturating_sub(9) / 16);
+        tokio::time::sleep(Duration::from_micros(rng.range(0, 3_000))).await;
+    }
+    eprintln!(
+        "longest log {longest} entries, verdicts (denied, allowed) {:?}",
+        h.verdicts
+    );
+    assert!(
+        longest >= 32,
+        "the log stayed short ({longest} entries): the test misses its point"
+    );
+    assert!(
+        h.verdicts.iter().all(|&n| n > 50),
+        "verdicts (denied, allowed) {:?}",
+        h.verdicts
+    );
+}
+
+/// A log at its limit for many windows keeps its size bounded: expired entries are cut once they are a
+/// quarter of it, so it never holds more than about 4/3 of `requests` entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_log_cuts_its_expired_entries() {
+    require_redis!();
+    let mut h = Harness::start().await;
+    let limit = Limit {
+        algorithm: Algorithm::SlidingLog,
+        requests: 12,
+        window_us: 60_000,
+        burst: 12,
+    };
+    let item = ScriptItem {
+        key: "busy_log",
+        limit,
+        cost: 1,
+        group: 0,
+        window_start_us: 0,
+        ttl_secs: 0,
+    };
+    let (mut admitted, mut longest) = (0, 0);
+    for _ in 0..200 {
+        let reply = h.call(&[item], CommitPolicy::Independent).await;
+        admitted += u32::from(reply.decisions[0].allowed);
+        let bytes: usize = h
+            .server
+            .cli(&["STRLEN", "busy_log"])
+            .trim()
+            .parse()
+            .expect("STRLEN");
+        longest = longest.max((bytes - 9) / 16);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // 200 calls over several windows: far more admitted than one log can hold.
+    assert!(admitted > 40, "admitted {admitted}");
+    assert!(longest <= 12 * 4 / 3 + 1, "a log of {longest} entries");
+}
+
 /// Malformed arguments are an error reply, never a crashed or half-applied script.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_arguments_are_rejected() {
