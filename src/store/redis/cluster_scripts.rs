@@ -14,7 +14,6 @@
 //! out fails only the items it serves, and its slots go through the cluster connection until a newer
 //! map is read; the other masters keep their links.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -22,6 +21,7 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 
 use super::script::{BatchScript, ReplyError, ScriptItem};
+use super::slot_map::Routes;
 use super::{CallError, RedisStore, by_slot, place, within};
 use crate::algorithm::Decision;
 use crate::store::{CommitPolicy, StoreError};
@@ -36,30 +36,17 @@ impl RedisStore {
         timeout: Duration,
     ) -> Vec<Result<Decision, StoreError>> {
         let slots = by_slot(items.iter().map(|item| item.key));
-        let masters = self.slot_map.load_full();
         // Without functions (Redis 6.2, EVALSHA) every call goes through the cluster connection.
-        let masters = masters.filter(|_| self.script.has_functions());
-        let mut linked: BTreeMap<u16, (ConnectionManager, Vec<u16>)> = BTreeMap::new();
-        let mut alone = Vec::new();
-        for &slot in slots.keys() {
-            let link = masters.as_ref().and_then(|masters| {
-                let master = masters.map.master_of(slot)?;
-                Some((master, masters.link(master)?))
-            });
-            match link {
-                Some((master, link)) => {
-                    let (_, of_master) = linked.entry(master).or_insert_with(|| (link.clone(), Vec::new()));
-                    of_master.push(slot);
-                }
-                None => alone.push(slot),
+        let routes = if self.script.has_functions() {
+            self.route(slots.keys().copied())
+        } else {
+            Routes {
+                linked: Vec::new(),
+                unlinked: slots.keys().copied().collect(),
             }
-        }
-        if !alone.is_empty() {
-            // No map yet, a master whose link failed, or a slot no master served.
-            self.read_slot_map();
-        }
+        };
         let part = |slot: u16| -> Vec<ScriptItem<'_>> { slots[&slot].iter().map(|&at| items[at]).collect() };
-        let pipelines = linked.into_iter().map(|(master, (mut link, of_master))| {
+        let pipelines = routes.linked.into_iter().map(|(master, mut link, of_master)| {
             let parts: Vec<(u16, Vec<ScriptItem<'_>>)> =
                 of_master.into_iter().map(|slot| (slot, part(slot))).collect();
             async move {
@@ -73,7 +60,7 @@ impl RedisStore {
                     .collect::<Vec<_>>()
             }
         });
-        let singles = alone.into_iter().map(|slot| {
+        let singles = routes.unlinked.into_iter().map(|slot| {
             let part = part(slot);
             let mut conn = conn.clone();
             async move {
@@ -136,7 +123,7 @@ impl RedisStore {
             Err(error) => {
                 // The master may have gone (a failover): its calls go through the cluster connection
                 // until the map is read again.
-                self.link_failed(Some(master));
+                self.link_failed(master);
                 let error = into_store_error(error);
                 return parts.iter().map(|_| Err(error.clone())).collect();
             }

@@ -40,7 +40,6 @@ use redis::aio::ConnectionLike;
 
 use super::coalesce::{Pending, answer_each};
 use super::script::{ReplyError, ScriptItem};
-use super::slot_map::Part;
 use super::{
     CallError, Connections, RedisStore, by_slot, fail, place, refresh_if_moved, shares_group, within,
 };
@@ -85,63 +84,48 @@ impl RedisStore {
         match &*connections {
             Connections::Cluster(_) => {
                 let slots = by_slot(named.iter().map(|(key, _)| key.as_str()));
-                let masters = self.slot_map.load_full();
-                let parts = match &masters {
-                    Some(masters) => masters.map.by_master(slots),
-                    None => {
-                        self.read_slot_map();
-                        slots.into_iter().map(|(slot, at)| Part::one(slot, at)).collect()
-                    }
-                };
-                // A part with a link to its master is pipelined over it. Any other (the map not read
-                // yet; a master whose link failed; a slot no master serves) is decided by the script,
-                // one call per slot through the cluster connection: that connection would send a whole
-                // pipeline again on a single ASK or MOVED reply, counting twice what the first node had
-                // counted, where a script call that is redirected has run nowhere.
-                let (mut linked, mut unlinked) = (Vec::new(), Vec::new());
-                for part in &parts {
-                    let link = part.master.and_then(|master| masters.as_ref()?.link(master));
-                    match link {
-                        Some(link) => linked.push((part, link.clone())),
-                        None => unlinked.push(part),
-                    }
-                }
-                if masters.is_some() && !unlinked.is_empty() {
-                    // A master whose link failed, or a slot no master served: the map may be out of date.
-                    self.read_slot_map();
-                }
-                let pipelines = linked.iter().map(|(part, link)| {
-                    let counters: Vec<_> = part.positions.iter().map(|&at| named[at]).collect();
-                    let mut link = link.clone();
+                // A master with a link is sent its counters as one pipeline over it. Any other slot (the
+                // map not read yet; a master whose link failed; a slot no master serves) is decided by
+                // the script, one call per slot through the cluster connection: that connection would
+                // send a whole pipeline again on a single ASK or MOVED reply, counting twice what the
+                // first node had counted, where a script call that is redirected has run nowhere.
+                let routes = self.route(slots.keys().copied());
+                let pipelines = routes.linked.into_iter().map(|(master, mut link, of_master)| {
+                    let positions: Vec<usize> = of_master
+                        .iter()
+                        .flat_map(|slot| slots[slot].iter().copied())
+                        .collect();
+                    let counters: Vec<_> = positions.iter().map(|&at| named[at]).collect();
                     async move {
                         let counted = self
-                            .increment(&mut link, Some(&part.slots), &counters, timeout)
+                            .increment(&mut link, Some(&of_master), &counters, timeout)
                             .await;
                         if counted.is_err() {
                             // The master may have gone (a failover): its counters go to the script,
                             // which follows the cluster, until the map is read again.
-                            self.link_failed(part.master);
+                            self.link_failed(master);
                         }
-                        self.observe(Some(part.slots[0]), &counted);
-                        counted
+                        self.observe(Some(of_master[0]), &counted);
+                        (positions, counted)
                     }
                 });
-                let scripts = unlinked
+                let scripts = routes
+                    .unlinked
                     .iter()
-                    .map(|part| self.decide_by_script(named, &part.positions, timeout));
+                    .map(|slot| self.decide_by_script(named, &slots[slot], timeout));
                 let (pipelined, scripted) = tokio::join!(
                     futures_util::future::join_all(pipelines),
                     futures_util::future::join_all(scripts)
                 );
-                for ((part, _), counted) in linked.iter().zip(pipelined) {
-                    let positions = part.positions.iter().copied();
+                for (positions, counted) in pipelined {
+                    let positions = positions.into_iter();
                     match counted {
                         Ok(counted) => settle(named, positions, counted, &mut decisions, &mut refused),
                         Err(error) => fail(&mut decisions, positions, &into_store_error(error)),
                     }
                 }
-                for (part, result) in unlinked.iter().zip(scripted) {
-                    place(&mut decisions, &part.positions, result);
+                for (slot, result) in routes.unlinked.iter().zip(scripted) {
+                    place(&mut decisions, &slots[slot], result);
                 }
             }
             whole => {

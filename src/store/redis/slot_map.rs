@@ -14,7 +14,6 @@
 //! The store reads the map in the background, at most once a second, and opens a connection to each
 //! master with the seed nodes' credentials and TLS settings before it uses the map.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -84,36 +83,39 @@ impl SlotMap {
         Some(self.owner[usize::from(slot % SLOTS)]).filter(|&master| master != NOBODY)
     }
 
-    /// Each master's address (host, port); a [`Part`]'s `master` indexes it.
+    /// Each master's address (host, port), by master index.
     pub(super) fn masters(&self) -> &[(String, u16)] {
         &self.masters
     }
 
-    /// The slots of `by_slot` (slot → positions), grouped by the master serving them, in slot order.
-    /// Slots the map knows no master for go alone.
-    pub(super) fn by_master(&self, by_slot: BTreeMap<u16, Vec<usize>>) -> Vec<Part> {
-        let mut parts: Vec<Part> = Vec::new();
-        // Master index → its part; a handful of masters, so a short list.
-        let mut part_of: Vec<(u16, usize)> = Vec::new();
-        for (slot, positions) in by_slot {
-            let master = self.owner[usize::from(slot % SLOTS)];
-            let known = part_of.iter().find(|(m, _)| *m == master && master != NOBODY);
-            match known {
-                Some(&(_, at)) => {
-                    parts[at].slots.push(slot);
-                    parts[at].positions.extend(positions);
-                }
-                None => {
-                    let mut part = Part::one(slot, positions);
-                    if master != NOBODY {
-                        part_of.push((master, parts.len()));
-                        part.master = Some(master);
-                    }
-                    parts.push(part);
-                }
+    /// `slots` (ascending) grouped by the master serving them, for the masters `link` gives a link to
+    /// (asked once per master): each such master with its link and its slots, in order of first
+    /// appearance; then the other slots (no master known, or no link).
+    fn group<L>(&self, slots: impl Iterator<Item = u16>, link: impl Fn(u16) -> Option<L>) -> Routes<L> {
+        let (mut linked, mut others): (Vec<(u16, L, Vec<u16>)>, _) = (Vec::new(), Vec::new());
+        // Masters found without a link, so that each is asked once.
+        let mut unlinked_masters: Vec<u16> = Vec::new();
+        for slot in slots {
+            let Some(master) = self.master_of(slot) else {
+                others.push(slot);
+                continue;
+            };
+            // A handful of masters: short lists.
+            if let Some((_, _, of_master)) = linked.iter_mut().find(|(m, _, _)| *m == master) {
+                of_master.push(slot);
+            } else if unlinked_masters.contains(&master) {
+                others.push(slot);
+            } else if let Some(found) = link(master) {
+                linked.push((master, found, vec![slot]));
+            } else {
+                unlinked_masters.push(master);
+                others.push(slot);
             }
         }
-        parts
+        Routes {
+            linked,
+            unlinked: others,
+        }
     }
 }
 
@@ -145,40 +147,45 @@ impl Masters {
     }
 }
 
-/// Counters that go out in one pipeline: their master, their slots and their positions.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct Part {
-    /// The master serving every slot of the part (an index into [`SlotMap::masters`]); `None`: a
-    /// slot the map knows no master for, decided by the script through the cluster connection.
-    pub(super) master: Option<u16>,
-    /// The slots, ascending; never empty.
-    pub(super) slots: Vec<u16>,
-    /// The positions of the counters, slot by slot.
-    pub(super) positions: Vec<usize>,
-}
-
-impl Part {
-    /// The counters of one slot, decided by the script through the cluster connection.
-    pub(super) fn one(slot: u16, positions: Vec<usize>) -> Self {
-        Self {
-            master: None,
-            slots: vec![slot],
-            positions,
-        }
-    }
+/// Where the hash slots of a call go in a Redis Cluster ([`RedisStore::route`]); `L`, a link to a master.
+pub(super) struct Routes<L = ConnectionManager> {
+    /// Each master with a usable link: its index (for [`RedisStore::link_failed`]), the link, and the
+    /// slots it serves, ascending.
+    pub(super) linked: Vec<(u16, L, Vec<u16>)>,
+    /// The slots without a usable link (the map not read yet, a master whose link failed, a slot no
+    /// master serves), ascending: they go through redis-rs' cluster connection, one script call each.
+    pub(super) unlinked: Vec<u16>,
 }
 
 impl RedisStore {
     /// A call over the link to `master` (of the map in force) failed: the master may have gone (a
     /// failover). Its slots go through the cluster connection, which follows the cluster, and the map
     /// is read again (at most once a second) until a newer one replaces it.
-    pub(super) fn link_failed(&self, master: Option<u16>) {
-        if let (Some(masters), Some(master)) = (self.slot_map.load_full(), master)
+    pub(super) fn link_failed(&self, master: u16) {
+        if let Some(masters) = self.slot_map.load_full()
             && let Some(failed) = masters.failed.get(usize::from(master))
         {
             failed.store(true, Ordering::Relaxed);
         }
         self.read_slot_map();
+    }
+
+    /// `slots` (ascending) by the master serving them, with the link to each, per the map in force. A
+    /// slot without a usable link has the map read again (at most once a second): the map may not be
+    /// read yet, or be out of date.
+    pub(super) fn route(&self, slots: impl Iterator<Item = u16>) -> Routes {
+        let masters = self.slot_map.load_full();
+        let routes = match &masters {
+            Some(masters) => masters.map.group(slots, |master| masters.link(master).cloned()),
+            None => Routes {
+                linked: Vec::new(),
+                unlinked: slots.collect(),
+            },
+        };
+        if !routes.unlinked.is_empty() {
+            self.read_slot_map();
+        }
+        routes
     }
 
     /// Reads the cluster's slot map in the background, at most once a second, for the next pipelines
@@ -300,34 +307,39 @@ mod tests {
 
     #[test]
     fn slots_are_grouped_by_the_master_serving_them() {
-        // Two masters, one of them serving two ranges; slot 16383 served by nobody.
+        // Three masters, one of them serving two ranges and one without a link; slot 16383 served by
+        // nobody.
         let reply = redis::Value::Array(vec![
             range(0, 99, 7000),
             range(100, 199, 7001),
-            range(200, 16382, 7000),
+            range(200, 299, 7002),
+            range(300, 16382, 7000),
         ]);
         let map = SlotMap::parse(&reply).expect("a CLUSTER SLOTS reply");
-        let by_slot: BTreeMap<u16, Vec<usize>> =
-            [(5, vec![0]), (150, vec![1, 4]), (300, vec![2]), (16383, vec![3])]
-                .into_iter()
-                .collect();
         assert_eq!(
             map.masters(),
-            [("127.0.0.1".to_owned(), 7000), ("127.0.0.1".to_owned(), 7001)]
-        );
-        let part = |master, slots: &[u16], positions: &[usize]| Part {
-            master,
-            slots: slots.to_vec(),
-            positions: positions.to_vec(),
-        };
-        assert_eq!(
-            map.by_master(by_slot),
             [
-                part(Some(0), &[5, 300], &[0, 2]),
-                part(Some(1), &[150], &[1, 4]),
-                part(None, &[16383], &[3])
+                ("127.0.0.1".to_owned(), 7000),
+                ("127.0.0.1".to_owned(), 7001),
+                ("127.0.0.1".to_owned(), 7002)
             ]
         );
+        let asked = std::cell::RefCell::new(Vec::new());
+        let link = |master: u16| {
+            asked.borrow_mut().push(master);
+            (master != 2).then(|| format!("link to {master}"))
+        };
+        let slots = [5, 150, 250, 260, 300, 16383].into_iter();
+        let routes = map.group(slots, link);
+        assert_eq!(
+            routes.linked,
+            [
+                (0, "link to 0".to_owned(), vec![5, 300]),
+                (1, "link to 1".to_owned(), vec![150])
+            ]
+        );
+        assert_eq!(routes.unlinked, [250, 260, 16383]);
+        assert_eq!(*asked.borrow(), [0, 1, 2], "each master asked once");
     }
 
     #[test]
