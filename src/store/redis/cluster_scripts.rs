@@ -17,9 +17,12 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 
+use super::coalesce::Answers;
 use super::script::{BatchScript, ReplyError, ScriptItem};
 use super::slot_map::Routes;
 use super::{CallError, RedisStore, by_slot, place, within};
@@ -27,14 +30,16 @@ use crate::algorithm::Decision;
 use crate::store::{CommitPolicy, StoreError};
 
 impl RedisStore {
-    /// The decision of each of `items` (the concatenated items of independent requests, groups distinct),
-    /// in order: one `FCALL` per slot, pipelined per master. `timeout` bounds each pipeline and call.
+    /// Decides each of `items` (the concatenated items of independent requests, groups distinct, in
+    /// request order as `answers` holds them): one `FCALL` per slot, pipelined per master, each request
+    /// answered once its own items are decided. `timeout` bounds each pipeline and call.
     pub(super) async fn decide_per_master(
         &self,
         conn: &ClusterConnection,
         items: &[ScriptItem<'_>],
         timeout: Duration,
-    ) -> Vec<Result<Decision, StoreError>> {
+        answers: &mut Answers,
+    ) {
         let slots = by_slot(items.iter().map(|item| item.key));
         // Without functions (Redis 6.2, EVALSHA) every call goes through the cluster connection.
         let routes = if self.script.has_functions() {
@@ -46,47 +51,56 @@ impl RedisStore {
             }
         };
         let part = |slot: u16| -> Vec<ScriptItem<'_>> { slots[&slot].iter().map(|&at| items[at]).collect() };
-        let pipelines = routes.linked.into_iter().map(|(master, mut link, of_master)| {
-            let parts: Vec<(u16, Vec<ScriptItem<'_>>)> =
-                of_master.into_iter().map(|slot| (slot, part(slot))).collect();
-            async move {
-                let answers = self
-                    .pipeline_calls(master, &mut link, conn, &parts, timeout)
-                    .await;
-                parts
-                    .into_iter()
-                    .map(|(slot, _)| slot)
-                    .zip(answers)
-                    .collect::<Vec<_>>()
-            }
-        });
-        let singles = routes.unlinked.into_iter().map(|slot| {
-            let part = part(slot);
-            let mut conn = conn.clone();
-            async move {
-                let answer = self
-                    .invoke(
-                        &mut conn,
-                        Some(slot),
-                        &part,
-                        CommitPolicy::Independent,
-                        None,
-                        timeout,
-                    )
-                    .await
-                    .map_err(|error| error.into_store_error(self.options.deadline));
-                vec![(slot, answer)]
-            }
-        });
-        let (pipelined, single) = tokio::join!(
-            futures_util::future::join_all(pipelines),
-            futures_util::future::join_all(singles)
-        );
+        let pipelines: FuturesUnordered<_> = routes
+            .linked
+            .into_iter()
+            .map(|(master, mut link, of_master)| {
+                let parts: Vec<(u16, Vec<ScriptItem<'_>>)> =
+                    of_master.into_iter().map(|slot| (slot, part(slot))).collect();
+                async move {
+                    let answers = self
+                        .pipeline_calls(master, &mut link, conn, &parts, timeout)
+                        .await;
+                    parts
+                        .into_iter()
+                        .map(|(slot, _)| slot)
+                        .zip(answers)
+                        .collect::<Vec<_>>()
+                }
+            })
+            .collect();
+        let singles: FuturesUnordered<_> = routes
+            .unlinked
+            .into_iter()
+            .map(|slot| {
+                let part = part(slot);
+                let mut conn = conn.clone();
+                async move {
+                    let answer = self
+                        .invoke(
+                            &mut conn,
+                            Some(slot),
+                            &part,
+                            CommitPolicy::Independent,
+                            None,
+                            timeout,
+                        )
+                        .await
+                        .map_err(|error| error.into_store_error(self.options.deadline));
+                    vec![(slot, answer)]
+                }
+            })
+            .collect();
         let mut decisions = vec![Ok(Decision::default()); items.len()];
-        for (slot, answer) in pipelined.into_iter().chain(single).flatten() {
-            place(&mut decisions, &slots[&slot], answer);
+        // Each request is answered as soon as its own items are decided.
+        let mut done = futures_util::stream::select(pipelines, singles);
+        while let Some(decided) = done.next().await {
+            for (slot, answer) in decided {
+                let positions = &slots[&slot];
+                place(&mut decisions, positions, answer);
+                answers.record(positions.iter().copied(), &decisions);
+            }
         }
-        decisions
     }
 
     /// The `FCALL`s of `parts` (slot, items), all served by `master`, over its `link`, as one pipeline;

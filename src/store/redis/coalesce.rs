@@ -68,12 +68,15 @@ pub(super) const QUEUE_CAPACITY: usize = 4096;
 /// deemed dead. Far above any healthy call; callers stopped waiting long before (their own deadline).
 pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Where a queued request's answer goes: its decisions, or the error that stopped them.
+pub(super) type Reply = oneshot::Sender<Result<Vec<Decision>, StoreError>>;
+
 /// One queued request: its items with their Redis keys, and where its decisions go.
 pub(super) struct Pending {
     /// Each item's key and the item (whose `key` field points at it when the call is made).
     pub(super) named: Vec<(String, ScriptItem<'static>)>,
     /// The request's answer.
-    pub(super) reply: oneshot::Sender<Result<Vec<Decision>, StoreError>>,
+    pub(super) reply: Reply,
     /// When the caller stops waiting: past it, the request is never sent.
     pub(super) deadline: Instant,
     /// Every item is a fixed-window counter `INCRBY` decides ([`super::pipeline`]).
@@ -262,27 +265,19 @@ impl RedisStore {
         tokio::join!(pipelined, scripted);
     }
 
-    /// One script call for several queued requests; each gets its own decisions back.
+    /// One script call for several queued requests (in a cluster, one per slot, pipelined per master);
+    /// each gets its own decisions back.
     async fn send_scripted(&self, group: Vec<Pending>) {
-        let mut items = Vec::with_capacity(group.iter().map(|p| p.named.len()).sum());
-        // Group ids must stay distinct across requests so no two requests' groups merge.
-        let mut offset = 0u32;
-        for request in &group {
-            let mut next_offset = offset;
-            for (key, item) in &request.named {
-                let group = item.group.saturating_add(offset);
-                next_offset = next_offset.max(group.saturating_add(1));
-                items.push(ScriptItem { key, group, ..*item });
-            }
-            offset = next_offset;
-        }
         let connections = self.connections.load_full();
         if let Some(super::Connections::Cluster(conn)) = connections.as_deref() {
             let timeout = self.group_timeout(&group);
-            let decisions = self.decide_per_master(conn, &items, timeout).await;
-            answer_each(group, decisions);
+            let (named, mut answers) = Answers::new(group);
+            let items = script_items(&named);
+            self.decide_per_master(conn, &items, timeout, &mut answers).await;
             return;
         }
+        let named: Vec<_> = group.iter().map(|p| &p.named).collect();
+        let items = script_items(&named);
         let result = self
             .invoke_whole(
                 &items,
@@ -306,13 +301,104 @@ impl RedisStore {
     }
 }
 
-/// Hands each request of a group its own items' decisions (they come in request order), or the error of
-/// the first of its items that has one.
-pub(super) fn answer_each(group: Vec<Pending>, decisions: Vec<Result<Decision, StoreError>>) {
-    let mut decisions = decisions.into_iter();
-    for request in group {
-        let own = decisions.by_ref().take(request.named.len()).collect();
-        let _ = request.reply.send(own);
+/// The items of several requests as one call's, in request order. Group ids are shifted so that they stay
+/// distinct across requests: no two requests' groups merge.
+fn script_items<'n>(requests: &'n [impl AsRef<[(String, ScriptItem<'static>)]>]) -> Vec<ScriptItem<'n>> {
+    let mut items = Vec::with_capacity(requests.iter().map(|r| r.as_ref().len()).sum());
+    let mut offset = 0u32;
+    for request in requests {
+        let mut next_offset = offset;
+        for (key, item) in request.as_ref() {
+            let group = item.group.saturating_add(offset);
+            next_offset = next_offset.max(group.saturating_add(1));
+            items.push(ScriptItem { key, group, ..*item });
+        }
+        offset = next_offset;
+    }
+    items
+}
+
+/// The requests of a group, each answered as soon as all its items are decided: a master that is slow
+/// or gone, or a call made again elsewhere, holds up only the requests whose items it carries.
+pub(super) struct Answers {
+    /// Per request: where to send its answer (taken when sent).
+    replies: Vec<Option<Reply>>,
+    /// Per request: its first item (items come in request order), then one past the last item.
+    bounds: Vec<usize>,
+    /// Per request: how many of its items are still undecided.
+    undecided: Vec<usize>,
+    /// Per item: its request.
+    request_of: Vec<usize>,
+    /// Per item: its decision, once made.
+    decided: Vec<Option<Result<Decision, StoreError>>>,
+}
+
+impl Answers {
+    /// The requests of `group` to answer, and each one's items (in request order), which the calls borrow.
+    pub(super) fn new(group: Vec<Pending>) -> (Vec<Vec<(String, ScriptItem<'static>)>>, Self) {
+        let items = group.iter().map(|p| p.named.len()).sum();
+        let mut answers = Self {
+            replies: Vec::with_capacity(group.len()),
+            bounds: Vec::with_capacity(group.len() + 1),
+            undecided: Vec::with_capacity(group.len()),
+            request_of: Vec::with_capacity(items),
+            decided: vec![None; items],
+        };
+        let mut named = Vec::with_capacity(group.len());
+        answers.bounds.push(0);
+        for (request, pending) in group.into_iter().enumerate() {
+            answers
+                .request_of
+                .extend(std::iter::repeat_n(request, pending.named.len()));
+            answers.bounds.push(answers.request_of.len());
+            answers.undecided.push(pending.named.len());
+            answers.replies.push(Some(pending.reply));
+            named.push(pending.named);
+        }
+        // A request without items (none is queued so) has nothing to wait for.
+        for request in 0..answers.replies.len() {
+            answers.answer_if_decided(request);
+        }
+        (named, answers)
+    }
+
+    /// Records the decisions of the items at `positions` (read from `decisions`, indexed like the
+    /// group's items), and answers every request whose items are now all decided. An item recorded
+    /// twice keeps its first decision.
+    pub(super) fn record(
+        &mut self,
+        positions: impl IntoIterator<Item = usize>,
+        decisions: &[Result<Decision, StoreError>],
+    ) {
+        for at in positions {
+            if self.decided[at].is_some() {
+                continue;
+            }
+            self.decided[at] = Some(decisions[at].clone());
+            let request = self.request_of[at];
+            self.undecided[request] -= 1;
+            self.answer_if_decided(request);
+        }
+    }
+
+    /// Sends `request` its decisions, or the error of the first of its items that has one, once all are
+    /// decided.
+    fn answer_if_decided(&mut self, request: usize) {
+        if self.undecided[request] > 0 {
+            return;
+        }
+        let Some(reply) = self.replies[request].take() else {
+            return;
+        };
+        let own = self.decided[self.bounds[request]..self.bounds[request + 1]]
+            .iter_mut()
+            .map(|decision| {
+                decision
+                    .take()
+                    .expect("every item of an answered request is decided")
+            })
+            .collect();
+        let _ = reply.send(own);
     }
 }
 
@@ -331,5 +417,81 @@ pub(super) fn answer(group: Vec<Pending>, result: Result<Vec<Decision>, StoreErr
                 let _ = request.reply.send(Err(error.clone()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, Limit};
+
+    /// A queued request of `items` items, and where its answer arrives.
+    fn request(items: usize) -> (Pending, oneshot::Receiver<Result<Vec<Decision>, StoreError>>) {
+        let (reply, answer) = oneshot::channel();
+        let item = ScriptItem {
+            key: "",
+            limit: Limit {
+                algorithm: Algorithm::FixedWindow,
+                requests: 10,
+                window_us: 1_000_000,
+                burst: 10,
+            },
+            cost: 1,
+            group: 0,
+            window_start_us: 0,
+            ttl_secs: 1,
+        };
+        let pending = Pending {
+            named: vec![(String::new(), item); items],
+            reply,
+            deadline: Instant::now() + Duration::from_secs(1),
+            pipelined: true,
+            queued_at: Instant::now(),
+        };
+        (pending, answer)
+    }
+
+    fn allowed(remaining: u64) -> Result<Decision, StoreError> {
+        Ok(Decision {
+            allowed: true,
+            remaining,
+            ..Decision::default()
+        })
+    }
+
+    #[test]
+    fn each_request_is_answered_once_its_own_items_are_decided() {
+        // Three requests of 2, 1 and 2 items: items 0-1, 2, 3-4.
+        let (first, mut first_answer) = request(2);
+        let (second, mut second_answer) = request(1);
+        let (third, mut third_answer) = request(2);
+        let (named, mut answers) = Answers::new(vec![first, second, third]);
+        assert_eq!(named.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1, 2]);
+        let gone = StoreError::Unavailable("master gone".into());
+        let decisions = [allowed(4), allowed(3), allowed(2), Err(gone.clone()), allowed(0)];
+
+        // The second request's item and one of the first's: only the second is complete.
+        answers.record([2, 0], &decisions);
+        assert_eq!(
+            second_answer.try_recv().expect("answered"),
+            Ok(vec![decisions[2].clone().unwrap()])
+        );
+        assert!(first_answer.try_recv().is_err(), "still waits for item 1");
+        assert!(third_answer.try_recv().is_err());
+
+        // The third request's items, one failed: its error, while the first still waits.
+        answers.record([4, 3], &decisions);
+        assert_eq!(third_answer.try_recv().expect("answered"), Err(gone));
+        assert!(first_answer.try_recv().is_err());
+
+        // An item recorded twice keeps its first decision; the first request completes.
+        answers.record(
+            [0, 1],
+            &[allowed(9), allowed(3), allowed(2), allowed(1), allowed(0)],
+        );
+        assert_eq!(
+            first_answer.try_recv().expect("answered"),
+            Ok(vec![decisions[0].clone().unwrap(), decisions[1].clone().unwrap()])
+        );
     }
 }

@@ -35,10 +35,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use redis::ServerErrorKind;
 use redis::aio::ConnectionLike;
 
-use super::coalesce::{Pending, answer_each};
+use super::coalesce::{Answers, Pending};
 use super::script::{ReplyError, ScriptItem};
 use super::{
     CallError, Connections, RedisStore, by_slot, fail, place, refresh_if_moved, shares_group, within,
@@ -57,28 +59,34 @@ pub(super) fn pipelinable(items: &[BatchItem]) -> bool {
 
 impl RedisStore {
     /// One pipeline for several queued requests whose items are all [`pipelinable`] (in a cluster,
-    /// one per master); each request gets its own decisions back, or the error of a pipeline that
-    /// carried one of its counters: a master that fails fails only the requests it serves.
+    /// one per master); each request gets its own decisions back as soon as they are made, or the error
+    /// of a pipeline that carried one of its counters: a master that fails fails only the requests it
+    /// serves, and one that is slow holds up only those.
     pub(super) async fn send_pipelined(&self, group: Vec<Pending>) {
-        let named: Vec<&(String, ScriptItem<'static>)> = group.iter().flat_map(|p| &p.named).collect();
-        let decisions = self.count(&named, self.group_timeout(&group)).await;
-        answer_each(group, decisions);
+        let timeout = self.group_timeout(&group);
+        let (named, mut answers) = Answers::new(group);
+        let named: Vec<&(String, ScriptItem<'static>)> = named.iter().flatten().collect();
+        self.count(&named, timeout, &mut answers).await;
     }
 
-    /// The decision of each of `named`'s items, in order, counted with pipelines: one on a single node
-    /// or Sentinel's master; in a Redis Cluster one per master (a script call per slot until the slot
-    /// map is read), all sent at once. `timeout` bounds each pipeline. An item carried by a pipeline
-    /// that failed gets that pipeline's error; the others are decided.
-    pub(super) async fn count(
+    /// Decides each of `named`'s items (in request order, as `answers` holds them), counted with
+    /// pipelines: one on a single node or Sentinel's master; in a Redis Cluster one per master (a script
+    /// call per slot without a link to its master), all sent at once, each request answered once its own
+    /// items are decided. `timeout` bounds each pipeline. An item carried by a pipeline that failed gets
+    /// that pipeline's error; the others are decided.
+    async fn count(
         &self,
         named: &[&(String, ScriptItem<'static>)],
         timeout: Duration,
-    ) -> Vec<Result<Decision, StoreError>> {
+        answers: &mut Answers,
+    ) {
+        let mut decisions = vec![Ok(Decision::default()); named.len()];
         let Some(connections) = self.connections.load_full() else {
             let error = StoreError::Unavailable("not connected to Redis yet".into());
-            return vec![Err(error); named.len()];
+            fail(&mut decisions, 0..named.len(), &error);
+            answers.record(0..named.len(), &decisions);
+            return;
         };
-        let mut decisions = vec![Ok(Decision::default()); named.len()];
         let mut refused = Vec::new();
         let into_store_error = |error: CallError| error.into_store_error(self.options.deadline);
         match &*connections {
@@ -90,42 +98,69 @@ impl RedisStore {
                 // send a whole pipeline again on a single ASK or MOVED reply, counting twice what the
                 // first node had counted, where a script call that is redirected has run nowhere.
                 let routes = self.route(slots.keys().copied());
-                let pipelines = routes.linked.into_iter().map(|(master, mut link, of_master)| {
-                    let positions: Vec<usize> = of_master
-                        .iter()
-                        .flat_map(|slot| slots[slot].iter().copied())
-                        .collect();
-                    let counters: Vec<_> = positions.iter().map(|&at| named[at]).collect();
-                    async move {
-                        let counted = self
-                            .increment(&mut link, Some(&of_master), &counters, timeout)
-                            .await;
-                        if counted.is_err() {
-                            // The master may have gone (a failover): its counters go to the script,
-                            // which follows the cluster, until the map is read again.
-                            self.link_failed(master);
+                let pipelines: FuturesUnordered<_> = routes
+                    .linked
+                    .into_iter()
+                    .map(|(master, mut link, of_master)| {
+                        let positions: Vec<usize> = of_master
+                            .iter()
+                            .flat_map(|slot| slots[slot].iter().copied())
+                            .collect();
+                        let counters: Vec<_> = positions.iter().map(|&at| named[at]).collect();
+                        async move {
+                            let counted = self
+                                .increment(&mut link, Some(&of_master), &counters, timeout)
+                                .await;
+                            if counted.is_err() {
+                                // The master may have gone (a failover): its counters go to the script,
+                                // which follows the cluster, until the map is read again.
+                                self.link_failed(master);
+                            }
+                            self.observe(Some(of_master[0]), &counted);
+                            Done::Counted(positions, counted)
                         }
-                        self.observe(Some(of_master[0]), &counted);
-                        (positions, counted)
-                    }
-                });
-                let scripts = routes
+                    })
+                    .collect();
+                let scripts: FuturesUnordered<_> = routes
                     .unlinked
                     .iter()
-                    .map(|slot| self.decide_by_script(named, &slots[slot], timeout));
-                let (pipelined, scripted) = tokio::join!(
-                    futures_util::future::join_all(pipelines),
-                    futures_util::future::join_all(scripts)
-                );
-                for (positions, counted) in pipelined {
-                    let positions = positions.into_iter();
-                    match counted {
-                        Ok(counted) => settle(named, positions, counted, &mut decisions, &mut refused),
-                        Err(error) => fail(&mut decisions, positions, &into_store_error(error)),
+                    .map(|slot| {
+                        let positions = &slots[slot];
+                        async move {
+                            Done::Scripted(positions, self.decide_by_script(named, positions, timeout).await)
+                        }
+                    })
+                    .collect();
+                // Each request is answered as soon as its own items are decided.
+                let mut done = futures_util::stream::select(pipelines, scripts);
+                while let Some(outcome) = done.next().await {
+                    match outcome {
+                        Done::Counted(positions, Ok(counted)) => {
+                            let before = refused.len();
+                            settle(
+                                named,
+                                positions.iter().copied(),
+                                counted,
+                                &mut decisions,
+                                &mut refused,
+                            );
+                            let now_refused = &refused[before..];
+                            let counted = positions.into_iter().filter(|at| !now_refused.contains(at));
+                            answers.record(counted, &decisions);
+                        }
+                        Done::Counted(positions, Err(error)) => {
+                            fail(
+                                &mut decisions,
+                                positions.iter().copied(),
+                                &into_store_error(error),
+                            );
+                            answers.record(positions, &decisions);
+                        }
+                        Done::Scripted(positions, result) => {
+                            place(&mut decisions, positions, result);
+                            answers.record(positions.iter().copied(), &decisions);
+                        }
                     }
-                }
-                for (slot, result) in routes.unlinked.iter().zip(scripted) {
-                    place(&mut decisions, &slots[slot], result);
                 }
             }
             whole => {
@@ -136,6 +171,8 @@ impl RedisStore {
                     Ok(counted) => settle(named, 0..named.len(), counted, &mut decisions, &mut refused),
                     Err(error) => fail(&mut decisions, 0..named.len(), &into_store_error(error)),
                 }
+                let counted = (0..named.len()).filter(|at| !refused.contains(at));
+                answers.record(counted, &decisions);
             }
         }
         if !refused.is_empty() {
@@ -143,8 +180,8 @@ impl RedisStore {
             refused.sort_unstable();
             let redecided = self.decide_by_script(named, &refused, timeout).await;
             place(&mut decisions, &refused, redecided);
+            answers.record(refused.iter().copied(), &decisions);
         }
-        decisions
     }
 
     /// The decisions of `named`'s items at `positions` by the batch script, each item independent of the
@@ -337,6 +374,14 @@ fn expire_pipe(named: &[&(String, ScriptItem<'static>)], positions: &[usize], nx
         push_expire(&mut pipe, &named[at].0, named[at].1.ttl_secs, nx).ignore();
     }
     pipe
+}
+
+/// A finished part of [`RedisStore::count`]'s work in a cluster.
+enum Done<'p> {
+    /// A master's pipeline: the positions of its counters and what it counted.
+    Counted(Vec<usize>, Result<(u64, Vec<Option<u64>>), CallError>),
+    /// A slot's script call: the positions of its items and their decisions.
+    Scripted(&'p [usize], Result<Vec<Decision>, StoreError>),
 }
 
 /// Decides the items at `positions` of `named` from what one pipeline counted (Redis' clock and each
