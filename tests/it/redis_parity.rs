@@ -969,15 +969,16 @@ async fn a_sliding_log_of_more_than_one_chunk_round_trips() {
     );
 }
 
-/// Logs of up to 100 entries, with costs of 1 to 3, entries expiring under real time and denials whose
-/// retry hint lands anywhere in the log: the script sums and searches a log eight entries at a time,
-/// and every decision must still be the reference store's.
+/// Logs of up to 100 entries, with costs of 1 to 3, and denials whose retry hint lands anywhere in the
+/// log: the script sums and searches a log eight entries at a time, and every decision must still be
+/// the reference store's. The first log's window outlasts the test, so it grows however slow the host
+/// is; the second's entries expire under real time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_sliding_logs_match_rust() {
     require_redis!();
     let mut rng = Rng(seed(0x5106));
     let mut h = Harness::start().await;
-    let specs: Vec<Spec> = [(100, 2_000_000), (37, 500_000)]
+    let specs: Vec<Spec> = [(100, 60_000_000), (37, 500_000)]
         .into_iter()
         .enumerate()
         .map(|(i, (requests, window_us))| Spec {
