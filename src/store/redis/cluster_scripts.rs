@@ -91,14 +91,13 @@ impl RedisStore {
                 }
             })
             .collect();
-        let mut decisions = vec![Ok(Decision::default()); items.len()];
         // Each request is answered as soon as its own items are decided.
         let mut done = futures_util::stream::select(pipelines, singles);
         while let Some(decided) = done.next().await {
             for (slot, answer) in decided {
                 let positions = &slots[&slot];
-                place(&mut decisions, positions, answer);
-                answers.record(positions.iter().copied(), &decisions);
+                place(answers.decisions(), positions, answer);
+                answers.record(positions.iter().copied());
             }
         }
     }

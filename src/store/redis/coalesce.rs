@@ -319,7 +319,8 @@ fn script_items<'n>(requests: &'n [impl AsRef<[(String, ScriptItem<'static>)]>])
 }
 
 /// The requests of a group, each answered as soon as all its items are decided: a master that is slow
-/// or gone, or a call made again elsewhere, holds up only the requests whose items it carries.
+/// or gone, or a call made again elsewhere, holds up only the requests whose items it carries. The calls
+/// write the items' decisions in place ([`Answers::decisions`]) and then record them.
 pub(super) struct Answers {
     /// Per request: where to send its answer (taken when sent).
     replies: Vec<Option<Reply>>,
@@ -329,8 +330,10 @@ pub(super) struct Answers {
     undecided: Vec<usize>,
     /// Per item: its request.
     request_of: Vec<usize>,
-    /// Per item: its decision, once made.
-    decided: Vec<Option<Result<Decision, StoreError>>>,
+    /// Per item: its decision, or the error of the call that should have made it; read once recorded.
+    decisions: Vec<Result<Decision, StoreError>>,
+    /// Per item: whether its decision is recorded (so that recording it again counts nothing).
+    recorded: Vec<bool>,
 }
 
 impl Answers {
@@ -342,7 +345,8 @@ impl Answers {
             bounds: Vec::with_capacity(group.len() + 1),
             undecided: Vec::with_capacity(group.len()),
             request_of: Vec::with_capacity(items),
-            decided: vec![None; items],
+            decisions: vec![Ok(Decision::default()); items],
+            recorded: vec![false; items],
         };
         let mut named = Vec::with_capacity(group.len());
         answers.bounds.push(0);
@@ -362,19 +366,19 @@ impl Answers {
         (named, answers)
     }
 
-    /// Records the decisions of the items at `positions` (read from `decisions`, indexed like the
-    /// group's items), and answers every request whose items are now all decided. An item recorded
-    /// twice keeps its first decision.
-    pub(super) fn record(
-        &mut self,
-        positions: impl IntoIterator<Item = usize>,
-        decisions: &[Result<Decision, StoreError>],
-    ) {
+    /// The items' decisions, indexed like the group's items, for the calls to write before they
+    /// [`Answers::record`] them.
+    pub(super) fn decisions(&mut self) -> &mut [Result<Decision, StoreError>] {
+        &mut self.decisions
+    }
+
+    /// Records that the items at `positions` are decided (their decisions written), and answers every
+    /// request whose items are now all decided. Recording an item again counts nothing.
+    pub(super) fn record(&mut self, positions: impl IntoIterator<Item = usize>) {
         for at in positions {
-            if self.decided[at].is_some() {
+            if std::mem::replace(&mut self.recorded[at], true) {
                 continue;
             }
-            self.decided[at] = Some(decisions[at].clone());
             let request = self.request_of[at];
             self.undecided[request] -= 1;
             self.answer_if_decided(request);
@@ -390,13 +394,9 @@ impl Answers {
         let Some(reply) = self.replies[request].take() else {
             return;
         };
-        let own = self.decided[self.bounds[request]..self.bounds[request + 1]]
-            .iter_mut()
-            .map(|decision| {
-                decision
-                    .take()
-                    .expect("every item of an answered request is decided")
-            })
+        let own = self.decisions[self.bounds[request]..self.bounds[request + 1]]
+            .iter()
+            .cloned()
             .collect();
         let _ = reply.send(own);
     }
@@ -468,30 +468,40 @@ mod tests {
         let (named, mut answers) = Answers::new(vec![first, second, third]);
         assert_eq!(named.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1, 2]);
         let gone = StoreError::Unavailable("master gone".into());
-        let decisions = [allowed(4), allowed(3), allowed(2), Err(gone.clone()), allowed(0)];
+        let decided = [allowed(4), allowed(3), allowed(2), Err(gone.clone()), allowed(0)];
+        let write = |answers: &mut Answers, positions: &[usize]| {
+            for &at in positions {
+                answers.decisions()[at] = decided[at].clone();
+            }
+        };
 
         // The second request's item and one of the first's: only the second is complete.
-        answers.record([2, 0], &decisions);
+        write(&mut answers, &[2, 0]);
+        answers.record([2, 0]);
         assert_eq!(
             second_answer.try_recv().expect("answered"),
-            Ok(vec![decisions[2].clone().unwrap()])
+            Ok(vec![decided[2].clone().unwrap()])
         );
         assert!(first_answer.try_recv().is_err(), "still waits for item 1");
         assert!(third_answer.try_recv().is_err());
 
         // The third request's items, one failed: its error, while the first still waits.
-        answers.record([4, 3], &decisions);
+        write(&mut answers, &[4, 3]);
+        answers.record([4, 3]);
         assert_eq!(third_answer.try_recv().expect("answered"), Err(gone));
         assert!(first_answer.try_recv().is_err());
 
-        // An item recorded twice keeps its first decision; the first request completes.
-        answers.record(
-            [0, 1],
-            &[allowed(9), allowed(3), allowed(2), allowed(1), allowed(0)],
+        // Item 0 recorded again counts nothing: the first request still waits for item 1.
+        answers.record([0]);
+        assert!(
+            first_answer.try_recv().is_err(),
+            "an item recorded twice counted twice"
         );
+        write(&mut answers, &[1]);
+        answers.record([1]);
         assert_eq!(
             first_answer.try_recv().expect("answered"),
-            Ok(vec![decisions[0].clone().unwrap(), decisions[1].clone().unwrap()])
+            Ok(vec![decided[0].clone().unwrap(), decided[1].clone().unwrap()])
         );
     }
 }

@@ -36,9 +36,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use futures_util::future::Either;
 use futures_util::stream::FuturesUnordered;
 use redis::ServerErrorKind;
-use redis::aio::ConnectionLike;
+use redis::aio::{ConnectionLike, ConnectionManager};
 
 use super::coalesce::{Answers, Pending};
 use super::script::{ReplyError, ScriptItem};
@@ -73,22 +74,25 @@ impl RedisStore {
     /// pipelines: one on a single node or Sentinel's master; in a Redis Cluster one per master (a script
     /// call per slot without a link to its master), all sent at once, each request answered once its own
     /// items are decided. `timeout` bounds each pipeline. An item carried by a pipeline that failed gets
-    /// that pipeline's error; the others are decided.
+    /// that pipeline's error; an item whose `INCRBY` was refused is decided by the script.
     async fn count(
         &self,
         named: &[&(String, ScriptItem<'static>)],
         timeout: Duration,
         answers: &mut Answers,
     ) {
-        let mut decisions = vec![Ok(Decision::default()); named.len()];
+        let into_store_error = |error: CallError| error.into_store_error(self.options.deadline);
+        let all = || (0..named.len()).collect::<Vec<_>>();
+        // The script's decision of the items at `positions`, each independent of the others.
+        let script = |positions: Vec<usize>| async move {
+            let decided = self.decide_by_script(named, &positions, timeout).await;
+            Done::Scripted(positions, decided)
+        };
         let Some(connections) = self.connections.load_full() else {
             let error = StoreError::Unavailable("not connected to Redis yet".into());
-            fail(&mut decisions, 0..named.len(), &error);
-            answers.record(0..named.len(), &decisions);
+            apply(named, answers, Done::Counted(all(), Err(error)));
             return;
         };
-        let mut refused = Vec::new();
-        let into_store_error = |error: CallError| error.into_store_error(self.options.deadline);
         match &*connections {
             Connections::Cluster(_) => {
                 let slots = by_slot(named.iter().map(|(key, _)| key.as_str()));
@@ -98,68 +102,39 @@ impl RedisStore {
                 // send a whole pipeline again on a single ASK or MOVED reply, counting twice what the
                 // first node had counted, where a script call that is redirected has run nowhere.
                 let routes = self.route(slots.keys().copied());
-                let pipelines: FuturesUnordered<_> = routes
+                let pipeline = |(master, mut link, of_master): (u16, ConnectionManager, Vec<u16>)| {
+                    let positions: Vec<usize> = of_master
+                        .iter()
+                        .flat_map(|slot| slots[slot].iter().copied())
+                        .collect();
+                    let counters: Vec<_> = positions.iter().map(|&at| named[at]).collect();
+                    async move {
+                        let counted = self
+                            .increment(&mut link, Some(&of_master), &counters, timeout)
+                            .await;
+                        if counted.is_err() {
+                            // The master may have gone (a failover): its counters go to the script,
+                            // which follows the cluster, until the map is read again.
+                            self.link_failed(master);
+                        }
+                        self.observe(Some(of_master[0]), &counted);
+                        Done::Counted(positions, counted.map_err(into_store_error))
+                    }
+                };
+                let mut work: FuturesUnordered<_> = routes
                     .linked
                     .into_iter()
-                    .map(|(master, mut link, of_master)| {
-                        let positions: Vec<usize> = of_master
-                            .iter()
-                            .flat_map(|slot| slots[slot].iter().copied())
-                            .collect();
-                        let counters: Vec<_> = positions.iter().map(|&at| named[at]).collect();
-                        async move {
-                            let counted = self
-                                .increment(&mut link, Some(&of_master), &counters, timeout)
-                                .await;
-                            if counted.is_err() {
-                                // The master may have gone (a failover): its counters go to the script,
-                                // which follows the cluster, until the map is read again.
-                                self.link_failed(master);
-                            }
-                            self.observe(Some(of_master[0]), &counted);
-                            Done::Counted(positions, counted)
-                        }
-                    })
+                    .map(|route| Either::Left(pipeline(route)))
                     .collect();
-                let scripts: FuturesUnordered<_> = routes
-                    .unlinked
-                    .iter()
-                    .map(|slot| {
-                        let positions = &slots[slot];
-                        async move {
-                            Done::Scripted(positions, self.decide_by_script(named, positions, timeout).await)
-                        }
-                    })
-                    .collect();
-                // Each request is answered as soon as its own items are decided.
-                let mut done = futures_util::stream::select(pipelines, scripts);
-                while let Some(outcome) = done.next().await {
-                    match outcome {
-                        Done::Counted(positions, Ok(counted)) => {
-                            let before = refused.len();
-                            settle(
-                                named,
-                                positions.iter().copied(),
-                                counted,
-                                &mut decisions,
-                                &mut refused,
-                            );
-                            let now_refused = &refused[before..];
-                            let counted = positions.into_iter().filter(|at| !now_refused.contains(at));
-                            answers.record(counted, &decisions);
-                        }
-                        Done::Counted(positions, Err(error)) => {
-                            fail(
-                                &mut decisions,
-                                positions.iter().copied(),
-                                &into_store_error(error),
-                            );
-                            answers.record(positions, &decisions);
-                        }
-                        Done::Scripted(positions, result) => {
-                            place(&mut decisions, positions, result);
-                            answers.record(positions.iter().copied(), &decisions);
-                        }
+                for slot in &routes.unlinked {
+                    work.push(Either::Right(script(slots[slot].clone())));
+                }
+                // Each request is answered as soon as its own items are decided; a counter refused on
+                // its master is decided by the script as soon as that is known.
+                while let Some(done) = work.next().await {
+                    let refused = apply(named, answers, done);
+                    if !refused.is_empty() {
+                        work.push(Either::Right(script(refused)));
                     }
                 }
             }
@@ -167,20 +142,15 @@ impl RedisStore {
                 let (mut conn, link) = whole.whole();
                 let counted = self.increment(&mut conn, None, named, timeout).await;
                 refresh_if_moved(link, &counted);
-                match counted {
-                    Ok(counted) => settle(named, 0..named.len(), counted, &mut decisions, &mut refused),
-                    Err(error) => fail(&mut decisions, 0..named.len(), &into_store_error(error)),
+                let refused = apply(
+                    named,
+                    answers,
+                    Done::Counted(all(), counted.map_err(into_store_error)),
+                );
+                if !refused.is_empty() {
+                    apply(named, answers, script(refused).await);
                 }
-                let counted = (0..named.len()).filter(|at| !refused.contains(at));
-                answers.record(counted, &decisions);
             }
-        }
-        if !refused.is_empty() {
-            // Not counted anywhere yet: the script decides them, overwriting what INCRBY refused.
-            refused.sort_unstable();
-            let redecided = self.decide_by_script(named, &refused, timeout).await;
-            place(&mut decisions, &refused, redecided);
-            answers.record(refused.iter().copied(), &decisions);
         }
     }
 
@@ -376,35 +346,47 @@ fn expire_pipe(named: &[&(String, ScriptItem<'static>)], positions: &[usize], nx
     pipe
 }
 
-/// A finished part of [`RedisStore::count`]'s work in a cluster.
-enum Done<'p> {
-    /// A master's pipeline: the positions of its counters and what it counted.
-    Counted(Vec<usize>, Result<(u64, Vec<Option<u64>>), CallError>),
-    /// A slot's script call: the positions of its items and their decisions.
-    Scripted(&'p [usize], Result<Vec<Decision>, StoreError>),
+/// A finished part of [`RedisStore::count`]'s work.
+enum Done {
+    /// A pipeline: the positions of its counters and what it counted (Redis' clock and each counter).
+    Counted(Vec<usize>, Result<(u64, Vec<Option<u64>>), StoreError>),
+    /// A script call: the positions of its items and their decisions.
+    Scripted(Vec<usize>, Result<Vec<Decision>, StoreError>),
 }
 
-/// Decides the items at `positions` of `named` from what one pipeline counted (Redis' clock and each
-/// counter), into `decisions`; an item whose `INCRBY` was refused goes to `refused`.
-fn settle(
-    named: &[&(String, ScriptItem<'static>)],
-    positions: impl Iterator<Item = usize>,
-    (now_us, counts): (u64, Vec<Option<u64>>),
-    decisions: &mut [Result<Decision, StoreError>],
-    refused: &mut Vec<usize>,
-) {
-    for (at, count) in positions.zip(counts) {
-        let item = &named[at].1;
-        match count {
-            Some(after) => {
-                decisions[at] = Ok(fixed_window::decide_counted(
-                    &item.limit,
-                    item.window_start_us,
-                    now_us,
-                    after,
-                ));
+/// Writes the decisions of a finished part into `answers` and records them, answering the requests
+/// they complete. Returns the positions whose `INCRBY` was refused, which the script must decide yet.
+fn apply(named: &[&(String, ScriptItem<'static>)], answers: &mut Answers, done: Done) -> Vec<usize> {
+    match done {
+        Done::Counted(positions, Ok((now_us, counts))) => {
+            let mut refused = Vec::new();
+            let decisions = answers.decisions();
+            for (&at, count) in positions.iter().zip(counts) {
+                let item = &named[at].1;
+                match count {
+                    Some(after) => {
+                        decisions[at] = Ok(fixed_window::decide_counted(
+                            &item.limit,
+                            item.window_start_us,
+                            now_us,
+                            after,
+                        ));
+                    }
+                    None => refused.push(at),
+                }
             }
-            None => refused.push(at),
+            answers.record(positions.into_iter().filter(|at| !refused.contains(at)));
+            refused
+        }
+        Done::Counted(positions, Err(error)) => {
+            fail(answers.decisions(), positions.iter().copied(), &error);
+            answers.record(positions);
+            Vec::new()
+        }
+        Done::Scripted(positions, decided) => {
+            place(answers.decisions(), &positions, decided);
+            answers.record(positions);
+            Vec::new()
         }
     }
 }
