@@ -9,7 +9,7 @@
 # DURATION (default 10s) per run. The load generator, the server and Redis share this host's cores, so
 # the figures are for this host only. Needs redis-server, redis-cli and python3 on PATH.
 set -euo pipefail
-binary="${1:-target/release/tollgate}"
+binary="${1:-$("$(dirname "$0")/binary-path.sh" release)}"
 duration="${DURATION:-10s}"
 server=""
 cleanup_more() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }

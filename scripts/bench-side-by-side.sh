@@ -13,7 +13,7 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
-tollgate="$root/target/release/tollgate"
+tollgate="$("$root/scripts/binary-path.sh" release)"
 [ -x "$tollgate" ] || { echo "build first: cargo build --release --locked" >&2; exit 1; }
 rounds="${ROUNDS:-3}"
 duration="${DURATION:-10s}"

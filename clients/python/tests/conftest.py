@@ -15,8 +15,10 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="session")
 def tollgate_bin() -> str:
-    """The server binary: $TOLLGATE_BIN, else the repository's debug build."""
-    binary = os.environ.get("TOLLGATE_BIN") or str(REPO / "target" / "debug" / "tollgate")
+    """The server binary: $TOLLGATE_BIN, else the debug build in $CARGO_TARGET_DIR or the repository's
+    target directory (run-tests.sh always sets $TOLLGATE_BIN, from cargo's own target directory)."""
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
+    binary = os.environ.get("TOLLGATE_BIN") or str(target / "debug" / "tollgate")
     if not os.access(binary, os.X_OK):
         pytest.fail(f"no tollgate binary at {binary}: build it (cargo build) or set TOLLGATE_BIN")
     return binary
