@@ -18,9 +18,11 @@ FROM ${RUST_IMAGE} AS builder
 WORKDIR /src
 # Only what the build reads: later edits to docs, the chart or the tests do not invalidate this stage.
 # No protoc is needed (build.rs compiles proto/ with protox).
+# Every workspace member must be there for cargo to read the workspace, the client included.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
-COPY lua ./lua
+COPY core ./core
+COPY clients/rust ./clients/rust
 COPY benches ./benches
 COPY src ./src
 # The registry and target/ live in BuildKit cache mounts, so a rebuild after a source change recompiles

@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tokio::runtime::Runtime;
-use tollgate::clock::SystemClock;
 use tollgate::server::{Listeners, run};
 use tollgate::settings::Settings;
 use tollgate_client::proto::v1::{self, rate_limiter_client::RateLimiterClient};
 use tollgate_client::{Client, Descriptor};
+use tollgate_core::clock::SystemClock;
 
 const RULES: &str = "domain: bench\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: second\n      requests_per_unit: 1000000000\n";
 

@@ -14,13 +14,13 @@ use std::task::{Context, Poll, Waker};
 
 use arc_swap::ArcSwapOption;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use tollgate::algorithm::Algorithm;
-use tollgate::clock::SystemClock;
-use tollgate::limiter::{LimitOverride, Limiter, LimiterOptions, Mode, RefundKeys, RequestDescriptor};
-use tollgate::rules::file::parse_file;
-use tollgate::rules::{CompileOptions, RuleSet, ValueHasher};
-use tollgate::store::memory::MemoryStore;
-use tollgate::store::{Batch, BatchItem, CommitPolicy, Store as _};
+use tollgate_core::algorithm::Algorithm;
+use tollgate_core::clock::SystemClock;
+use tollgate_core::limiter::{LimitOverride, Limiter, LimiterOptions, Mode, RefundKeys, RequestDescriptor};
+use tollgate_core::rules::file::parse_file;
+use tollgate_core::rules::{CompileOptions, RuleSet, ValueHasher};
+use tollgate_core::store::memory::MemoryStore;
+use tollgate_core::store::{Batch, BatchItem, CommitPolicy, Store as _};
 
 /// Distinct callers cycled through, so the store sees realistic key churn rather than one hot key.
 const KEYS: usize = 10_000;
@@ -197,7 +197,7 @@ fn bench_sweep(c: &mut Criterion) {
     group.sample_size(10);
     const LIVE: usize = 1_000_000;
     let store = MemoryStore::with_max_keys(Arc::new(SystemClock), LIVE * 2);
-    let limit = tollgate::algorithm::Limit {
+    let limit = tollgate_core::algorithm::Limit {
         algorithm: Algorithm::FixedWindow,
         requests: 1_000,
         window_us: 3_600_000_000,

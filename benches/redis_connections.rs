@@ -12,7 +12,7 @@
 //!
 //! The variants:
 //! - `manager xN`: N `ConnectionManager`s used round-robin, configured as the store configures them
-//!   (`src/store/redis/mod.rs`: connection and response timeouts of 1 s, one retry), each call taking
+//!   (`core/src/store/redis/mod.rs`: connection and response timeouts of 1 s, one retry), each call taking
 //!   a clone, as `RedisStore::apply` does. `x2` is the current default (`REDIS_POOL_SIZE`).
 //! - `bb8 max N`: a bb8 pool over redis's own bb8 manager (`redis::Client`, handing out
 //!   `MultiplexedConnection`s), tuned as the ecosystem notes say it must be: `test_on_check_out(false)`,
@@ -34,9 +34,9 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis_server::RedisServer;
-use tollgate::algorithm::{Algorithm, Limit};
-use tollgate::store::CommitPolicy;
-use tollgate::store::redis::script::{BatchScript, ScriptItem};
+use tollgate_core::algorithm::{Algorithm, Limit};
+use tollgate_core::store::CommitPolicy;
+use tollgate_core::store::redis::script::{BatchScript, ScriptItem};
 
 /// Distinct keys cycled through.
 const KEYS: usize = 10_000;

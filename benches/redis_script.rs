@@ -22,9 +22,9 @@ mod redis_server;
 
 use redis::aio::MultiplexedConnection;
 use redis_server::RedisServer;
-use tollgate::algorithm::{Algorithm, Limit};
-use tollgate::store::CommitPolicy;
-use tollgate::store::redis::script::{BatchScript, ScriptItem};
+use tollgate_core::algorithm::{Algorithm, Limit};
+use tollgate_core::store::CommitPolicy;
+use tollgate_core::store::redis::script::{BatchScript, ScriptItem};
 
 /// Items per call: about what a coalesced call carries at 64 requests in flight.
 const ITEMS: usize = 16;

@@ -135,6 +135,21 @@ step "hadolint Dockerfile"
 echo "Dockerfile: clean"
 passed
 
+# The builder stage sees only what its COPY lines bring: build exactly that (a `cargo check` of the
+# binary, sharing the target directory, so only Tollgate's own crates compile again).
+step "the Dockerfile's build context builds"
+context=$WORK/docker-context
+mkdir -p "$context"
+while read -r source dest; do
+    mkdir -p "$context/$(dirname "$dest")"
+    cp -r "$source" "$context/$dest"
+done < <(sed -n '/^FROM .* AS builder/,/^FROM /{ /^COPY --from/d; s/^COPY \(.*\) \(\S*\)$/\1 \2/p }' Dockerfile \
+    | awk '{ for (i = 1; i < NF; i++) print $i, ($NF ~ /\/$/ ? $NF $i : $NF) }')
+CARGO_TARGET_DIR=$(dirname "$(dirname "$TOLLGATE")") cargo check --locked --quiet --bin tollgate \
+    --manifest-path "$context/Cargo.toml"
+echo "Dockerfile: the builder stage's context ($(ls "$context" | tr '\n' ' ')) builds"
+passed
+
 step "yamllint values and the Envoy example"
 "$VENV/bin/yamllint" --strict \
     -d '{extends: default, rules: {line-length: {max: 120}, document-start: disable, comments: {min-spaces-from-content: 1}}}' \

@@ -5,13 +5,13 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::observe::metrics::Metrics;
 use crate::proto::descriptor::RateLimitDescriptor;
 use crate::proto::rls::RateLimitRequest;
 use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
-use crate::rules::CompileOptions;
-use crate::rules::reload::load_rules;
 use crate::settings::{SETTINGS_FILE_ENV, Settings};
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::rules::CompileOptions;
+use tollgate_core::rules::reload::load_rules;
 
 /// Tollgate: a rate-limit decision service speaking Envoy's rate limit protocol.
 #[derive(Debug, Parser)]
@@ -283,7 +283,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let served = async {
             let listeners = crate::server::Listeners::bind(&settings).await?;
-            let clock = std::sync::Arc::new(crate::clock::SystemClock);
+            let clock = std::sync::Arc::new(tollgate_core::clock::SystemClock);
             crate::server::run(settings, listeners, clock, crate::server::shutdown_signal()).await
         };
         let result = served.await;

@@ -5,27 +5,21 @@
 //!
 //! # Layout
 //!
-//! Dependencies point downwards. Only [`grpc`] serves tonic services and only [`http`] builds axum
-//! routes. The exceptions, by design: [`server`] runs both listeners (`axum::serve`, the health
-//! reporter), [`cli`] and `loadgen` call Tollgate as tonic clients, [`observe::health`] drives
+//! This crate is the server; the decision core is the `tollgate_core` crate (rules, algorithms,
+//! stores, the limiter), which has no transport. Dependencies point downwards. Only [`grpc`] serves
+//! tonic services and only [`http`] builds axum routes. The exceptions, by design: [`server`] runs both
+//! listeners (`axum::serve`, the health reporter), [`cli`] and `loadgen` call Tollgate as tonic
+//! clients, [`xds`] is a tonic client of the management server, [`observe::health`] drives
 //! tonic-health's reporter, and [`proto`] is tonic's generated code.
 //!
-//! - [`algorithm`]: the five algorithms as pure functions of (state, now, cost, limit).
-//! - [`rules`]: validated rules → lookup tree; descriptor matching and storage keys. [`rules::file`] is
-//!   the rules-file format (envoyproxy/ratelimit's YAML plus Tollgate's keys); [`rules::reload`] loads
-//!   and hot-reloads a rules directory.
-//! - [`store`]: where state lives; one atomic batch per request. [`store::memory`] is the embedded store,
-//!   [`store::redis`] the shared one, [`store::per_second`] the optional per-second Redis
-//!   (`REDIS_PERSECOND`), [`store::lease`] the concurrency leases' trait and types.
-//! - [`clock`]: time for the embedded store.
-//! - [`limiter`]: the decision core: rules + store → a neutral verdict (exact counts and durations).
 //! - [`api`]: the protocols' messages ↔ the limiter, no transport: Envoy's ([`api::envoy`], with its
 //!   `u32` and whole-second encoding), the native `tollgate.v1` ([`api::native`]), response headers,
 //!   proto3 JSON.
 //! - [`grpc`]: the gRPC listener (tonic): Envoy's RateLimitService, `tollgate.v1.RateLimiter`, health,
 //!   reflection, server spans. [`http`]: the admin and debug listeners' routes (axum).
-//! - [`observe`]: metrics, top offenders, the denial log, logs and trace export, health (which drives
-//!   tonic-health's reporter for `grpc.health.v1`).
+//! - [`xds`]: rules over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`), an ADS client.
+//! - [`observe`]: the Prometheus exposition of the core's metrics, logs and trace export, health
+//!   (which drives tonic-health's reporter for `grpc.health.v1`).
 //! - [`settings`], [`server`], [`cli`]: configuring, wiring and running the service; [`pem`]: the
 //!   certificate and key files TLS reads.
 //! - `loadgen` (private): `tollgate bench`, the load generator behind the command line.
@@ -33,18 +27,14 @@
 //!   no server dependencies.
 //! - [`proto`]: generated protocol types.
 
-pub mod algorithm;
 pub mod api;
 pub mod cli;
-pub mod clock;
 pub mod grpc;
 pub mod http;
-pub mod limiter;
 mod loadgen;
 pub mod observe;
 pub mod pem;
 pub mod proto;
-pub mod rules;
 pub mod server;
 pub mod settings;
-pub mod store;
+pub mod xds;

@@ -1,4 +1,4 @@
-//! Envoy's rate limit messages (`envoy.service.ratelimit.v3`) ↔ the [`Limiter`](crate::limiter::Limiter),
+//! Envoy's rate limit messages (`envoy.service.ratelimit.v3`) ↔ the [`Limiter`](tollgate_core::limiter::Limiter),
 //! with no transport: the gRPC service ([`crate::grpc`]) and the HTTP `/json` endpoint
 //! ([`crate::http`]) both answer through [`build_response`].
 //!
@@ -13,14 +13,14 @@ use prost_types::{ListValue, Struct, Value, value::Kind};
 
 use super::headers::{HeaderOptions, headers, raw_body};
 use super::whole_seconds;
-use crate::limiter::{Code, DescriptorStatus, LimitOverride, RequestDescriptor, Verdict};
 use crate::proto::descriptor::RateLimitDescriptor;
 use crate::proto::descriptor::rate_limit_descriptor::Entry;
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::rls::rate_limit_response::{self, DescriptorStatus as WireStatus, RateLimit};
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
-use crate::rules::DescriptorEntry;
-use crate::rules::file::MetaValue;
+use tollgate_core::limiter::{Code, DescriptorStatus, LimitOverride, RequestDescriptor, Verdict};
+use tollgate_core::rules::DescriptorEntry;
+use tollgate_core::rules::file::MetaValue;
 
 /// What the Envoy front end adds to a verdict.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -17,7 +17,7 @@
 //! hash of the rule's path (a path can hold configured values such as a whitelisted address).
 
 use super::whole_seconds;
-use crate::limiter::{Code, DescriptorStatus};
+use tollgate_core::limiter::{Code, DescriptorStatus};
 
 /// Which headers to add.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -7,16 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::headers::{HeaderOptions, headers};
-use crate::limiter::{
-    Code, DescriptorStatus, LeaseStatus, LimitOverride, Limiter, LimiterError, Mode, RequestDescriptor,
-};
 use crate::proto::native::{
     self, AcquireRequest, AcquireResponse, CheckRequest, CheckResponse, CheckResult, Descriptor, Entry,
     Header, LeaseResult, RefundRequest, RefundResponse, RefundResult, ReleaseRequest, ReleaseResponse,
     ReleaseResult,
 };
-use crate::rules::DescriptorEntry;
-use crate::store::Store;
+use tollgate_core::limiter::{
+    Code, DescriptorStatus, LeaseStatus, LimitOverride, Limiter, LimiterError, Mode, RequestDescriptor,
+};
+use tollgate_core::rules::DescriptorEntry;
+use tollgate_core::store::Store;
 
 /// The native API over a limiter.
 #[derive(Debug)]

@@ -7,11 +7,11 @@ use tonic::{Request, Response, Status};
 
 use super::status_of;
 use crate::api::envoy::{EnvoyOptions, build_response};
-use crate::limiter::Limiter;
 use crate::proto::rls::rate_limit_response;
 use crate::proto::rls::rate_limit_service_server::RateLimitService;
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
-use crate::store::Store;
+use tollgate_core::limiter::Limiter;
+use tollgate_core::store::Store;
 
 /// The gRPC service.
 #[derive(Debug)]

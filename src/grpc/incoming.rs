@@ -31,7 +31,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use super::tls::ServerTls;
-use crate::observe::metrics::Metrics;
+use tollgate_core::observe::metrics::Metrics;
 
 /// Longest a TLS handshake may take before the connection is dropped. Envoy's take milliseconds.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);

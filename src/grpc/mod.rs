@@ -18,10 +18,10 @@ use tonic_health::pb::health_server::{Health as HealthApi, HealthServer};
 use tonic::Status;
 
 use crate::api::envoy::EnvoyOptions;
-use crate::limiter::{ErrorKind, Limiter, LimiterError};
 use crate::proto::native::rate_limiter_server::RateLimiterServer;
 use crate::proto::rls::rate_limit_service_server::RateLimitServiceServer;
-use crate::store::Store;
+use tollgate_core::limiter::{ErrorKind, Limiter, LimiterError};
+use tollgate_core::store::Store;
 
 pub use envoy_rls::EnvoyRateLimitService;
 pub use incoming::{Conn, GrpcListener, UnixSocket};

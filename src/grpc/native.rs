@@ -8,13 +8,13 @@ use tonic::{Request, Response, Status};
 use super::{status_of, traced};
 use crate::api::headers::HeaderOptions;
 use crate::api::native::NativeApi;
-use crate::limiter::Limiter;
 use crate::proto::native::rate_limiter_server::RateLimiter;
 use crate::proto::native::{
     AcquireRequest, AcquireResponse, CheckRequest, CheckResponse, RefundRequest, RefundResponse,
     ReleaseRequest, ReleaseResponse,
 };
-use crate::store::Store;
+use tollgate_core::limiter::Limiter;
+use tollgate_core::store::Store;
 
 /// The gRPC service.
 #[derive(Debug)]

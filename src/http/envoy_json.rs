@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use super::Admin;
 use crate::api::envoy::build_response;
 use crate::api::json::{request_from_json, response_to_json};
-use crate::limiter::Code;
+use tollgate_core::limiter::Code;
 
 /// envoyproxy/ratelimit's `/json`: 200 when OK, 429 when over the limit, 400 for a body that is not a
 /// request and for any service error (Redis included), as the Go service answers.

@@ -19,9 +19,9 @@ use axum::routing::{get, post};
 
 use crate::api::envoy::EnvoyOptions;
 use crate::api::native::NativeApi;
-use crate::limiter::Limiter;
 use crate::observe::health::Health;
-use crate::store::AnyStore;
+use tollgate_core::limiter::Limiter;
+use tollgate_core::store::AnyStore;
 
 /// What the admin endpoints need.
 #[derive(Debug)]
@@ -112,7 +112,7 @@ async fn top(State(limiter): State<Arc<Limiter<AnyStore>>>) -> Response {
 
 /// Prometheus text exposition format 0.0.4.
 async fn metrics(State(limiter): State<Arc<Limiter<AnyStore>>>) -> Response {
-    let body = limiter.metrics().render(limiter.store_counters());
+    let body = crate::observe::prometheus::render(limiter.metrics(), limiter.store_counters());
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         body,

@@ -27,9 +27,9 @@ use serde_json::{Value, json};
 use crate::api::json::duration_text;
 use crate::api::native::{NativeApi, wire_duration};
 use crate::api::whole_seconds;
-use crate::limiter::{ErrorKind, LimiterError};
 use crate::proto::native::{self, Descriptor};
-use crate::store::AnyStore;
+use tollgate_core::limiter::{ErrorKind, LimiterError};
+use tollgate_core::store::AnyStore;
 
 /// The `/v1/*` routes.
 pub(super) fn router(service: Arc<NativeApi<AnyStore>>) -> Router {

@@ -14,7 +14,10 @@ use tracing_subscriber::registry::LookupSpan;
 
 /// The Go service's JSON log line format.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct GoJson;
+pub struct GoJson {
+    /// Spans are exported: a line written inside one carries its trace id.
+    pub traces: bool,
+}
 
 impl<S, N> FormatEvent<S, N> for GoJson
 where
@@ -48,7 +51,7 @@ where
             };
             line.insert(name, value);
         }
-        if let Some(trace_id) = trace_id(ctx) {
+        if let Some(trace_id) = trace_id(ctx, self.traces) {
             line.insert("trace_id".into(), trace_id.into());
         }
         writeln!(writer, "{}", Value::Object(line))
@@ -70,13 +73,13 @@ fn level_name(level: Level) -> &'static str {
 }
 
 /// The OpenTelemetry trace id of the current span, when traces are exported and a span is open.
-fn trace_id<S, N>(ctx: &FmtContext<'_, S, N>) -> Option<String>
+fn trace_id<S, N>(ctx: &FmtContext<'_, S, N>, traces: bool) -> Option<String>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
     use opentelemetry::trace::TraceContextExt as _;
-    if !super::telemetry::traces_enabled() {
+    if !traces {
         return None;
     }
     let span = ctx.lookup_current()?;

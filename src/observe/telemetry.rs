@@ -131,7 +131,10 @@ pub fn init(
         // Colour only on a terminal: escape codes in a log file or a collector break parsing.
         .with_ansi(std::io::stderr().is_terminal() && !json);
     let fmt = if json {
-        fmt.event_format(super::go_json::GoJson).boxed()
+        fmt.event_format(super::go_json::GoJson {
+            traces: traces.is_some(),
+        })
+        .boxed()
     } else {
         fmt.boxed()
     };

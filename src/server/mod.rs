@@ -14,16 +14,16 @@ use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::Clock;
 use crate::grpc::{GrpcLimits, GrpcListener};
-use crate::limiter::{Limiter, RefundKeys, RulesHandle};
 use crate::observe::health::Health;
-use crate::observe::metrics::Metrics;
-use crate::rules::reload::Reloader;
-use crate::rules::{CompileOptions, RuleSet, ValueHasher};
 use crate::settings::{ConfigType, Settings};
-use crate::store::AnyStore;
-use crate::store::memory::MemoryStore;
+use tollgate_core::clock::Clock;
+use tollgate_core::limiter::{Limiter, RefundKeys, RulesHandle};
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::rules::reload::Reloader;
+use tollgate_core::rules::{CompileOptions, RuleSet, ValueHasher};
+use tollgate_core::store::AnyStore;
+use tollgate_core::store::memory::MemoryStore;
 
 mod options;
 mod rules_source;
@@ -90,7 +90,7 @@ fn listen_addr(addr: &str) -> String {
 
 /// Runs the service until `shutdown` completes, then drains and returns. Fails at startup if the rules
 /// do not load (naming the file and the reason). `clock` is the embedded store's and the local cache's
-/// time ([`crate::clock::SystemClock`] in production; tests hand in a [`crate::clock::ManualClock`] to move time
+/// time ([`tollgate_core::clock::SystemClock`] in production; tests hand in a [`tollgate_core::clock::ManualClock`] to move time
 /// without sleeping). Redis keeps its own clock.
 pub async fn run(
     settings: Settings,

@@ -9,8 +9,8 @@ use anyhow::Context as _;
 use crate::api::envoy::EnvoyOptions;
 use crate::api::headers::{HeaderNames, HeaderOptions};
 use crate::grpc::tls::{ServerTls, TlsFiles};
-use crate::limiter::{LimiterOptions, RefundKeys};
 use crate::settings::{HeaderStyle, Settings, SettingsError};
+use tollgate_core::limiter::{LimiterOptions, RefundKeys};
 
 /// The gRPC listener's TLS (`GRPC_SERVER_USE_TLS`), read from its files; `None` for plaintext.
 pub(super) fn server_tls(settings: &Settings) -> anyhow::Result<Option<Arc<ServerTls>>> {

@@ -8,13 +8,13 @@ use anyhow::Context as _;
 
 use tonic::metadata::{MetadataKey, MetadataValue};
 
-use crate::observe::metrics::Metrics;
 use crate::proto::envoy::config::core::v3::Node;
 use crate::proto::envoy::config::core::v3::node::UserAgentVersionType;
-use crate::rules::CompileOptions;
-use crate::rules::reload::Reloader;
-use crate::rules::xds::{Retry, XdsClient, XdsServer, XdsTls};
 use crate::settings::{Settings, SettingsError};
+use crate::xds::{Retry, XdsClient, XdsServer, XdsTls};
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::rules::CompileOptions;
+use tollgate_core::rules::reload::Reloader;
 
 /// Where the rules come from, ready to follow.
 pub(super) enum RulesSource {

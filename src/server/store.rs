@@ -8,15 +8,16 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::options::read_setting_file;
-use crate::clock::Clock;
 use crate::observe::health::Health;
-use crate::observe::metrics::Metrics;
-use crate::settings::{Settings, SettingsError, without_userinfo};
-use crate::store::AnyStore;
-use crate::store::local_cache::LocalCache;
-use crate::store::memory::MemoryStore;
-use crate::store::per_second::RedisStores;
-use crate::store::redis::{RedisOptions, RedisStore, RedisTarget, TargetError};
+use crate::settings::{Settings, SettingsError};
+use tollgate_core::clock::Clock;
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::store::AnyStore;
+use tollgate_core::store::local_cache::LocalCache;
+use tollgate_core::store::memory::MemoryStore;
+use tollgate_core::store::per_second::RedisStores;
+use tollgate_core::store::redis::without_userinfo;
+use tollgate_core::store::redis::{RedisOptions, RedisStore, RedisTarget, TargetError};
 
 /// The embedded store, or Redis (connecting in the background) behind the local over-limit cache.
 pub(super) fn build_store(
@@ -43,6 +44,7 @@ pub(super) fn build_store(
             pipeline_fixed_windows: settings.redis_pipeline_fixed_windows,
             pipeline_window,
             pipeline_limit,
+            traces: crate::observe::telemetry::traces_enabled(),
         };
         let redis = RedisStore::start(options, Arc::clone(&clock), stop.clone());
         LocalCache::new(redis, settings.local_cache_size_in_bytes, Arc::clone(&clock))

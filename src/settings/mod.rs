@@ -22,7 +22,8 @@ use std::time::Duration;
 use config::{Config, Environment, File, FileFormat};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::algorithm::Algorithm;
+use tollgate_core::algorithm::Algorithm;
+use tollgate_core::store::redis::without_userinfo;
 
 mod go_env;
 
@@ -81,7 +82,7 @@ pub struct Settings {
     pub drain_period: Duration,
     /// `BACKEND_TYPE`: `redis` (the only remote store; used when `redis_url` is set).
     pub backend_type: String,
-    /// `REDIS_URL`: empty means the embedded in-memory store. See [`crate::store::redis::RedisTarget`].
+    /// `REDIS_URL`: empty means the embedded in-memory store. See [`tollgate_core::store::redis::RedisTarget`].
     pub redis_url: String,
     /// `REDIS_TYPE`: `single`, `cluster` (or `sentinel`, refused for now).
     pub redis_type: String,
@@ -377,22 +378,6 @@ impl Serialize for Secret {
     }
 }
 
-/// `text` (one address, or several separated by commas) with the userinfo of each replaced by `***`
-/// (`redis://user:password@host` → `redis://***@host`), for logs and errors. A Redis URL may carry a
-/// password; nothing that prints it may show that part.
-pub fn without_userinfo(text: &str) -> String {
-    text.split(',')
-        .map(|part| match (part.find("://"), part.rfind('@')) {
-            (Some(scheme), Some(at)) if at > scheme => {
-                format!("{}***@{}", &part[..scheme + 3], &part[at + 1..])
-            }
-            (None, Some(at)) => format!("***@{}", &part[at + 1..]),
-            _ => part.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 /// `LOG_FORMAT`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
@@ -602,7 +587,7 @@ impl Default for Settings {
             log_format: LogFormat::Text,
             default_algorithm: Algorithm::FixedWindow,
             hash_key: Secret::default(),
-            max_descriptors: crate::limiter::DEFAULT_MAX_DESCRIPTORS,
+            max_descriptors: tollgate_core::limiter::DEFAULT_MAX_DESCRIPTORS,
             drain_period: Duration::from_secs(0),
             backend_type: "redis".into(),
             redis_url: String::new(),
@@ -645,7 +630,7 @@ impl Default for Settings {
             otel_traces_sampler: TraceSampler::Default,
             otel_traces_sampler_arg: 1.0,
             tracing_exporter_protocol: "grpc".into(),
-            memory_max_keys: DEFAULT_MEMORY_MAX_KEYS,
+            memory_max_keys: tollgate_core::store::memory::DEFAULT_MAX_KEYS,
             fleet_size: 1,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             grpc_max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
@@ -695,10 +680,6 @@ pub const DEFAULT_REDIS_DEADLINE: Duration = Duration::from_millis(20);
 /// Default number of multiplexed connections to one Redis node. Each carries many requests in
 /// flight; two keep one slow reply from stalling everything behind it on one socket.
 pub const DEFAULT_REDIS_CONNECTIONS: usize = 2;
-
-/// Default for [`Settings::memory_max_keys`]: a few hundred bytes a key at most (measured, see
-/// docs/performance.md), so the default keeps the embedded store well under 256 MiB.
-pub const DEFAULT_MEMORY_MAX_KEYS: usize = 640_000;
 
 /// Default for [`Settings::max_request_bytes`]: Envoy's requests are a few hundred bytes, and the
 /// native API's largest legitimate calls (thousands of descriptors) stay well below.

@@ -1,7 +1,7 @@
 //! envoyproxy/ratelimit behaviours (reference §2–§5), checked on the embedded store with a manual clock.
 
-use tollgate::limiter::{Code, LimitOverride, LimiterError, LimiterOptions};
-use tollgate::rules::file::Unit;
+use tollgate_core::limiter::{Code, LimitOverride, LimiterError, LimiterOptions};
+use tollgate_core::rules::file::Unit;
 
 use crate::common::{Desc, Harness, T0_US, assert_status, d, duration_until_reset, envoy};
 
@@ -225,11 +225,13 @@ async fn request_errors_carry_the_go_messages() {
 #[tokio::test]
 async fn no_rules_loaded_is_an_error() {
     use std::sync::Arc;
-    let store = tollgate::store::memory::MemoryStore::new(Arc::new(tollgate::clock::ManualClock::new(T0_US)));
-    let limiter = tollgate::limiter::Limiter::new(
+    let store = tollgate_core::store::memory::MemoryStore::new(Arc::new(
+        tollgate_core::clock::ManualClock::new(T0_US),
+    ));
+    let limiter = tollgate_core::limiter::Limiter::new(
         Arc::new(arc_swap::ArcSwapOption::empty()),
         store,
-        tollgate::rules::ValueHasher::default(),
+        tollgate_core::rules::ValueHasher::default(),
         LimiterOptions::default(),
     );
     let err = limiter

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use tollgate::algorithm::Algorithm;
-use tollgate::limiter::{Code, LimitOverride, LimiterError, LimiterOptions};
-use tollgate::rules::ValueHasher;
-use tollgate::rules::file::Unit;
+use tollgate_core::algorithm::Algorithm;
+use tollgate_core::limiter::{Code, LimitOverride, LimiterError, LimiterOptions};
+use tollgate_core::rules::ValueHasher;
+use tollgate_core::rules::file::Unit;
 
 use crate::common::{Harness, assert_status, d, duration_until_reset, rules};
 
@@ -297,12 +297,12 @@ fn more_than_sixty_four_limits_on_one_key_are_refused_by_name() {
             "      - {{unit: second, unit_multiplier: {seconds}, requests_per_unit: 1}}\n"
         ));
     }
-    let domain = tollgate::rules::file::parse_file("many.yaml", &yaml).expect("valid YAML and rules");
-    let options = tollgate::rules::CompileOptions {
+    let domain = tollgate_core::rules::file::parse_file("many.yaml", &yaml).expect("valid YAML and rules");
+    let options = tollgate_core::rules::CompileOptions {
         default_algorithm: Algorithm::FixedWindow,
         ..Default::default()
     };
-    let error = tollgate::rules::RuleSet::compile(&[domain], options).expect_err("65 limits");
+    let error = tollgate_core::rules::RuleSet::compile(&[domain], options).expect_err("65 limits");
     assert!(
         error.to_string().contains("many.yaml") && error.to_string().contains("at most 64"),
         "{error}"
@@ -315,12 +315,13 @@ fn more_than_sixty_four_limits_on_one_key_are_refused_by_name() {
 async fn the_sliding_log_cap_holds_for_the_default_algorithm_and_for_overrides() {
     let yaml =
         "domain: log\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 200000}\n";
-    let domain = tollgate::rules::file::parse_file("log.yaml", yaml).expect("valid without an algorithm");
-    let options = tollgate::rules::CompileOptions {
+    let domain =
+        tollgate_core::rules::file::parse_file("log.yaml", yaml).expect("valid without an algorithm");
+    let options = tollgate_core::rules::CompileOptions {
         default_algorithm: Algorithm::SlidingLog,
         ..Default::default()
     };
-    let error = tollgate::rules::RuleSet::compile(&[domain], options).expect_err("over the cap");
+    let error = tollgate_core::rules::RuleSet::compile(&[domain], options).expect_err("over the cap");
     assert!(
         error.to_string().contains("log.yaml")
             && error.to_string().contains("MAX_SLIDING_LOG_REQUESTS_PER_UNIT"),
@@ -350,9 +351,9 @@ async fn the_sliding_log_cap_holds_for_the_default_algorithm_and_for_overrides()
 #[test]
 fn override_keys_stay_bounded_whatever_the_entry_key() {
     let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
-    let domain = tollgate::rules::file::parse_file("d.yaml", yaml).expect("valid");
-    let options = tollgate::rules::CompileOptions::default();
-    let rules = tollgate::rules::RuleSet::compile(&[domain], options).expect("compiles");
+    let domain = tollgate_core::rules::file::parse_file("d.yaml", yaml).expect("valid");
+    let options = tollgate_core::rules::CompileOptions::default();
+    let rules = tollgate_core::rules::RuleSet::compile(&[domain], options).expect("compiles");
     let domain = rules.domain("d").expect("domain d");
     let hasher = ValueHasher::new("test");
     let (long_key, long_value) = ("k".repeat(3 << 20), "v".repeat(3 << 20));

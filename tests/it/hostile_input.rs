@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use tollgate::limiter::DEFAULT_MAX_DESCRIPTORS;
 use tollgate::proto::descriptor::RateLimitDescriptor;
 use tollgate::proto::rls::rate_limit_response::Code as WireCode;
 use tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use tollgate::proto::rls::{RateLimitRequest, RateLimitResponse};
+use tollgate_core::limiter::DEFAULT_MAX_DESCRIPTORS;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 

@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arc_swap::ArcSwapOption;
-use tollgate::algorithm::{Algorithm, Decision, Limit};
-use tollgate::clock::ManualClock;
-use tollgate::limiter::{Code, Limiter, LimiterError, LimiterOptions};
-use tollgate::rules::ValueHasher;
-use tollgate::store::lease::{AcquireRequest, LeaseSlot, LeaseStore, ReleaseRequest, Released};
-use tollgate::store::memory::MemoryStore;
-use tollgate::store::{Batch, BatchItem, CommitPolicy, Store, StoreError};
+use tollgate_core::algorithm::{Algorithm, Decision, Limit};
+use tollgate_core::clock::ManualClock;
+use tollgate_core::limiter::{Code, Limiter, LimiterError, LimiterOptions};
+use tollgate_core::rules::ValueHasher;
+use tollgate_core::store::lease::{AcquireRequest, LeaseSlot, LeaseStore, ReleaseRequest, Released};
+use tollgate_core::store::memory::MemoryStore;
+use tollgate_core::store::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 
 use crate::common::{Harness, T0_US, assert_status, d, envoy, rules};
 

@@ -4,13 +4,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use tollgate::algorithm::Algorithm;
-use tollgate::clock::ManualClock;
-use tollgate::limiter::{Limiter, LimiterOptions};
-use tollgate::observe::metrics::Metrics;
-use tollgate::rules::file::parse_file;
-use tollgate::rules::{CompileOptions, RuleSet, ValueHasher};
-use tollgate::store::memory::MemoryStore;
+use tollgate_core::algorithm::Algorithm;
+use tollgate_core::clock::ManualClock;
+use tollgate_core::limiter::{Limiter, LimiterOptions};
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::rules::file::parse_file;
+use tollgate_core::rules::{CompileOptions, RuleSet, ValueHasher};
+use tollgate_core::store::memory::MemoryStore;
 
 use crate::common::{T0_US, TestServer, d, http, wire_request};
 
@@ -140,7 +140,10 @@ async fn a_million_distinct_values_add_no_series() {
     )
     .with_metrics(Arc::clone(&metrics));
     let series = |text: &str| text.lines().filter(|l| !l.starts_with('#')).count();
-    let before = series(&metrics.render(Default::default()));
+    let before = series(&tollgate::observe::prometheus::render(
+        &metrics,
+        Default::default(),
+    ));
     for i in 0..1_000_000u32 {
         let user = d(&[("user", &i.to_string())]);
         limiter
@@ -148,7 +151,7 @@ async fn a_million_distinct_values_add_no_series() {
             .await
             .expect("decided");
     }
-    let text = metrics.render(Default::default());
+    let text = tollgate::observe::prometheus::render(&metrics, Default::default());
     assert_eq!(series(&text), before, "distinct values must not create series");
     assert_eq!(
         series_value(

@@ -8,12 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::task::JoinSet;
-use tollgate::clock::{Clock as _, ManualClock};
 use tollgate::proto::native::rate_limiter_client::RateLimiterClient;
 use tollgate::proto::native::{
     AcquireRequest, CheckRequest, CheckResponse, Descriptor, Entry, Mode, RefundRequest, RefundResponse,
     ReleaseRequest,
 };
+use tollgate_core::clock::{Clock as _, ManualClock};
 use tonic::transport::Channel;
 
 use crate::common::{TestServer, http, store_under_test_is_redis};
@@ -59,7 +59,7 @@ async fn start() -> (TestServer, RateLimiterClient<Channel>) {
 
 /// A server whose embedded store and refund tokens read a manual clock (Redis keeps its own).
 async fn start_with_manual_clock() -> (TestServer, RateLimiterClient<Channel>, ManualClock) {
-    let clock = ManualClock::new(tollgate::clock::SystemClock.now_us());
+    let clock = ManualClock::new(tollgate_core::clock::SystemClock.now_us());
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("app.yaml"), RULES).expect("write rules");
     let server = TestServer::start_with_clock(dir, &[], Arc::new(clock.clone())).await;

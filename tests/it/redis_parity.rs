@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::MultiplexedConnection;
-use tollgate::algorithm::{Algorithm, Limit};
-use tollgate::clock::ManualClock;
-use tollgate::store::memory::MemoryStore;
-use tollgate::store::redis::script::{BatchScript, ScriptItem, ScriptReply};
-use tollgate::store::{Batch, BatchItem, CommitPolicy, Store};
+use tollgate_core::algorithm::{Algorithm, Limit};
+use tollgate_core::clock::ManualClock;
+use tollgate_core::store::memory::MemoryStore;
+use tollgate_core::store::redis::script::{BatchScript, ScriptItem, ScriptReply};
+use tollgate_core::store::{Batch, BatchItem, CommitPolicy, Store};
 
 use crate::common::redis::{RedisServer, command_calls};
 use crate::require_redis;
@@ -1151,7 +1151,7 @@ async fn exact_helpers_match_u128() {
     require_redis!();
     let mut h = Harness::start().await;
     let probe = redis::Script::new(concat!(
-        include_str!("../../lua/exact.lua"),
+        include_str!("../../core/lua/exact.lua"),
         r"
 local out = {}
 for i = 1, #ARGV, 4 do

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tollgate::algorithm::{Algorithm, Decision, Limit};
 use tollgate::proto::native::rate_limiter_client::RateLimiterClient;
 use tollgate::proto::native::{CheckRequest, Descriptor, Entry, RefundRequest};
 use tollgate::proto::rls::RateLimitResponse;
 use tollgate::proto::rls::rate_limit_response::Code;
-use tollgate::store::lease::{AcquireRequest, LeaseItem, LeaseStore, ReleaseRequest};
-use tollgate::store::{Batch, BatchItem, CommitPolicy, Store};
+use tollgate_core::algorithm::{Algorithm, Decision, Limit};
+use tollgate_core::store::lease::{AcquireRequest, LeaseItem, LeaseStore, ReleaseRequest};
+use tollgate_core::store::{Batch, BatchItem, CommitPolicy, Store};
 
 use crate::common::redis::{
     RedisCluster, RedisSentinel, RedisServer, SentinelTls, cli, command_calls, connected_store,
@@ -196,8 +196,8 @@ async fn two_instances_racing_one_refund_token_refund_once_in_a_cluster() {
     require_redis!();
     // The two descriptors' keys lie in different slots: the refund is two script calls.
     assert_ne!(
-        tollgate::store::redis::slot("{rd_k_refund-race_}token_bucket_3600s"),
-        tollgate::store::redis::slot("{rd_k_other_}token_bucket_3600s")
+        tollgate_core::store::redis::slot("{rd_k_refund-race_}token_bucket_3600s"),
+        tollgate_core::store::redis::slot("{rd_k_other_}token_bucket_3600s")
     );
     let cluster = RedisCluster::start();
     let addrs = cluster.addrs();
@@ -1021,10 +1021,10 @@ async fn a_slot_caught_mid_migration_never_counts_a_counter_twice() {
     let window = now() / 3600 * 3600;
     let key = |value: &str| format!("rd_k_{value}_{window}");
     // Two counters of one request in one slot.
-    let slot = tollgate::store::redis::slot(&key("moved"));
+    let slot = tollgate_core::store::redis::slot(&key("moved"));
     let stayed = (0..)
         .map(|i| format!("stayed-{i}"))
-        .find(|value| tollgate::store::redis::slot(&key(value)) == slot)
+        .find(|value| tollgate_core::store::redis::slot(&key(value)) == slot)
         .expect("a value in the same slot");
     let serves = |node: &RedisServer| !node.cli(&["GET", &key("moved")]).contains("MOVED");
     let from = cluster.nodes.iter().position(serves).expect("the slot's master");
@@ -1139,7 +1139,7 @@ async fn a_cluster_shares_pipelines_per_master_and_follows_a_slot_that_moved() {
     };
     let (source, target) = (&cluster.nodes[*from], &cluster.nodes[(from + 1) % 3]);
     let id = |node: &RedisServer| node.cli(&["CLUSTER", "MYID"]).trim().to_owned();
-    let slot = tollgate::store::redis::slot(key).to_string();
+    let slot = tollgate_core::store::redis::slot(key).to_string();
     target.cli(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &id(source)]);
     source.cli(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &id(target)]);
     source.cli(&["MIGRATE", "127.0.0.1", &target.port.to_string(), key, "0", "5000"]);
@@ -1192,7 +1192,7 @@ async fn stop_increment_on_a_cluster_leaks_no_increment_across_slots() {
     let values: Vec<String> = (0..8).map(|i| format!("caller-{i}")).collect();
     let go_slots: std::collections::BTreeSet<u16> = values
         .iter()
-        .map(|v| tollgate::store::redis::slot(&format!("rd_k_{v}_0")))
+        .map(|v| tollgate_core::store::redis::slot(&format!("rd_k_{v}_0")))
         .collect();
     assert!(go_slots.len() > 1, "the values must spread over slots");
     let env = [
@@ -1250,7 +1250,7 @@ async fn a_cluster_refuses_to_settle_across_slots() {
         let batch = Batch::new(items.clone(), policy);
         assert_eq!(
             store.apply(&batch).await,
-            Err(tollgate::store::StoreError::CrossSlot),
+            Err(tollgate_core::store::StoreError::CrossSlot),
             "{policy:?}"
         );
     }
@@ -1578,12 +1578,12 @@ async fn per_second_limits_are_counted_in_their_own_redis() {
 
     // A domain that is all-or-nothing across the two cannot be atomic: refused when the rules load.
     let all_or_nothing = format!("all_or_nothing: true\n{rules}");
-    let domain = tollgate::rules::file::parse_file("rd.yaml", &all_or_nothing).expect("valid file");
-    let options = tollgate::rules::CompileOptions {
+    let domain = tollgate_core::rules::file::parse_file("rd.yaml", &all_or_nothing).expect("valid file");
+    let options = tollgate_core::rules::CompileOptions {
         split_per_second: true,
         ..Default::default()
     };
-    let error = tollgate::rules::RuleSet::compile(&[domain], options).expect_err("two Redis");
+    let error = tollgate_core::rules::RuleSet::compile(&[domain], options).expect_err("two Redis");
     assert!(error.to_string().contains("REDIS_PERSECOND"), "{error}");
 
     // A single all-or-nothing call across the two: FAILED_PRECONDITION, nothing counted.

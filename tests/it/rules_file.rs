@@ -1,10 +1,10 @@
 //! The rules-file format (envoyproxy/ratelimit's YAML plus Tollgate's keys) through its public entry
 //! point, `parse_file`: what is accepted, what it becomes, and Go's exact messages for what is not.
-//! (`lease_ttl`'s own grammar is unit-tested next to it, in `src/rules/file/validate.rs`.)
+//! (`lease_ttl`'s own grammar is unit-tested next to it, in `core/src/rules/file/validate.rs`.)
 
 use std::collections::BTreeMap;
 
-use tollgate::rules::file::*;
+use tollgate_core::rules::file::*;
 
 const FILE: &str = "rules.yaml";
 

@@ -26,13 +26,15 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
-use tollgate::algorithm::{Algorithm, Decision, Limit};
-use tollgate::clock::{Clock, ManualClock};
-use tollgate::store::lease::{AcquireRequest, LeaseItem, LeaseSlot, LeaseStore, ReleaseRequest, Released};
-use tollgate::store::local_cache::LocalCache;
-use tollgate::store::memory::MemoryStore;
-use tollgate::store::redis::RedisStore;
-use tollgate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store};
+use tollgate_core::algorithm::{Algorithm, Decision, Limit};
+use tollgate_core::clock::{Clock, ManualClock};
+use tollgate_core::store::lease::{
+    AcquireRequest, LeaseItem, LeaseSlot, LeaseStore, ReleaseRequest, Released,
+};
+use tollgate_core::store::local_cache::LocalCache;
+use tollgate_core::store::memory::MemoryStore;
+use tollgate_core::store::redis::RedisStore;
+use tollgate_core::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store};
 
 use crate::common::T0_US;
 use crate::common::redis::{RedisCluster, RedisServer, cli, connected_store};

@@ -17,7 +17,7 @@ use tollgate::proto::xds::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
 use tollgate::proto::xds::{DiscoveryRequest, DiscoveryResponse};
-use tollgate::rules::xds::RATE_LIMIT_CONFIG_TYPE;
+use tollgate::xds::RATE_LIMIT_CONFIG_TYPE;
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 

@@ -18,21 +18,21 @@ use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tollgate::algorithm::Algorithm;
-use tollgate::clock::{Clock, ManualClock, SystemClock};
-use tollgate::limiter::{
-    Code, DescriptorStatus, LimitOverride, Limiter, LimiterError, LimiterOptions, RequestDescriptor, Verdict,
-};
 use tollgate::proto::descriptor::RateLimitDescriptor;
 use tollgate::proto::descriptor::rate_limit_descriptor::RateLimitOverride;
 use tollgate::proto::rls::RateLimitRequest;
 use tollgate::proto::rls::rate_limit_response::DescriptorStatus as WireStatus;
 use tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
-use tollgate::rules::file::parse_file;
-use tollgate::rules::{CompileOptions, RuleSet, ValueHasher};
 use tollgate::server::{Listeners, run};
 use tollgate::settings::Settings;
-use tollgate::store::memory::MemoryStore;
+use tollgate_core::algorithm::Algorithm;
+use tollgate_core::clock::{Clock, ManualClock, SystemClock};
+use tollgate_core::limiter::{
+    Code, DescriptorStatus, LimitOverride, Limiter, LimiterError, LimiterOptions, RequestDescriptor, Verdict,
+};
+use tollgate_core::rules::file::parse_file;
+use tollgate_core::rules::{CompileOptions, RuleSet, ValueHasher};
+use tollgate_core::store::memory::MemoryStore;
 use tonic::transport::Channel;
 
 /// 2026-11-29T12:00:00Z: an exact hour, so window arithmetic in tests is easy to follow.

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
-use tollgate::clock::SystemClock;
-use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
+use tollgate_core::clock::SystemClock;
+use tollgate_core::store::redis::{RedisOptions, RedisStore, RedisTarget};
 
 /// Whether `redis-server` can be run here. Panics if it cannot but the run requires it.
 pub fn redis_available() -> bool {
@@ -206,6 +206,7 @@ pub async fn connected_store(url: &str, kind: &str) -> (Arc<RedisStore>, Cancell
         pipeline_fixed_windows: true,
         pipeline_window: Duration::ZERO,
         pipeline_limit: 0,
+        traces: false,
     };
     let stop = CancellationToken::new();
     let store = RedisStore::start(options, Arc::new(SystemClock), stop.clone());

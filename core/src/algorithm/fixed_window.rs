@@ -104,6 +104,7 @@ fn judge(requests: u64, count: u64, until_end: u64) -> Decision {
 /// caller named (starting at `window_start_us`), at `now_us`: what `lua/fixed_window.lua` decides, for
 /// counters incremented without the script (`INCRBY`). The window is the caller's, not the one holding
 /// `now_us`, so the time to its end is clamped to `[0, window]` as the script clamps it.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn decide_counted(limit: &Limit, window_start_us: u64, now_us: u64, after: u64) -> Decision {
     let window = limit.window_us.max(1);
     let until_end = window_start_us

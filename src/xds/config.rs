@@ -10,22 +10,33 @@ use std::collections::BTreeMap;
 
 use prost_types::value::Kind;
 
-use super::ConfigError;
-use super::decode::{RawDescriptor, RawLimit, RawRoot};
-use super::model::{DomainConfig, MetaValue};
+use tollgate_core::rules::file::{
+    ConfigError, DomainConfig, MetaValue, RawDescriptor, RawLimit, RawRoot, by_domain, validate_raw,
+};
+
 use crate::proto::rls_config::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
 
-/// Validates one pushed config, as [`super::parse_file`] validates a file.
-pub(super) fn parse_config(config: &RateLimitConfig) -> Result<DomainConfig, ConfigError> {
+/// Validates rule sets pushed over xDS into one config per domain, with the checks and messages of
+/// files (each config's `name` standing for the file name) and the same per-domain merging as a rules
+/// directory.
+pub(super) fn load_xds(
+    configs: &[RateLimitConfig],
+    merge_domains: bool,
+) -> Result<Vec<DomainConfig>, ConfigError> {
+    let named = configs
+        .iter()
+        .map(|config| Ok((config.name.clone(), parse_config(config)?)));
+    by_domain(named, merge_domains)
+}
+
+/// Validates one pushed config, as a file is validated.
+fn parse_config(config: &RateLimitConfig) -> Result<DomainConfig, ConfigError> {
     let raw = RawRoot {
         domain: config.domain.clone(),
         all_or_nothing: false,
         descriptors: config.descriptors.iter().map(descriptor).collect(),
     };
-    super::validate::build(raw, &config.name).map_err(|message| ConfigError::Invalid {
-        file: config.name.clone(),
-        message,
-    })
+    validate_raw(raw, &config.name)
 }
 
 fn descriptor(d: &RateLimitDescriptor) -> RawDescriptor {

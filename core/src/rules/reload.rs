@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::RulesHandle;
 use super::file::{ConfigError, Snapshot};
 use super::{CompileOptions, RuleSet};
-use crate::limiter::RulesHandle;
 use crate::observe::metrics::Metrics;
 
 /// Loads and compiles every rules file below `dir`, each rule's counters taken from (and kept in)
@@ -120,7 +120,7 @@ impl Reloader {
 
 /// Swaps in a compiled rule set of `version` from `source` (a directory, an xDS server): counted in the
 /// config-load metrics and logged the same way whichever source it came from.
-pub(super) fn install(set: RuleSet, version: &str, source: &str, metrics: &Metrics, rules: &RulesHandle) {
+pub fn install(set: RuleSet, version: &str, source: &str, metrics: &Metrics, rules: &RulesHandle) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

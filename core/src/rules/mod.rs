@@ -6,7 +6,6 @@
 
 pub mod file;
 pub mod reload;
-pub mod xds;
 
 mod compile;
 mod matcher;
@@ -26,6 +25,11 @@ pub use compile::CompileOptions;
 pub const MAX_LIMITS_PER_RULE: usize = 64;
 pub use matcher::DescriptorEntry;
 pub use normalize::{MAX_RAW_VALUE_IN_KEY, ValueHasher};
+
+/// The currently loaded rules; `None` until a rule set has loaded successfully. Shared between the
+/// limiter and the rules' source (the reloader, the server's xDS client), which swaps in a new set
+/// atomically.
+pub type RulesHandle = Arc<arc_swap::ArcSwapOption<RuleSet>>;
 
 /// Every loaded domain, ready for matching. Immutable once built: a reload builds a new one and
 /// swaps it in whole, so a request sees either the old rules or the new ones, never a mix.

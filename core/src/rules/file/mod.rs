@@ -27,8 +27,8 @@
 //!
 //! Layout: `model` holds the validated types; `yaml` parses to a generic node tree and runs Go's
 //! structural checks; `decode` turns the tree into raw descriptors (Go's typed unmarshal);
-//! `validate` checks their meaning and builds the model; `load` walks directories; `xds` turns rule
-//! sets pushed over xDS into the same raw form.
+//! `validate` checks their meaning and builds the model; `load` walks directories. Rules from
+//! elsewhere (the server's xDS client) are built as the raw form and validated by [`validate_raw`].
 
 mod decode;
 mod load;
@@ -37,8 +37,9 @@ pub use load::Snapshot;
 mod model;
 mod validate;
 pub(crate) use validate::final_key;
-mod xds;
 mod yaml;
+
+pub use decode::{RawConcurrency, RawDescriptor, RawLimit, RawRoot};
 
 pub use model::*;
 
@@ -93,16 +94,22 @@ pub fn load_dir(dir: &std::path::Path, merge_domains: bool) -> Result<Vec<Domain
     Snapshot::read(dir)?.parse(merge_domains)
 }
 
-/// Validates rule sets pushed over xDS (`RateLimitConfig` resources) into one config per domain, with
-/// the checks and messages of files (each config's `name` standing for the file name) and the same
-/// per-domain merging as [`load_dir`].
-pub fn load_xds(
-    configs: &[crate::proto::rls_config::RateLimitConfig],
+/// Validates rules that did not come from a file (the server's xDS client builds [`RawRoot`]s from
+/// pushed `RateLimitConfig`s): the checks and messages of files, `name` standing where a file name
+/// would be.
+pub fn validate_raw(raw: RawRoot, name: &str) -> Result<DomainConfig, ConfigError> {
+    validate::build(raw, name).map_err(|message| ConfigError::Invalid {
+        file: name.to_owned(),
+        message,
+    })
+}
+
+/// Validated configs, named, into one config per domain with the per-domain merging of [`load_dir`]
+/// (`merge_domains`: `MERGE_DOMAIN_CONFIG`; without it a second config of one domain is an error).
+pub fn by_domain(
+    named: impl IntoIterator<Item = Result<(String, DomainConfig), ConfigError>>,
     merge_domains: bool,
 ) -> Result<Vec<DomainConfig>, ConfigError> {
-    let named = configs
-        .iter()
-        .map(|config| Ok((config.name.clone(), xds::parse_config(config)?)));
     load::by_domain(named, merge_domains)
 }
 

@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 pub use keys::slot;
-pub use target::{RedisMode, RedisTarget, TargetError};
+pub use target::{RedisMode, RedisTarget, TargetError, without_userinfo};
 
 use self::clock_offset::ClockOffsets;
 use self::cluster_rebuild::ClusterRebuild;
@@ -86,6 +86,9 @@ pub struct RedisOptions {
     /// A coalesced call is sent once it carries this many items (`REDIS_PIPELINE_LIMIT`); zero: the
     /// built-in bound alone.
     pub pipeline_limit: usize,
+    /// Spans are exported (the server's `TRACING_ENABLED`): a traced request's Redis call then gets a
+    /// span of its own, and goes through the script, whose call is that span. Off, no span is made.
+    pub traces: bool,
 }
 
 /// Live connections, filled in by the background connector.
@@ -236,6 +239,11 @@ impl std::fmt::Debug for RedisStore {
 const RECONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 
 impl RedisStore {
+    /// Whether the current request is traced (its Redis calls get spans of their own).
+    fn traced(&self) -> bool {
+        self.options.traces && !tracing::Span::current().is_disabled()
+    }
+
     /// Creates the store and starts connecting in the background until `stop` is cancelled. Returns at
     /// once: a Redis that is down at startup is not an error, only a store that is not ready yet.
     pub fn start(options: RedisOptions, clock: Arc<dyn Clock>, stop: CancellationToken) -> Arc<Self> {
@@ -530,7 +538,7 @@ impl RedisStore {
         let sent_at = self.clock.now_us();
         self.script_calls.fetch_add(1, Ordering::Relaxed);
         let call = within(timeout, self.script.call(conn, items, policy, markers));
-        let reply = if traced() {
+        let reply = if self.traced() {
             // A child of the RPC span (the current span), named as the database semantic conventions
             // name client calls: the operation. Coalesced calls serve several requests and have no
             // span of their own (traced requests are never coalesced).
@@ -601,11 +609,6 @@ pub(super) fn fail(
     }
 }
 
-/// Whether the current request is traced (its Redis calls get spans of their own).
-fn traced() -> bool {
-    crate::observe::telemetry::traces_enabled() && !tracing::Span::current().is_disabled()
-}
-
 /// Whether the item at `at` belongs to a group of several items (groups are contiguous).
 fn shares_group(items: &[BatchItem], at: usize) -> bool {
     let group = items[at].group;
@@ -618,7 +621,7 @@ impl Store for Arc<RedisStore> {
         let named = self.script_items(batch);
         // Fixed-window counters alone need no script (see `pipeline`); traced requests keep the
         // script, whose call is their Redis span.
-        let traced = traced();
+        let traced = self.traced();
         let pipelined = self.options.pipeline_fixed_windows
             && batch.policy == CommitPolicy::Independent
             && !traced

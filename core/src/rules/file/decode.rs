@@ -16,50 +16,89 @@ pub(super) enum DecodeError {
     Metadata(String),
 }
 
-pub(super) struct RawRoot {
-    pub(super) domain: String,
-    pub(super) all_or_nothing: bool,
-    pub(super) descriptors: Vec<RawDescriptor>,
+/// A rules file's content before its meaning is checked: what the YAML decodes to, or what another
+/// source (the server's xDS client) builds. [`super::validate_raw`] turns it into a [`super::DomainConfig`].
+#[derive(Debug, Clone, Default)]
+pub struct RawRoot {
+    /// `domain`.
+    pub domain: String,
+    /// `all_or_nothing` (Tollgate).
+    pub all_or_nothing: bool,
+    /// `descriptors`.
+    pub descriptors: Vec<RawDescriptor>,
 }
 
-pub(super) struct RawDescriptor {
-    pub(super) key: String,
-    pub(super) value: String,
-    /// Outer `Some` = key present; inner `None` = `rate_limit:` null (accepted, no limit).
-    pub(super) rate_limit: Option<Option<RawLimit>>,
-    /// `Some` = key present (null decodes to an empty list, rejected later).
-    pub(super) rate_limits: Option<Vec<RawLimit>>,
-    pub(super) concurrency: Option<RawConcurrency>,
-    pub(super) shadow_mode: bool,
-    pub(super) quota_mode: bool,
-    pub(super) detailed_metric: bool,
-    pub(super) value_to_metric: bool,
-    pub(super) share_threshold: bool,
-    pub(super) metadata: Option<BTreeMap<String, MetaValue>>,
-    pub(super) lowercase: bool,
-    pub(super) trim: bool,
-    pub(super) hash: bool,
-    pub(super) ip_prefix: Option<(Option<u32>, Option<u32>)>,
-    pub(super) match_kind: Option<String>,
-    pub(super) descriptors: Vec<RawDescriptor>,
+/// One descriptor node before validation; the fields are the rules file's keys.
+#[derive(Debug, Clone, Default)]
+pub struct RawDescriptor {
+    /// `key`.
+    pub key: String,
+    /// `value` (empty: any value).
+    pub value: String,
+    /// `rate_limit`: outer `Some` = key present; inner `None` = `rate_limit:` null (accepted, no limit).
+    pub rate_limit: Option<Option<RawLimit>>,
+    /// `rate_limits` (Tollgate): `Some` = key present (null decodes to an empty list, rejected later).
+    pub rate_limits: Option<Vec<RawLimit>>,
+    /// `concurrency` (Tollgate).
+    pub concurrency: Option<RawConcurrency>,
+    /// `shadow_mode`.
+    pub shadow_mode: bool,
+    /// `quota_mode`.
+    pub quota_mode: bool,
+    /// `detailed_metric`.
+    pub detailed_metric: bool,
+    /// `value_to_metric`.
+    pub value_to_metric: bool,
+    /// `share_threshold`.
+    pub share_threshold: bool,
+    /// `metadata`, free-form.
+    pub metadata: Option<BTreeMap<String, MetaValue>>,
+    /// `lowercase` (Tollgate).
+    pub lowercase: bool,
+    /// `trim` (Tollgate).
+    pub trim: bool,
+    /// `hash` (Tollgate).
+    pub hash: bool,
+    /// `ip_prefix` (Tollgate): the IPv4 and IPv6 prefix lengths given.
+    pub ip_prefix: Option<(Option<u32>, Option<u32>)>,
+    /// `match` (Tollgate), as spelled.
+    pub match_kind: Option<String>,
+    /// `descriptors`: the nodes below.
+    pub descriptors: Vec<RawDescriptor>,
 }
 
-pub(super) struct RawConcurrency {
-    pub(super) max_in_flight: Option<u32>,
-    pub(super) lease_ttl: Option<String>,
-    pub(super) failure_mode: Option<String>,
+/// `concurrency` before validation (Tollgate).
+#[derive(Debug, Clone, Default)]
+pub struct RawConcurrency {
+    /// `max_in_flight`.
+    pub max_in_flight: Option<u32>,
+    /// `lease_ttl`, as spelled.
+    pub lease_ttl: Option<String>,
+    /// `failure_mode`, as spelled.
+    pub failure_mode: Option<String>,
 }
 
-pub(super) struct RawLimit {
-    pub(super) unit: String,
-    pub(super) requests_per_unit: u32,
-    pub(super) unlimited: bool,
-    pub(super) name: String,
-    pub(super) replaces: Vec<String>,
-    pub(super) algorithm: Option<String>,
-    pub(super) burst: Option<u32>,
-    pub(super) unit_multiplier: Option<u32>,
-    pub(super) failure_mode: Option<String>,
+/// One limit (`rate_limit` or an item of `rate_limits`) before validation.
+#[derive(Debug, Clone, Default)]
+pub struct RawLimit {
+    /// `unit`, as spelled (`second` … `year`, any case).
+    pub unit: String,
+    /// `requests_per_unit`.
+    pub requests_per_unit: u32,
+    /// `unlimited`.
+    pub unlimited: bool,
+    /// `name`.
+    pub name: String,
+    /// `replaces`: the names of the limits this one replaces.
+    pub replaces: Vec<String>,
+    /// `algorithm` (Tollgate), as spelled.
+    pub algorithm: Option<String>,
+    /// `burst` (Tollgate).
+    pub burst: Option<u32>,
+    /// `unit_multiplier` (Tollgate).
+    pub unit_multiplier: Option<u32>,
+    /// `failure_mode` (Tollgate), as spelled.
+    pub failure_mode: Option<String>,
 }
 
 type Decoded<T> = Result<T, DecodeError>;

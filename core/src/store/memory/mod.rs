@@ -78,7 +78,10 @@ impl Entry {
     }
 }
 
-pub use crate::settings::DEFAULT_MEMORY_MAX_KEYS as DEFAULT_MAX_KEYS;
+/// Default for the most entries the embedded store holds (`TOLLGATE_MEMORY_MAX_KEYS`): a few hundred
+/// bytes a key at most (measured, see docs/performance.md), so the default keeps the embedded store
+/// well under 256 MiB.
+pub const DEFAULT_MAX_KEYS: usize = 640_000;
 
 /// Entries looked at to pick one to evict: enough that the victim is close to the shard's least
 /// useful, few enough to cost far less than the decision that needs the room.

@@ -15,8 +15,6 @@ use std::fmt;
 
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 
-use crate::settings::without_userinfo;
-
 /// A parsed Redis location, ready to connect.
 #[derive(Debug, Clone)]
 pub struct RedisTarget {
@@ -202,6 +200,22 @@ fn bad(address: &str, reason: &str) -> TargetError {
         address: without_userinfo(address),
         reason: reason.to_owned(),
     }
+}
+
+/// `text` (one address, or several separated by commas) with the userinfo of each replaced by `***`
+/// (`redis://user:password@host` → `redis://***@host`), for logs and errors. A Redis URL may carry a
+/// password; nothing that prints it may show that part.
+pub fn without_userinfo(text: &str) -> String {
+    text.split(',')
+        .map(|part| match (part.find("://"), part.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                format!("{}***@{}", &part[..scheme + 3], &part[at + 1..])
+            }
+            (None, Some(at)) => format!("***@{}", &part[at + 1..]),
+            _ => part.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[cfg(test)]

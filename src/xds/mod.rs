@@ -3,8 +3,8 @@
 //! [`RATE_LIMIT_CONFIG_TYPE`].
 //!
 //! Each response carries every `RateLimitConfig` and replaces the whole rule set. It is validated as
-//! rules files are ([`crate::rules::file::load_xds`]: same checks, same messages, the config's name
-//! where a file name would be) and compiled; a set that loads is ACKed with the response's version and
+//! rules files are (`config.rs`: same checks, same messages, the config's name where a
+//! file name would be) and compiled; a set that loads is ACKed with the response's version and
 //! nonce, one that does not is NACKed with the reason in `error_detail` while the previous rules stay.
 //! A broken stream is reopened after a backoff, asking for the last version ACKed, so the server can
 //! tell a reconnect from a fresh start.
@@ -26,17 +26,18 @@ use tokio_util::sync::CancellationToken;
 use tonic::metadata::{Ascii, MetadataKey, MetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use super::file::load_xds;
-use super::reload::install;
-use super::{CompileOptions, RuleSet};
-use crate::limiter::RulesHandle;
 use crate::observe::health::Health;
-use crate::observe::metrics::Metrics;
 use crate::proto::envoy::config::core::v3::Node;
 use crate::proto::google::rpc::Status;
 use crate::proto::rls_config::RateLimitConfig;
 use crate::proto::xds::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use crate::proto::xds::{DiscoveryRequest, DiscoveryResponse};
+use config::load_xds;
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::rules::reload::install;
+use tollgate_core::rules::{CompileOptions, RuleSet, RulesHandle};
+
+mod config;
 
 /// The xDS type URL of envoyproxy/ratelimit's rule sets.
 pub const RATE_LIMIT_CONFIG_TYPE: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";

@@ -11,7 +11,9 @@
 pub mod lease;
 pub mod local_cache;
 pub mod memory;
+#[cfg(feature = "redis")]
 pub mod per_second;
+#[cfg(feature = "redis")]
 pub mod redis;
 
 use std::future::Future;
@@ -174,6 +176,7 @@ pub enum AnyStore {
     Memory(memory::MemoryStore),
     /// `REDIS_URL` set (and `REDIS_PERSECOND_URL` with `REDIS_PERSECOND`), each Redis behind its local
     /// over-limit cache.
+    #[cfg(feature = "redis")]
     Redis(per_second::RedisStores),
 }
 
@@ -218,6 +221,7 @@ impl AnyStore {
                 lease_slots: Some(store.leases().held_slots()),
                 ..StoreCounters::default()
             },
+            #[cfg(feature = "redis")]
             AnyStore::Redis(stores) => stores.all().fold(StoreCounters::default(), |sum, cache| {
                 let (sent, skipped, repaired) = cache.inner().expires();
                 StoreCounters {
@@ -242,7 +246,11 @@ impl AnyStore {
 impl AnyStore {
     /// Whether counters live in a Redis Cluster (where one script call reaches one hash slot).
     pub fn is_cluster(&self) -> bool {
-        matches!(self, AnyStore::Redis(stores) if stores.all().any(|cache| cache.inner().is_cluster()))
+        match self {
+            AnyStore::Memory(_) => false,
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(stores) => stores.all().any(|cache| cache.inner().is_cluster()),
+        }
     }
 }
 
@@ -250,6 +258,7 @@ impl lease::LeaseStore for AnyStore {
     async fn acquire(&self, request: &lease::AcquireRequest) -> Result<Vec<lease::LeaseSlot>, StoreError> {
         match self {
             AnyStore::Memory(store) => store.acquire(request).await,
+            #[cfg(feature = "redis")]
             AnyStore::Redis(store) => store.acquire(request).await,
         }
     }
@@ -257,6 +266,7 @@ impl lease::LeaseStore for AnyStore {
     async fn release(&self, request: &lease::ReleaseRequest) -> Result<Vec<lease::Released>, StoreError> {
         match self {
             AnyStore::Memory(store) => store.release(request).await,
+            #[cfg(feature = "redis")]
             AnyStore::Redis(store) => store.release(request).await,
         }
     }
@@ -266,6 +276,7 @@ impl Store for AnyStore {
     async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
         match self {
             AnyStore::Memory(store) => store.apply(batch).await,
+            #[cfg(feature = "redis")]
             AnyStore::Redis(store) => store.apply(batch).await,
         }
     }

@@ -23,21 +23,17 @@ use std::time::Duration;
 
 use std::time::Instant;
 
-use arc_swap::ArcSwapOption;
-
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::{Clock, SystemClock};
 use crate::observe::denial_log::DenialLog;
 use crate::observe::metrics::{Method, Metrics, StoreOperation};
 use crate::observe::offenders::TopOffenders;
 use crate::rules::file::{FailureMode, Unit, sliding_log_too_large};
-use crate::rules::{DescriptorEntry, Rate, Rule, RuleLimit, RuleSet, ValueHasher};
+use crate::rules::{DescriptorEntry, Rate, Rule, RuleLimit, ValueHasher};
 use crate::store::memory::MemoryStore;
 use crate::store::{AnyStore, Batch, BatchItem, CommitPolicy, RefundOnce, Store, StoreCounters, StoreError};
 
-/// The currently loaded rules; `None` until a rule set has loaded successfully. Shared between the
-/// limiter and the reloader, which swaps in a new set atomically.
-pub type RulesHandle = Arc<ArcSwapOption<RuleSet>>;
+pub use crate::rules::RulesHandle;
 
 /// Settings of the decision core (all fixed at startup).
 #[derive(Debug, Clone)]
@@ -168,7 +164,7 @@ pub enum AppliedLimit {
 
 /// The verdict for one descriptor, in exact units: how a protocol encodes it (Envoy's `u32` counts
 /// and whole seconds, the native API's `u64` and exact durations) is decided at the protocol's edge,
-/// in [`crate::api`].
+/// in the server's `api` module.
 #[derive(Debug, Clone)]
 pub struct DescriptorStatus {
     /// OK or OVER_LIMIT, after per-rule shadow mode.
@@ -1224,6 +1220,7 @@ impl Limiter<AnyStore> {
     pub fn sweep(&self) -> usize {
         let swept = match &self.store {
             AnyStore::Memory(store) => store.sweep(),
+            #[cfg(feature = "redis")]
             AnyStore::Redis(_) => 0,
         };
         swept + self.fallback.sweep()

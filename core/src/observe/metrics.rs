@@ -1,0 +1,337 @@
+//! The counters the limiter keeps for its operators: per rule (envoyproxy/ratelimit's
+//! `total_hits`, `over_limit`, `near_limit`, `within_limit`, `shadow_mode`), per API method (requests
+//! and response time), per store operation, rule loads, failure modes and leases. The server renders
+//! them (Prometheus text at `/metrics`).
+//!
+//! The registry is an explicit value, not a process-wide recorder: two servers in one test process do
+//! not share counters. Recording is a handful of relaxed atomic additions on handles the compiled rules
+//! already hold, with no lock and no allocation. Cardinality is bounded by construction: rules are
+//! keyed by the rules files (domain and rule path), never by request values, so a million distinct
+//! callers add no series.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// A monotonically increasing count that saturates at `u64::MAX` instead of wrapping: a wrap would read
+/// as a counter reset to Prometheus, and hit counts add request costs, which a caller chooses.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n`, saturating.
+    pub fn add(&self, n: u64) {
+        // One atomic add on the hot path; only an addition that overflowed pays for the fix-up. A
+        // reader racing that fix-up may see the wrapped value once; every later add keeps it at MAX.
+        let before = self.0.fetch_add(n, Ordering::Relaxed);
+        if before.checked_add(n).is_none() {
+            self.0.store(u64::MAX, Ordering::Relaxed);
+        }
+    }
+
+    /// The current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Upper bounds (seconds) of the latency buckets: from 50 µs (an embedded-store decision) to 1 s,
+/// dense around Envoy's default 20 ms rate-limit timeout.
+pub const BUCKETS: [f64; 14] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// A latency histogram with fixed buckets (aggregatable across replicas, unlike summaries).
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        if let Some(at) = BUCKETS.iter().position(|bound| seconds <= *bound) {
+            self.buckets[at].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// The cumulative count of each bucket of [`BUCKETS`], the count of all observations and their sum
+    /// in seconds.
+    pub fn read(&self) -> ([u64; BUCKETS.len()], u64, f64) {
+        let mut cumulative = 0;
+        let buckets = std::array::from_fn(|at| {
+            cumulative += self.buckets[at].load(Ordering::Relaxed);
+            cumulative
+        });
+        let count = self.count.load(Ordering::Relaxed);
+        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        (buckets, count, sum)
+    }
+}
+
+/// The counters of one rule (envoyproxy/ratelimit's per-rule stats). Hits, not requests: a request with
+/// `hits_addend: 5` counts 5.
+#[derive(Debug, Default)]
+pub struct RuleStats {
+    /// Every hit against the rule.
+    pub total_hits: Counter,
+    /// Hits refused (or that would have been, for shadow rules).
+    pub over_limit: Counter,
+    /// Allowed hits above `NEAR_LIMIT_RATIO` of the limit.
+    pub near_limit: Counter,
+    /// Allowed hits.
+    pub within_limit: Counter,
+    /// Hits over the limit on a shadow-mode rule (reported OK).
+    pub shadow_mode: Counter,
+}
+
+/// The per-rule series' names, in the order of [`RuleStats::in_order`].
+pub const RULE_SERIES: [&str; 5] = [
+    "total_hits",
+    "over_limit",
+    "near_limit",
+    "within_limit",
+    "shadow_mode",
+];
+
+impl RuleStats {
+    /// The counters in the order of [`RULE_SERIES`].
+    pub fn in_order(&self) -> [&Counter; 5] {
+        [
+            &self.total_hits,
+            &self.over_limit,
+            &self.near_limit,
+            &self.within_limit,
+            &self.shadow_mode,
+        ]
+    }
+}
+
+/// The API method a request came in through: the `grpc_method` label of the request metrics, as the Go
+/// service labels them. The HTTP twins count as their method: `/json` as `ShouldRateLimit`, `/v1/check`
+/// as `Check`, and so on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// Envoy's `ShouldRateLimit`.
+    ShouldRateLimit,
+    /// `tollgate.v1.RateLimiter/Check`.
+    Check,
+    /// `tollgate.v1.RateLimiter/Refund`.
+    Refund,
+    /// `tollgate.v1.RateLimiter/Acquire`.
+    Acquire,
+    /// `tollgate.v1.RateLimiter/Release`.
+    Release,
+}
+
+impl Method {
+    /// Every method, in the order the series are written.
+    pub const ALL: [Method; 5] = [
+        Method::ShouldRateLimit,
+        Method::Check,
+        Method::Refund,
+        Method::Acquire,
+        Method::Release,
+    ];
+
+    /// The label value: the gRPC method's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::ShouldRateLimit => "ShouldRateLimit",
+            Method::Check => "Check",
+            Method::Refund => "Refund",
+            Method::Acquire => "Acquire",
+            Method::Release => "Release",
+        }
+    }
+}
+
+/// What a store call was for: the `operation` label of `tollgate_store_call_duration_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOperation {
+    /// Checks and peeks (Envoy's `ShouldRateLimit`, the native `Check`).
+    Decide,
+    /// A native `Refund`.
+    Refund,
+    /// A lease taken or renewed.
+    Acquire,
+    /// A lease given back.
+    Release,
+}
+
+impl StoreOperation {
+    /// Every operation, in the order the series are written.
+    pub const ALL: [StoreOperation; 4] = [
+        StoreOperation::Decide,
+        StoreOperation::Refund,
+        StoreOperation::Acquire,
+        StoreOperation::Release,
+    ];
+
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreOperation::Decide => "decide",
+            StoreOperation::Refund => "refund",
+            StoreOperation::Acquire => "acquire",
+            StoreOperation::Release => "release",
+        }
+    }
+}
+
+/// Every metric of one server.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    rules: Mutex<BTreeMap<(String, String), Arc<RuleStats>>>,
+    /// Successful rule loads.
+    pub config_load_success: Counter,
+    /// Rejected rule loads (the previous rules stayed in force).
+    pub config_load_error: Counter,
+    /// Requests, per [`Method`] (gRPC and their HTTP twins).
+    total_requests: [Counter; Method::ALL.len()],
+    /// Requests refused as malformed or with no rules loaded.
+    pub service_errors: Counter,
+    /// Requests failed because the store failed (no `failure_mode` to answer with).
+    pub store_errors: Counter,
+    /// Requests for a domain no rules file defines.
+    pub domain_not_found: Counter,
+    /// Descriptors allowed because the store failed and the rule says `failure_mode: open`.
+    pub failure_mode_allowed: Counter,
+    /// Descriptors refused because the store failed and the rule says `failure_mode: closed`.
+    pub failure_mode_denied: Counter,
+    /// Descriptors decided in this instance because the store failed and the rule says
+    /// `failure_mode: local`.
+    pub failure_mode_local: Counter,
+    /// TLS handshakes on the gRPC listener that failed or timed out (a plaintext client, an unknown
+    /// client certificate, a wrong SAN).
+    pub tls_handshake_failures: Counter,
+    /// Time to answer a request, store included, per [`Method`].
+    response_time: [Histogram; Method::ALL.len()],
+    /// Time of the store call alone, per [`StoreOperation`].
+    store_time: [Histogram; StoreOperation::ALL.len()],
+    /// New leases granted (renewals are not counted).
+    pub leases_acquired: Counter,
+    /// Acquires refused because a concurrency rule was full.
+    pub leases_refused: Counter,
+    /// Releases that freed at least one slot (a release of an expired lease frees none).
+    pub leases_released: Counter,
+    /// The store does not answer (readiness' view of Redis; never set on the embedded store).
+    store_down: std::sync::atomic::AtomicBool,
+    loaded: Mutex<(String, u64)>,
+}
+
+impl Metrics {
+    /// An empty registry.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// The counters of the rule at `path` (`domain.key_value.subkey`), created on first use and kept
+    /// across reloads so Prometheus counters never go backwards.
+    pub fn rule(&self, domain: &str, path: &str) -> Arc<RuleStats> {
+        let mut rules = self.rules.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(rules.entry((domain.to_owned(), path.to_owned())).or_default())
+    }
+
+    /// Records one request of `method`, answered or failed, and the time it took.
+    pub fn request(&self, method: Method, elapsed: Duration) {
+        self.total_requests[method as usize].add(1);
+        self.response_time[method as usize].observe(elapsed);
+    }
+
+    /// Records the time of one store call made for `operation`.
+    pub fn store_call(&self, operation: StoreOperation, elapsed: Duration) {
+        self.store_time[operation as usize].observe(elapsed);
+    }
+
+    /// Records whether the store answers (`tollgate_store_up`).
+    pub fn set_store_up(&self, up: bool) {
+        self.store_down.store(!up, Ordering::Relaxed);
+    }
+
+    /// Requests of `method` so far.
+    pub fn requests(&self, method: Method) -> u64 {
+        self.total_requests[method as usize].get()
+    }
+
+    /// Records a successful load of rules with content hash `version` at `unix_seconds`.
+    pub fn loaded(&self, version: &str, unix_seconds: u64) {
+        self.config_load_success.add(1);
+        *self.loaded.lock().unwrap_or_else(PoisonError::into_inner) = (version.to_owned(), unix_seconds);
+    }
+
+    /// The loaded rules' content hash and load time (Unix seconds).
+    pub fn loaded_version(&self) -> (String, u64) {
+        self.loaded.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Time to answer requests of `method`.
+    pub fn response_time(&self, method: Method) -> &Histogram {
+        &self.response_time[method as usize]
+    }
+
+    /// Time of store calls made for `operation`.
+    pub fn store_time(&self, operation: StoreOperation) -> &Histogram {
+        &self.store_time[operation as usize]
+    }
+
+    /// Whether the store answers, as last recorded by [`Metrics::set_store_up`] (up until told otherwise).
+    pub fn store_up(&self) -> bool {
+        !self.store_down.load(Ordering::Relaxed)
+    }
+
+    /// Every rule's counters, by (domain, rule path), in order.
+    pub fn rules(&self) -> Vec<((String, String), Arc<RuleStats>)> {
+        let rules = self.rules.lock().unwrap_or_else(PoisonError::into_inner);
+        rules
+            .iter()
+            .map(|(at, stats)| (at.clone(), Arc::clone(stats)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_saturate_instead_of_wrapping() {
+        let counter = Counter::default();
+        counter.add(u64::MAX - 1);
+        counter.add(5);
+        assert_eq!(counter.get(), u64::MAX);
+        counter.add(1);
+        assert_eq!(counter.get(), u64::MAX, "stays saturated");
+    }
+
+    #[test]
+    fn histograms_are_cumulative() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(40));
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_secs(5));
+        let (buckets, count, sum) = h.read();
+        assert_eq!(buckets[0], 1, "0.00005");
+        assert_eq!(buckets[6], 2, "0.005");
+        assert_eq!(buckets[BUCKETS.len() - 1], 2, "1");
+        assert_eq!(count, 3, "+Inf");
+        assert!((sum - 5.00304).abs() < 1e-9, "{sum}");
+    }
+
+    #[test]
+    fn a_rule_keeps_its_counters_across_reloads() {
+        let metrics = Metrics::new();
+        metrics.rule("api", "api.user").total_hits.add(3);
+        metrics.rule("api", "api.user").total_hits.add(2);
+        let rules = metrics.rules();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].1.total_hits.get(), 5);
+    }
+}

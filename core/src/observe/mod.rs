@@ -1,0 +1,7 @@
+//! What the limiter records for its operators: per-rule and per-method [`metrics`], the callers most
+//! often limited ([`offenders`]) and a sampled [`denial_log`]. Recording only: the server renders and
+//! exports them.
+
+pub mod denial_log;
+pub mod metrics;
+pub mod offenders;

@@ -1,0 +1,388 @@
+//! The Prometheus text exposition of what the core records (`tollgate_core::observe::metrics`), served
+//! at `/metrics` on the HTTP and debug ports (and `PROMETHEUS_ADDR` with `USE_PROMETHEUS`).
+//!
+//! envoyproxy/ratelimit's names are kept so its dashboards carry over: per rule
+//! `ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}` labelled
+//! `domain`, `key1`, `key2` (the rule's path, as the Go service's default statsd mapping labels it), and
+//! `ratelimit_service_config_load_{success,error}`, `ratelimit_service_total_requests{grpc_method}`,
+//! `ratelimit_service_should_rate_limit_error{err_type}`,
+//! `ratelimit_service_response_time_seconds{grpc_method}` (the method a request came in through, see
+//! [`Method`]). Tollgate adds `tollgate_*` series for the store, failure modes, the local cache and the
+//! loaded rules.
+
+use std::fmt::Write as _;
+
+use tollgate_core::observe::metrics::{BUCKETS, Histogram, Method, Metrics, RULE_SERIES, StoreOperation};
+use tollgate_core::store::StoreCounters;
+
+/// The Prometheus text exposition of every series of `metrics`, with the store's own counters and the
+/// process' (`process_*`).
+pub fn render(metrics: &Metrics, store: StoreCounters) -> String {
+    let mut out = String::with_capacity(4096);
+    render_rules(metrics, &mut out);
+    let counters: [(&str, &str, u64); 22] = [
+        (
+            "ratelimit_service_config_load_success",
+            "Rule sets loaded.",
+            metrics.config_load_success.get(),
+        ),
+        (
+            "ratelimit_service_config_load_error",
+            "Rule sets rejected (previous rules kept).",
+            metrics.config_load_error.get(),
+        ),
+        (
+            "tollgate_domain_not_found_total",
+            "Requests for an unknown domain.",
+            metrics.domain_not_found.get(),
+        ),
+        (
+            "tollgate_failure_mode_allowed_total",
+            "Descriptors allowed by failure_mode: open.",
+            metrics.failure_mode_allowed.get(),
+        ),
+        (
+            "tollgate_failure_mode_denied_total",
+            "Descriptors denied by failure_mode: closed.",
+            metrics.failure_mode_denied.get(),
+        ),
+        (
+            "tollgate_failure_mode_local_total",
+            "Descriptors decided in this instance by failure_mode: local.",
+            metrics.failure_mode_local.get(),
+        ),
+        (
+            "tollgate_local_cache_hits_total",
+            "Limits answered by the local over-limit cache.",
+            store.local_cache_hits,
+        ),
+        (
+            "tollgate_redis_batches_total",
+            "Requests' batches sent to Redis.",
+            store.redis_batches,
+        ),
+        (
+            "tollgate_redis_script_calls_total",
+            "Script calls made to Redis (fewer than batches when concurrent requests share calls).",
+            store.redis_script_calls,
+        ),
+        (
+            "tollgate_redis_pipelines_total",
+            "Pipelines sent to Redis: of fixed-window counters (INCRBY + EXPIRE) instead of script calls, and in a Redis Cluster of a coalesced group's script calls to one master.",
+            store.redis_pipelines,
+        ),
+        (
+            "tollgate_redis_expires_sent_total",
+            "EXPIREs those pipelines sent with an INCRBY.",
+            store.redis_expires_sent,
+        ),
+        (
+            "tollgate_redis_expires_skipped_total",
+            "EXPIREs left out of those pipelines because the counter was known to carry a TTL.",
+            store.redis_expires_skipped,
+        ),
+        (
+            "tollgate_redis_ttl_repairs_total",
+            "Counters found created without a TTL (deleted since this instance saw them) and given one.",
+            store.redis_ttl_repairs,
+        ),
+        (
+            "tollgate_redis_queue_full_total",
+            "Requests answered by their failure mode at once because too many already waited for Redis.",
+            store.redis_queue_full,
+        ),
+        (
+            "tollgate_redis_abandoned_total",
+            "Requests never sent to Redis because their caller had stopped waiting.",
+            store.redis_abandoned,
+        ),
+        (
+            "tollgate_memory_evictions_total",
+            "Entries the embedded store evicted to stay within TOLLGATE_MEMORY_MAX_KEYS.",
+            store.memory_evictions,
+        ),
+        (
+            "tollgate_store_errors_total",
+            "Requests failed because the store failed.",
+            metrics.store_errors.get(),
+        ),
+        (
+            "tollgate_grpc_tls_handshake_failures_total",
+            "TLS handshakes refused or timed out on the gRPC listener.",
+            metrics.tls_handshake_failures.get(),
+        ),
+        (
+            "tollgate_service_errors_total",
+            "Requests refused as malformed or with no rules.",
+            metrics.service_errors.get(),
+        ),
+        (
+            "tollgate_leases_acquired_total",
+            "New concurrency leases granted (renewals not counted).",
+            metrics.leases_acquired.get(),
+        ),
+        (
+            "tollgate_leases_refused_total",
+            "Lease acquires refused because a concurrency rule was full.",
+            metrics.leases_refused.get(),
+        ),
+        (
+            "tollgate_leases_released_total",
+            "Lease releases that freed a slot (an expired lease frees none).",
+            metrics.leases_released.get(),
+        ),
+    ];
+    for (name, help, value) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+    }
+    let name = "ratelimit_service_total_requests";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Requests, per API method.\n# TYPE {name} counter"
+    );
+    for method in Method::ALL {
+        let _ = writeln!(
+            out,
+            "{name}{{grpc_method=\"{}\"}} {}",
+            method.name(),
+            metrics.requests(method)
+        );
+    }
+    let name = "ratelimit_service_should_rate_limit_error";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Failed requests by cause.\n# TYPE {name} counter"
+    );
+    let _ = writeln!(
+        out,
+        "{name}{{err_type=\"redis_error\"}} {}",
+        metrics.store_errors.get()
+    );
+    let _ = writeln!(
+        out,
+        "{name}{{err_type=\"service_error\"}} {}",
+        metrics.service_errors.get()
+    );
+    let name = "ratelimit_service_response_time_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Time to answer a request, per API method.\n# TYPE {name} histogram"
+    );
+    for method in Method::ALL {
+        let labels = format!("grpc_method=\"{}\",", method.name());
+        render_histogram(metrics.response_time(method), &mut out, name, &labels);
+    }
+    let name = "tollgate_store_call_duration_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Time of one store call, per operation.\n# TYPE {name} histogram"
+    );
+    for operation in StoreOperation::ALL {
+        let labels = format!("operation=\"{}\",", operation.name());
+        render_histogram(metrics.store_time(operation), &mut out, name, &labels);
+    }
+    let gauges: [(&str, &str, u64); 2] = [
+        (
+            "tollgate_store_up",
+            "Whether the store answers (1) or not (0).",
+            u64::from(metrics.store_up()),
+        ),
+        (
+            "tollgate_memory_keys",
+            "Entries in the embedded store (and the failure_mode: local fallback).",
+            store.memory_keys,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+    }
+    if let Some(slots) = store.lease_slots {
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_leases_in_flight Concurrency slots held by live leases (embedded store).\n# TYPE tollgate_leases_in_flight gauge\ntollgate_leases_in_flight {slots}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP tollgate_build_info The running build.\n# TYPE tollgate_build_info gauge\ntollgate_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    super::process::render(&mut out);
+    let (version, at) = metrics.loaded_version();
+    let _ = writeln!(
+        out,
+        "# HELP tollgate_config_info The loaded rules' content hash.\n# TYPE tollgate_config_info gauge"
+    );
+    let _ = writeln!(out, "tollgate_config_info{{version=\"{version}\"}} 1");
+    let _ = writeln!(
+        out,
+        "# HELP tollgate_config_load_timestamp_seconds When the rules were loaded.\n# TYPE tollgate_config_load_timestamp_seconds gauge"
+    );
+    let _ = writeln!(out, "tollgate_config_load_timestamp_seconds {at}");
+    out
+}
+
+fn render_rules(metrics: &Metrics, out: &mut String) {
+    let rules = metrics.rules();
+    for (at, suffix) in RULE_SERIES.iter().enumerate() {
+        let name = format!("ratelimit_service_rate_limit_{suffix}");
+        let _ = writeln!(
+            out,
+            "# HELP {name} Hits per rule ({suffix}).\n# TYPE {name} counter"
+        );
+        for ((domain, path), stats) in &rules {
+            let _ = writeln!(
+                out,
+                "{name}{{{}}} {}",
+                rule_labels(domain, path),
+                stats.in_order()[at].get()
+            );
+        }
+    }
+}
+
+/// One histogram's `_bucket`, `_sum` and `_count` lines; `labels` ends with a comma when not empty.
+fn render_histogram(histogram: &Histogram, out: &mut String, name: &str, labels: &str) {
+    let (buckets, count, sum) = histogram.read();
+    for (bound, cumulative) in BUCKETS.iter().zip(buckets) {
+        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{bound}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {count}");
+    let labels = labels.trim_end_matches(',');
+    let labels = if labels.is_empty() {
+        String::new()
+    } else {
+        format!("{{{labels}}}")
+    };
+    let _ = writeln!(out, "{name}_sum{labels} {sum}");
+    let _ = writeln!(out, "{name}_count{labels} {count}");
+}
+
+/// `domain`, `key1` and `key2` from a rule path, as envoyproxy/ratelimit's statsd mapping splits it
+/// (deeper levels stay in `key2`, joined by `.`).
+fn rule_labels(domain: &str, path: &str) -> String {
+    let keys = path
+        .strip_prefix(domain)
+        .and_then(|rest| rest.strip_prefix('.'))
+        .unwrap_or(path);
+    let (key1, key2) = keys.split_once('.').unwrap_or((keys, ""));
+    let mut labels = format!("domain=\"{}\",key1=\"{}\"", escape(domain), escape(key1));
+    if !key2.is_empty() {
+        let _ = write!(labels, ",key2=\"{}\"", escape(key2));
+    }
+    labels
+}
+
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn rules_render_with_go_labels_and_survive_reloads() {
+        let metrics = Metrics::new();
+        metrics.rule("api", "api.user").total_hits.add(3);
+        metrics
+            .rule("api", "api.path_/login.remote_address")
+            .over_limit
+            .add(1);
+        // A reload asks again for the same rule: same counters.
+        metrics.rule("api", "api.user").total_hits.add(2);
+        let text = render(
+            &metrics,
+            StoreCounters {
+                local_cache_hits: 7,
+                redis_batches: 40,
+                redis_script_calls: 3,
+                redis_pipelines: 5,
+                redis_expires_sent: 6,
+                redis_expires_skipped: 8,
+                redis_ttl_repairs: 10,
+                redis_queue_full: 2,
+                redis_abandoned: 1,
+                memory_evictions: 9,
+                memory_keys: 12,
+                lease_slots: Some(4),
+            },
+        );
+        assert!(
+            text.contains("ratelimit_service_rate_limit_total_hits{domain=\"api\",key1=\"user\"} 5"),
+            "{text}"
+        );
+        assert!(text.contains("ratelimit_service_rate_limit_over_limit{domain=\"api\",key1=\"path_/login\",key2=\"remote_address\"} 1"), "{text}");
+        assert!(text.contains("tollgate_local_cache_hits_total 7"));
+        assert!(text.contains("tollgate_redis_batches_total 40"));
+        assert!(text.contains("tollgate_redis_script_calls_total 3"));
+        assert!(text.contains("tollgate_redis_expires_sent_total 6"));
+        assert!(text.contains("tollgate_redis_expires_skipped_total 8"));
+        assert!(text.contains("tollgate_redis_ttl_repairs_total 10"));
+        assert!(text.contains("tollgate_redis_pipelines_total 5"));
+        assert!(text.contains("tollgate_redis_queue_full_total 2"));
+        assert!(text.contains("tollgate_redis_abandoned_total 1"));
+        assert!(text.contains("tollgate_memory_evictions_total 9"));
+        assert!(text.contains("tollgate_memory_keys 12"));
+        assert!(text.contains("tollgate_leases_in_flight 4"));
+        metrics.leases_acquired.add(2);
+        metrics.store_call(StoreOperation::Refund, Duration::from_micros(30));
+        assert!(
+            text.contains("tollgate_store_up 1"),
+            "up unless a watcher says otherwise"
+        );
+        metrics.set_store_up(false);
+        let text = render(&metrics, StoreCounters::default());
+        assert!(text.contains("tollgate_store_up 0"));
+        assert!(text.contains("tollgate_leases_acquired_total 2"));
+        assert!(
+            !text.contains("tollgate_leases_in_flight"),
+            "no gauge where the store cannot count"
+        );
+        assert!(
+            text.contains(
+                "tollgate_store_call_duration_seconds_bucket{operation=\"refund\",le=\"0.00005\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("tollgate_store_call_duration_seconds_count{operation=\"decide\"} 0"));
+        assert!(text.contains(&format!(
+            "tollgate_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )));
+        #[cfg(target_os = "linux")]
+        for series in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_start_time_seconds ",
+        ] {
+            assert!(text.contains(series), "{series} in {text}");
+        }
+    }
+
+    #[test]
+    fn histograms_render_cumulative_buckets() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(40));
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_secs(5));
+        let mut out = String::new();
+        render_histogram(&h, &mut out, "t", "");
+        assert!(out.contains("t_bucket{le=\"0.00005\"} 1"), "{out}");
+        assert!(out.contains("t_bucket{le=\"0.005\"} 2"), "{out}");
+        assert!(out.contains("t_bucket{le=\"1\"} 2"), "{out}");
+        assert!(out.contains("t_bucket{le=\"+Inf\"} 3"), "{out}");
+        assert!(out.contains("t_count 3"), "{out}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(rule_labels("d", "d.k_a\"b"), "domain=\"d\",key1=\"k_a\\\"b\"");
+    }
+}
