@@ -308,7 +308,7 @@ impl<S: Store> Limiter<S> {
                     acquired: !(limited && refused),
                     rule: target.rule.filter(|_| limited),
                     in_flight: 0,
-                    retry_after: (limited && refused).then_some(super::FAILURE_RETRY_HINT),
+                    retry_after: (limited && refused).then_some(super::decide::FAILURE_RETRY_HINT),
                     from_failure_mode: limited,
                 }
             })

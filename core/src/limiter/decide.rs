@@ -1,0 +1,397 @@
+//! The store's part of a decision and what it becomes: one batch with every active limit of the
+//! request, the failure modes when the store fails (`failure_mode: local` decided in this instance),
+//! then each descriptor's status, with the rule's stats, the top offenders and the denial log fed on
+//! the way.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::target::{Caller, Placement, Target, every_limit_has_failure_mode, return_keys};
+use super::verdict::{current_limit, reported};
+use super::{
+    AppliedLimit, Code, CurrentLimit, DescriptorStatus, Limiter, LimiterError, RequestDescriptor, Verdict,
+};
+use crate::algorithm::Decision;
+use crate::observe::metrics::StoreOperation;
+use crate::rules::file::FailureMode;
+use crate::rules::{DescriptorEntry, Rate, Rule};
+use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store};
+
+/// How a request's store part was decided.
+pub(super) enum Decisions {
+    /// By the store: per target, one decision per checked limit.
+    Store(Vec<Vec<Decision>>),
+    /// The store failed and every affected limit has a failure mode: per target, the local decision
+    /// (`failure_mode: local`), or `None` where `open`/`closed` answers.
+    FailureMode(Vec<Option<LocalDecision>>),
+}
+
+/// A descriptor decided in this instance by `failure_mode: local`.
+pub(super) struct LocalDecision {
+    decision: Decision,
+    /// The instance's share of the limit's rate, which decided.
+    share: Rate,
+    name: Option<Arc<str>>,
+}
+
+impl<S: Store> Limiter<S> {
+    /// Sends every active rate to the store in one batch. If the store fails and every affected limit
+    /// has a `failure_mode`, the failure modes answer instead (`local` ones decided in this instance).
+    pub(super) async fn decide(
+        &self,
+        targets: &mut [Target],
+        policy: CommitPolicy,
+        placement: Placement,
+        once: Option<RefundOnce>,
+    ) -> Result<Decisions, LimiterError> {
+        let mut items = Vec::with_capacity(targets.len());
+        for (group, target) in (0u32..).zip(targets.iter_mut()).filter(|(_, t)| !t.unlimited) {
+            // The key moves into the descriptor's last item (copies only for several limits) and moves
+            // back after the call: the store only borrows the batch.
+            let key = std::mem::take(&mut target.key);
+            let first = items.len();
+            for (_, rate) in target.rates() {
+                items.push(BatchItem {
+                    key: String::new(),
+                    limit: rate.limit,
+                    cost: target.cost,
+                    group,
+                });
+            }
+            if let Some((last, others)) = items[first..].split_last_mut() {
+                for item in others {
+                    item.key.clone_from(&key);
+                }
+                last.key = key;
+            }
+        }
+        let decisions = if items.is_empty() {
+            Vec::new()
+        } else {
+            let started = Instant::now();
+            let mut batch = Batch {
+                items,
+                policy,
+                scope_len: placement.scope_len,
+                keep_together: placement.keep_together,
+                once,
+            };
+            let answer = self.store.apply(&batch).await;
+            let operation = match policy {
+                CommitPolicy::Refund => StoreOperation::Refund,
+                _ => StoreOperation::Decide,
+            };
+            self.metrics.store_call(operation, started.elapsed());
+            return_keys(targets, &mut batch.items);
+            match answer {
+                Ok(decisions) => decisions,
+                // A refund is never answered by a failure mode: nothing was given back, and the
+                // caller must know (its token is still unused).
+                Err(error)
+                    if error.is_transient()
+                        && policy != CommitPolicy::Refund
+                        && every_limit_has_failure_mode(targets) =>
+                {
+                    tracing::warn!(%error, "store failed; answering from the rules' failure_mode");
+                    return Ok(Decisions::FailureMode(self.decide_locally(targets, policy).await));
+                }
+                Err(error) => return Err(LimiterError::Store(error)),
+            }
+        };
+        let mut decisions = decisions.into_iter();
+        Ok(Decisions::Store(
+            targets
+                .iter()
+                .map(|t| {
+                    if t.unlimited {
+                        Vec::new()
+                    } else {
+                        decisions.by_ref().take(t.rate_count()).collect()
+                    }
+                })
+                .collect(),
+        ))
+    }
+
+    /// The `failure_mode: local` limits of a request whose store call failed, decided in this
+    /// instance at its share of each rate, with the same policy. Per target: the decision to report,
+    /// or `None` where `open`/`closed` answers (a `closed` limit on the descriptor wins over `local`).
+    pub(super) async fn decide_locally(
+        &self,
+        targets: &[Target],
+        policy: CommitPolicy,
+    ) -> Vec<Option<LocalDecision>> {
+        let mut items = Vec::new();
+        let mut shares = Vec::new();
+        for (group, target) in (0u32..).zip(targets) {
+            if target.unlimited || target.fails_closed() {
+                continue;
+            }
+            for (limit, rate) in target.rates() {
+                if limit.failure_mode == Some(FailureMode::Local) {
+                    let share = self.fallback.share(rate);
+                    items.push(BatchItem {
+                        key: target.key.clone(),
+                        limit: share.limit,
+                        cost: target.cost,
+                        group,
+                    });
+                    shares.push((share, limit.name.clone()));
+                }
+            }
+        }
+        let mut local: Vec<Option<LocalDecision>> = targets.iter().map(|_| None).collect();
+        if items.is_empty() {
+            return local;
+        }
+        let batch = Batch::new(items, policy);
+        let decisions = match self.fallback.apply(&batch).await {
+            Ok(decisions) => decisions,
+            Err(error) => {
+                tracing::warn!(%error, "the local fallback failed too; answering failure_mode: local as open");
+                return local;
+            }
+        };
+        // Items are contiguous per group: report one decision per descriptor, as `status` does.
+        let mut start = 0;
+        for group in batch.items.chunk_by(|a, b| a.group == b.group) {
+            let end = start + group.len();
+            if let Some(at) = reported(&decisions[start..end]).map(|at| start + at) {
+                let (share, name) = &mut shares[at];
+                local[group[0].group as usize] = Some(LocalDecision {
+                    decision: decisions[at],
+                    share: *share,
+                    name: name.take(),
+                });
+            }
+            start = end;
+        }
+        local
+    }
+
+    pub(super) fn verdict<D: RequestDescriptor>(
+        &self,
+        domain: &str,
+        descriptors: &[D],
+        targets: Vec<Target>,
+        decisions: Decisions,
+        counted: bool,
+    ) -> Verdict {
+        let statuses: Vec<DescriptorStatus> = match decisions {
+            Decisions::Store(decisions) => targets
+                .into_iter()
+                .zip(decisions)
+                .zip(descriptors)
+                .map(|((target, decisions), descriptor)| {
+                    let caller = Caller {
+                        domain,
+                        entries: descriptor.entries(),
+                    };
+                    self.status(caller, target, &decisions, counted)
+                })
+                .collect(),
+            Decisions::FailureMode(local) => targets
+                .into_iter()
+                .zip(local)
+                .zip(descriptors)
+                .map(|((target, local), descriptor)| match local {
+                    Some(local) => {
+                        self.metrics.failure_mode_local.add(1);
+                        let caller = Caller {
+                            domain,
+                            entries: descriptor.entries(),
+                        };
+                        let current = current_limit(&local.share, &local.name);
+                        let status =
+                            self.status_at(caller, target, &local.share, current, &local.decision, counted);
+                        DescriptorStatus {
+                            from_failure_mode: true,
+                            ..status
+                        }
+                    }
+                    None => self.failure_status(target),
+                })
+                .collect(),
+        };
+        Verdict {
+            overall: self.overall(&statuses),
+            statuses,
+            refund_token: None,
+        }
+    }
+
+    pub(super) fn quota_mode(&self, target: &Target) -> bool {
+        self.options.global_quota_mode || target.rule.as_ref().is_some_and(|r| r.quota_mode)
+    }
+
+    pub(super) fn status<E: DescriptorEntry>(
+        &self,
+        caller: Caller<'_, E>,
+        target: Target,
+        decisions: &[Decision],
+        counted: bool,
+    ) -> DescriptorStatus {
+        let Some(at) = reported(decisions).filter(|_| !target.unlimited) else {
+            return self.unmeasured(target);
+        };
+        let decision = &decisions[at];
+        let Some((limit, rate)) = target.rates().nth(at) else {
+            return self.unmeasured(target);
+        };
+        let current = current_limit(rate, &limit.name);
+        let rate = *rate;
+        self.status_at(caller, target, &rate, current, decision, counted)
+    }
+
+    /// The status of a descriptor that `decision`, of a limit at `rate` reported as `current`, gives.
+    pub(super) fn status_at<E: DescriptorEntry>(
+        &self,
+        caller: Caller<'_, E>,
+        target: Target,
+        rate: &Rate,
+        current: CurrentLimit,
+        decision: &Decision,
+        counted: bool,
+    ) -> DescriptorStatus {
+        let quota_mode = self.quota_mode(&target);
+        let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);
+        if let Some(rule) = target.rule.as_ref().filter(|_| counted)
+            && self.count_hits(rule, rate, decision, target.cost)
+        {
+            let shown = self.shown_caller(&caller, &target.key);
+            self.offenders.observe(caller.domain, &shown, target.cost);
+            if !decision.allowed {
+                let retry_ms = u128::from(decision.retry_after_us) / 1_000;
+                self.denials.refused(caller.domain, &rule.path, &shown, retry_ms);
+            }
+        }
+        let code = if decision.allowed || shadow {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        };
+        DescriptorStatus {
+            code,
+            limit: AppliedLimit::Limited(current),
+            remaining: if decision.allowed { decision.remaining } else { 0 },
+            retry_after: (!decision.allowed).then(|| Duration::from_micros(decision.retry_after_us)),
+            reset_after: Some(Duration::from_micros(decision.reset_after_us)),
+            quota_mode,
+            rule: target.rule,
+            from_failure_mode: false,
+        }
+    }
+
+    /// The status of a descriptor that no limit measured: its rule is `unlimited`, or nothing matched,
+    /// or every limit was replaced.
+    pub(super) fn unmeasured(&self, target: Target) -> DescriptorStatus {
+        let limit = if target.unlimited {
+            AppliedLimit::Unlimited
+        } else {
+            AppliedLimit::None
+        };
+        DescriptorStatus {
+            quota_mode: self.quota_mode(&target),
+            rule: target.rule,
+            ..DescriptorStatus::no_limit(limit)
+        }
+    }
+
+    /// How `/top` and the denial log name a caller: its storage key when
+    /// [`LimiterOptions::show_caller_values`] is set, else the domain and each entry's key with the
+    /// value hashed as a `hash: true` rule hashes it (keyed by `TOLLGATE_HASH_KEY`), so addresses and
+    /// user ids are not on display (`CACHE_KEY_PREFIX` is left out: it names the deployment, not the
+    /// caller). Computed only for callers refused or near their limit.
+    pub(super) fn shown_caller<'k, E: DescriptorEntry>(
+        &self,
+        caller: &Caller<'_, E>,
+        key: &'k str,
+    ) -> Cow<'k, str> {
+        if self.options.show_caller_values {
+            return Cow::Borrowed(key);
+        }
+        // The storage key's shape (`domain_key_value_…`), so a `hash: true` rule's caller reads the same
+        // in both.
+        let mut shown = String::with_capacity(caller.domain.len() + 40 * caller.entries.len());
+        shown.push_str(caller.domain);
+        shown.push('_');
+        for entry in caller.entries {
+            shown.push_str(entry.key());
+            shown.push('_');
+            self.hasher.append_hash(&mut shown, entry.value());
+            shown.push('_');
+        }
+        Cow::Owned(shown)
+    }
+
+    /// The status of a descriptor whose store call failed: `failure_mode: open` allows, `closed`
+    /// denies; the most restrictive of a descriptor's limits wins. Nothing was counted, so nothing is
+    /// known about the remaining budget; the retry hint is one second.
+    pub(super) fn failure_status(&self, target: Target) -> DescriptorStatus {
+        if target.unlimited || target.rate_count() == 0 {
+            return self.unmeasured(target);
+        }
+        let quota_mode = self.quota_mode(&target);
+        let closed = target
+            .rates()
+            .position(|(limit, _)| limit.failure_mode == Some(FailureMode::Closed));
+        let counter = if closed.is_some() {
+            &self.metrics.failure_mode_denied
+        } else {
+            &self.metrics.failure_mode_allowed
+        };
+        counter.add(1);
+        let Some((limit, rate)) = target.rates().nth(closed.unwrap_or(0)) else {
+            return self.unmeasured(target);
+        };
+        let current = current_limit(rate, &limit.name);
+        let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);
+        DescriptorStatus {
+            code: if closed.is_some() && !shadow {
+                Code::OverLimit
+            } else {
+                Code::Ok
+            },
+            limit: AppliedLimit::Limited(current),
+            remaining: 0,
+            retry_after: closed.map(|_| FAILURE_RETRY_HINT),
+            reset_after: Some(FAILURE_RETRY_HINT),
+            quota_mode,
+            rule: target.rule.clone(),
+            from_failure_mode: true,
+        }
+    }
+}
+
+impl<S> Limiter<S> {
+    /// envoyproxy/ratelimit's per-rule stats: every hit counts in `total_hits`, then in `over_limit`
+    /// (plus `shadow_mode` for shadow rules) or `within_limit`; allowed hits above `NEAR_LIMIT_RATIO` of
+    /// the limit also count in `near_limit`.
+    /// Returns whether the caller is worth a place among the top offenders (refused or near the limit).
+    fn count_hits(&self, rule: &Rule, rate: &Rate, decision: &Decision, hits: u64) -> bool {
+        let stats = &rule.stats;
+        stats.total_hits.add(hits);
+        if !decision.allowed {
+            stats.over_limit.add(hits);
+            if rule.shadow_mode {
+                stats.shadow_mode.add(hits);
+            }
+            return true;
+        }
+        stats.within_limit.add(hits);
+        let limit = rate.limit.requests;
+        // The threshold is a whole number of requests, as in the Go service.
+        let threshold = (limit as f64 * self.options.near_limit_ratio).floor() as u64;
+        let used = limit.saturating_sub(decision.remaining);
+        if used > threshold {
+            stats.near_limit.add((used - threshold).min(hits));
+            return true;
+        }
+        false
+    }
+}
+
+/// Retry hint given when the store is down and a rule fails closed: short, because the store usually
+/// comes back quickly and the client cannot know when.
+pub(super) const FAILURE_RETRY_HINT: Duration = Duration::from_secs(1);
