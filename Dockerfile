@@ -58,7 +58,7 @@ USER 65532:65532
 # gRPC (Envoy RLS, health, reflection), HTTP (/healthcheck, /json, /metrics), debug (/rlconfig, /metrics, /top).
 EXPOSE 8081 8080 6070
 # Liveness over gRPC health (service ""): rules loaded and not shutting down; it does not depend on Redis.
-# `--addr` defaults to http://127.0.0.1:8081: change it too if you move the gRPC listener.
+# `--addr` defaults to 127.0.0.1:8081: change it too if you move the gRPC listener.
 # Kubernetes ignores HEALTHCHECK; the Helm chart uses native gRPC probes instead.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
     CMD ["/usr/local/bin/tollgate", "healthcheck", "--service", ""]

@@ -33,7 +33,7 @@ fn serve(runtime: &Runtime) -> String {
     ];
     let settings = Settings::load_from(None, &HashMap::new(), &flags).expect("settings");
     runtime.block_on(async move {
-        let listeners = Listeners::bind(&settings).await.expect("bind");
+        let listeners = Listeners::bind(&settings.listen).await.expect("bind");
         let grpc = listeners.grpc.tcp_addr().expect("tcp");
         tokio::spawn(async move {
             let _dir = dir;

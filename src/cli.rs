@@ -39,8 +39,9 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct HealthcheckArgs {
-    /// The server's gRPC address.
-    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    /// The server's gRPC address: `host:port` (as the `tollgate serving` line prints it) or a URL,
+    /// `http://host:port` or `https://host:port`.
+    #[arg(long, default_value = "127.0.0.1:8081", value_parser = grpc_url)]
     addr: String,
     /// The service to ask about: `ratelimit` (readiness, the default) or `""` (liveness).
     #[arg(long, default_value = "ratelimit")]
@@ -53,8 +54,9 @@ struct HealthcheckArgs {
 /// Where to send requests and what they carry (`query` and `bench`).
 #[derive(Debug, Args)]
 struct Target {
-    /// The server's gRPC address.
-    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    /// The server's gRPC address: `host:port` (as the `tollgate serving` line prints it) or a URL,
+    /// `http://host:port` or `https://host:port`.
+    #[arg(long, default_value = "127.0.0.1:8081", value_parser = grpc_url)]
     addr: String,
     /// The rate limit domain.
     #[arg(long)]
@@ -228,10 +230,41 @@ fn report(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("tollgate: {error:#}");
+            eprintln!("tollgate: {}", describe(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, each said once: libraries often repeat their cause in their own
+/// message (`invalid URL: scheme is missing: scheme is missing`), and an OS error read twice helps no
+/// one.
+fn describe(error: &anyhow::Error) -> String {
+    let mut said = String::new();
+    for cause in error.chain().map(ToString::to_string) {
+        if said.contains(&cause) {
+            continue;
+        }
+        if !said.is_empty() {
+            said.push_str(": ");
+        }
+        said.push_str(&cause);
+    }
+    said
+}
+
+/// A gRPC server's address as tonic takes it: `host:port` gets `http://` (the scheme the `tollgate
+/// serving` line leaves out), a URL is kept.
+fn grpc_url(address: &str) -> Result<String, String> {
+    let address = address.trim();
+    let url = if address.contains("://") {
+        address.to_owned()
+    } else {
+        format!("http://{address}")
+    };
+    url.parse::<tonic::transport::Uri>()
+        .map_err(|error| format!("{address:?} is not host:port or a URL ({error})"))?;
+    Ok(url)
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -249,7 +282,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let settings = Settings::load(args.settings.as_deref(), &flags)?;
-    let runtime = match settings.workers() {
+    let runtime = match settings.listen.workers() {
         // One worker: tokio's current-thread scheduler does the same work with no cross-thread wakeups
         // or work-stealing queues. Measured with Redis on a shared 2-core host: 31,100 decisions/s at a
         // p99 of 3.7 ms, against 30,000 at 4.4 ms on a one-worker multi-thread runtime.
@@ -262,27 +295,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .build()?,
     };
     let _context = runtime.enter();
-    let traces = settings.tracing_enabled.then(|| {
-        let (sampling_rate, follow_parent) = settings
-            .otel_traces_sampler
-            .sampling(settings.otel_traces_sampler_arg, settings.tracing_sampling_rate);
-        crate::observe::telemetry::TraceSettings {
-            service_name: settings.tracing_service_name.clone(),
-            service_namespace: settings.tracing_service_namespace.clone(),
-            service_instance_id: settings.tracing_service_instance_id.clone(),
-            sampling_rate,
-            follow_parent,
-        }
-    });
-    let telemetry =
-        crate::observe::telemetry::init(&settings.log_level, settings.log_format, traces.as_ref())?;
+    let traces = crate::observe::telemetry::TraceSettings::from_settings(&settings.telemetry);
+    let telemetry = crate::observe::telemetry::init(
+        &settings.telemetry.log_level,
+        settings.telemetry.log_format,
+        traces.as_ref(),
+    )?;
     // Read before the logger started: said now, so they reach the log.
     for warning in &settings.warnings {
         tracing::warn!("{warning}");
     }
     runtime.block_on(async {
         let served = async {
-            let listeners = crate::server::Listeners::bind(&settings).await?;
+            let listeners = crate::server::Listeners::bind(&settings.listen).await?;
             let clock = std::sync::Arc::new(tollgate_core::clock::SystemClock);
             crate::server::run(settings, listeners, clock, crate::server::shutdown_signal()).await
         };
@@ -343,7 +368,7 @@ fn healthcheck(args: HealthcheckArgs) -> ExitCode {
             ExitCode::FAILURE
         }
         Ok(Err(error)) => {
-            eprintln!("tollgate: {error:#}");
+            eprintln!("tollgate: {}", describe(&error));
             ExitCode::FAILURE
         }
         Err(_) => {
@@ -357,12 +382,8 @@ fn healthcheck(args: HealthcheckArgs) -> ExitCode {
 /// algorithm, `MERGE_DOMAIN_CONFIG`), and refuses a malformed setting or Redis address as `serve`
 /// does. Files a pod mounts (certificates, the refund key) are not read: a deploy hook lacks them.
 fn check_config(args: CheckConfigArgs) -> ExitCode {
-    let settings = Settings::load(args.settings.as_deref(), &[]).and_then(|settings| {
-        crate::server::redis_target(&settings)?;
-        crate::server::redis_persecond_target(&settings)?;
-        Ok(settings)
-    });
-    let settings = match settings {
+    // Loading checks every value, the Redis addresses among them.
+    let settings = match Settings::load(args.settings.as_deref(), &[]) {
         Ok(settings) => settings,
         Err(error) => {
             eprintln!("tollgate: {error}");
@@ -371,15 +392,21 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
     };
     match load_rules(
         &args.dir,
-        args.merge_domains || settings.merge_domain_config,
+        args.merge_domains || settings.rules.merge_domain_config,
         CompileOptions {
-            default_algorithm: settings.default_algorithm,
-            split_per_second: settings.redis_persecond,
+            default_algorithm: settings.decisions.default_algorithm,
+            split_per_second: settings.store.redis_persecond,
         },
         &Metrics::default(),
     ) {
         Ok(rules) => {
             println!("{}: OK ({} domains)", args.dir.display(), rules.len());
+            if rules.is_empty() {
+                eprintln!(
+                    "tollgate: warning: {} holds no rules file (*.yaml, *.yml): served, it would limit nothing",
+                    args.dir.display()
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(error) => {
@@ -424,7 +451,7 @@ fn query(args: QueryArgs) -> ExitCode {
             }
         }
         Err(error) => {
-            eprintln!("tollgate: {error:#}");
+            eprintln!("tollgate: {}", describe(&error));
             ExitCode::from(2)
         }
     }

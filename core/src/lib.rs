@@ -17,9 +17,12 @@
 //! - [`store`]: where state lives; one atomic batch per request. [`store::memory`] is the embedded
 //!   store, `store::redis` the shared one (the default `redis` feature).
 //! - [`limiter`]: the decision core: rules + store → a neutral verdict (exact counts and durations).
+//! - [`embedded`]: a limiter an application builds for itself, from the rules files and the Redis of a
+//!   Tollgate fleet.
 
 pub mod algorithm;
 pub mod clock;
+pub mod embedded;
 pub mod limiter;
 pub mod observe;
 pub mod rules;

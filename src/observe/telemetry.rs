@@ -27,7 +27,7 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing_subscriber::layer::SubscriberExt;
 
-use crate::settings::LogFormat;
+use crate::settings::{LogFormat, TelemetrySettings};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer as _};
@@ -84,6 +84,24 @@ pub struct TraceSettings {
     pub sampling_rate: f64,
     /// Whether a caller's sampling decision is followed (the parent-based samplers, and the default).
     pub follow_parent: bool,
+}
+
+impl TraceSettings {
+    /// What `settings` ask of trace export, or `None` when `TRACING_ENABLED` is off.
+    pub fn from_settings(settings: &TelemetrySettings) -> Option<Self> {
+        settings.tracing_enabled.then(|| {
+            let (sampling_rate, follow_parent) = settings
+                .otel_traces_sampler
+                .sampling(settings.otel_traces_sampler_arg, settings.tracing_sampling_rate);
+            Self {
+                service_name: settings.tracing_service_name.clone(),
+                service_namespace: settings.tracing_service_namespace.clone(),
+                service_instance_id: settings.tracing_service_instance_id.clone(),
+                sampling_rate,
+                follow_parent,
+            }
+        })
+    }
 }
 
 /// Flushes buffered spans when dropped (at shutdown).

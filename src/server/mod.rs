@@ -13,15 +13,15 @@ use arc_swap::ArcSwapOption;
 use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use crate::grpc::{GrpcLimits, GrpcListener};
+use crate::grpc::GrpcListener;
 use crate::observe::health::Health;
-use crate::settings::{ConfigType, Settings};
+use crate::settings::{DecisionSettings, ListenSettings, Settings, TelemetrySettings};
 use tollgate_core::clock::Clock;
 use tollgate_core::limiter::{Limiter, RefundKeys, RulesHandle};
 use tollgate_core::observe::metrics::Metrics;
-use tollgate_core::rules::reload::Reloader;
-use tollgate_core::rules::{CompileOptions, RuleSet, ValueHasher};
+use tollgate_core::rules::{CompileOptions, ValueHasher};
 use tollgate_core::store::AnyStore;
 use tollgate_core::store::memory::MemoryStore;
 
@@ -29,10 +29,8 @@ mod options;
 mod rules_source;
 mod store;
 
-pub(crate) use store::{redis_persecond_target, redis_target};
-
-use options::{envoy_options, limiter_options, refund_keys, server_tls};
-use rules_source::{RulesSource, xds_client};
+use options::{envoy_options, grpc_limits, limiter_options, refund_keys, server_tls};
+use rules_source::RulesSource;
 use store::{build_store, watch_redis};
 
 /// How often the embedded store drops state that can no longer affect a decision.
@@ -53,7 +51,7 @@ pub struct Listeners {
 
 impl Listeners {
     /// Binds the addresses in `settings`; port 0 picks a free port.
-    pub async fn bind(settings: &Settings) -> anyhow::Result<Self> {
+    pub async fn bind(settings: &ListenSettings) -> anyhow::Result<Self> {
         let bind = |addr: String, what: &'static str| async move {
             TcpListener::bind(&addr)
                 .await
@@ -90,64 +88,46 @@ fn listen_addr(addr: &str) -> String {
 
 /// Runs the service until `shutdown` completes, then drains and returns. Fails at startup if the rules
 /// do not load (naming the file and the reason). `clock` is the embedded store's and the local cache's
-/// time ([`tollgate_core::clock::SystemClock`] in production; tests hand in a [`tollgate_core::clock::ManualClock`] to move time
-/// without sleeping). Redis keeps its own clock.
+/// time ([`tollgate_core::clock::SystemClock`] in production; tests hand in a
+/// [`tollgate_core::clock::ManualClock`] to move time without sleeping). Redis keeps its own clock.
+///
+/// Startup builds each part once from its settings section: TLS, health and metrics; the rules'
+/// source; the store; the limiter; then the listeners' servers.
 pub async fn run(
     settings: Settings,
     listeners: Listeners,
     clock: Arc<dyn Clock>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let Settings {
+        listen,
+        rules: rules_settings,
+        store: store_settings,
+        decisions,
+        answers,
+        telemetry,
+        origins,
+        ..
+    } = settings;
     // Before anything is spawned: a certificate that does not load stops startup with nothing left
     // running.
-    let tls = server_tls(&settings)?;
-    let envoy = envoy_options(&settings);
-    let options = CompileOptions {
-        default_algorithm: settings.default_algorithm,
-        split_per_second: settings.redis_persecond,
-    };
+    let tls = server_tls(&listen)?;
     let metrics = Metrics::new();
-    let addresses = (
-        grpc_address(&listeners.grpc),
-        listeners.http.local_addr()?,
-        listeners.debug.local_addr()?,
-    );
-    let rules: RulesHandle = Arc::new(ArcSwapOption::empty());
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
-    let source = match settings.config_type {
-        ConfigType::File => {
-            let reloader = Reloader {
-                dir: settings.config_dir.clone(),
-                merge_domains: settings.merge_domain_config,
-                options,
-                interval: settings.reload_interval,
-                metrics: Arc::clone(&metrics),
-            };
-            let version = reloader.load_into(&rules).context("cannot load the rules")?;
-            health.set_rules_loaded(true).await;
-            RulesSource::Files(reloader, version)
-        }
-        ConfigType::GrpcXdsSotw => {
-            let client = xds_client(&settings, options, Arc::clone(&metrics))?;
-            if settings.force_start_without_initial_config {
-                rules.store(Some(Arc::new(RuleSet::compile(&[], options)?)));
-                health.set_rules_loaded(true).await;
-            } else {
-                tracing::info!(
-                    "not ready until the xDS server sends rules (FORCE_START_WITHOUT_INITIAL_CONFIG is false)"
-                );
-            }
-            RulesSource::Xds(Box::new(client))
-        }
+    let compile = CompileOptions {
+        default_algorithm: decisions.default_algorithm,
+        split_per_second: store_settings.redis_persecond,
     };
+    let rules: RulesHandle = Arc::new(ArcSwapOption::empty());
+    let source = RulesSource::open(&rules_settings, compile, &metrics, &rules, &health).await?;
 
     let stop = CancellationToken::new();
     // Whatever way `run` returns (an error after the store started connecting, say), every task it
     // spawned is told to stop.
     let _stop_on_return = stop.clone().drop_guard();
-    let tasks = tokio_util::task::TaskTracker::new();
-    let store = build_store(&settings, Arc::clone(&clock), stop.clone())?;
+    let tasks = TaskTracker::new();
+    let store = build_store(&store_settings, &origins, Arc::clone(&clock), stop.clone())?;
     if let AnyStore::Redis(stores) = &store {
         health.set_store_reachable(false).await;
         metrics.set_store_up(false);
@@ -159,51 +139,28 @@ pub async fn run(
             stop.clone(),
         ));
     }
-    let mut options = limiter_options(&settings);
-    if settings.stop_cache_key_increment_when_overlimit && store.is_cluster() {
-        // Exact rather than racy: one script call sees every descriptor of a request.
-        options.keep_domains_together = true;
-        tracing::warn!(
-            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT on Redis Cluster: each domain's counters live in one \
-             hash slot (keys tagged {{prefix+domain}}), so a request over one limit leaves its other \
-             descriptors untouched; these keys are not envoyproxy/ratelimit's and a domain's load is on \
-             one master"
-        );
-    }
-    let limiter = Limiter::new(
-        Arc::clone(&rules),
-        store,
-        ValueHasher::new(settings.hash_key.expose()),
-        options,
-    )
-    .with_metrics(metrics);
-    let limiter = limiter.with_local_fallback(MemoryStore::with_max_keys(
-        Arc::clone(&clock),
-        settings.memory_max_keys,
-    ));
-    let keys = refund_keys(&settings)?.or_else(RefundKeys::random);
-    let limiter = Arc::new(limiter.with_refund_keys(keys, Arc::clone(&clock)));
-    let origin = match source {
-        RulesSource::Files(reloader, version) => {
-            let origin = reloader.dir.display().to_string();
-            tasks.spawn(reloader.run(Arc::clone(&rules), Some(version), stop.clone()));
-            origin
-        }
-        RulesSource::Xds(client) => {
-            let origin = format!("xds:{}", client.server.url);
-            tasks.spawn(client.run(Arc::clone(&rules), health.clone(), stop.clone()));
-            origin
-        }
-    };
+    let fallback = MemoryStore::with_max_keys(Arc::clone(&clock), store_settings.memory_max_keys);
+    let store_name = store.to_string();
+    let limiter = build_limiter(&decisions, &telemetry, store, fallback, &rules, metrics, &clock)?;
+    let origin = source.follow(&tasks, &rules, &health, &stop);
     tasks.spawn(sweep(Arc::clone(&limiter), stop.clone()));
     tasks.spawn(log_offenders(Arc::clone(&limiter), stop.clone()));
+    if let Some(tls) = &tls {
+        tasks.spawn(Arc::clone(tls).watch(rules_settings.reload_interval, stop.clone()));
+    }
 
+    let addresses = (
+        grpc_address(&listeners.grpc),
+        listeners.http.local_addr()?,
+        listeners.debug.local_addr()?,
+    );
+    let envoy = envoy_options(&answers);
     let stopped = stop.clone();
     let admin = crate::http::Admin {
         health: health.clone(),
         limiter: Arc::clone(&limiter),
         options: envoy.clone(),
-        max_body_bytes: settings.max_request_bytes,
+        max_body_bytes: listen.max_request_bytes,
     };
     // TCP_NODELAY, as on the gRPC port: `/json` and `/v1/*` answers must not wait for a delayed ACK.
     let http_listener = listeners.http.tap_io(|tcp| {
@@ -218,31 +175,21 @@ pub async fn run(
         .with_graceful_shutdown(async move { stopped.cancelled().await });
     let prometheus = listeners.prometheus.map(|listener| {
         let stopped = stop.clone();
-        let router = crate::http::prometheus_router(Arc::clone(&limiter), &settings.prometheus_path);
+        let router = crate::http::prometheus_router(Arc::clone(&limiter), &listen.prometheus_path);
         axum::serve(listener, router).with_graceful_shutdown(async move { stopped.cancelled().await })
     });
-    if let Some(tls) = &tls {
-        tasks.spawn(Arc::clone(tls).watch(settings.reload_interval, stop.clone()));
-    }
     let stopped = stop.clone();
-    let limits = GrpcLimits {
-        max_message_bytes: settings.max_request_bytes,
-        max_concurrent_streams: settings.grpc_max_concurrent_streams,
-        // Zero is never, as in grpc-go.
-        max_connection_age: Some(settings.grpc_max_connection_age).filter(|age| !age.is_zero()),
-        max_connection_age_grace: settings.grpc_max_connection_age_grace,
-    };
     let grpc = crate::grpc::serve(
         listeners.grpc,
         tls,
         limiter,
         envoy,
-        limits,
+        grpc_limits(&listen),
         health_service,
         async move { stopped.cancelled().await },
     );
 
-    let drain = settings.drain_period;
+    let drain = listen.drain_period;
     let trigger = stop.clone();
     tasks.spawn(async move {
         shutdown.await;
@@ -256,7 +203,7 @@ pub async fn run(
     // logs its "Listening for ..." lines, so the default level (WARN) still shows where it serves.
     tracing::warn!(
         grpc = %grpc_addr, http = %http_addr, debug = %debug_addr,
-        rules = %origin, "tollgate serving"
+        rules = %origin, store = %store_name, "tollgate serving"
     );
     let prometheus = async move {
         match prometheus {
@@ -273,6 +220,41 @@ pub async fn run(
     debug.context("debug server failed")?;
     prometheus.context("Prometheus server failed")?;
     Ok(())
+}
+
+/// The limiter over `store` and `rules`: its options, the store `failure_mode: local` counts in while
+/// `store` fails, and the fleet's refund keys (tokens dated by `clock`).
+fn build_limiter(
+    decisions: &DecisionSettings,
+    telemetry: &TelemetrySettings,
+    store: AnyStore,
+    fallback: MemoryStore,
+    rules: &RulesHandle,
+    metrics: Arc<Metrics>,
+    clock: &Arc<dyn Clock>,
+) -> anyhow::Result<Arc<Limiter<AnyStore>>> {
+    let mut options = limiter_options(decisions, telemetry);
+    if decisions.stop_cache_key_increment_when_overlimit && store.is_cluster() {
+        // Exact rather than racy: one script call sees every descriptor of a request.
+        options.keep_domains_together = true;
+        tracing::warn!(
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT on Redis Cluster: each domain's counters live in one \
+             hash slot (keys tagged {{prefix+domain}}), so a request over one limit leaves its other \
+             descriptors untouched; these keys are not envoyproxy/ratelimit's and a domain's load is on \
+             one master"
+        );
+    }
+    let keys = refund_keys(decisions)?.or_else(RefundKeys::random);
+    let limiter = Limiter::new(
+        Arc::clone(rules),
+        store,
+        ValueHasher::new(decisions.hash_key.expose()),
+        options,
+    )
+    .with_metrics(metrics)
+    .with_local_fallback(fallback)
+    .with_refund_keys(keys, Arc::clone(clock));
+    Ok(Arc::new(limiter))
 }
 
 /// How the gRPC listener is named in the log: its TCP address, or `unix:PATH`.

@@ -1,5 +1,5 @@
-//! Settings turned into the options of the parts the server wires: the limiter's, the Envoy API's
-//! answers, the refund keys, and the gRPC listener's TLS.
+//! Settings sections turned into the options of the parts the server wires: the limiter's, the Envoy
+//! API's answers, the refund keys, and the gRPC listener's TLS and bounds.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,12 +8,15 @@ use anyhow::Context as _;
 
 use crate::api::envoy::EnvoyOptions;
 use crate::api::headers::{HeaderNames, HeaderOptions};
+use crate::grpc::GrpcLimits;
 use crate::grpc::tls::{ServerTls, TlsFiles};
-use crate::settings::{HeaderStyle, Settings, SettingsError};
+use crate::settings::{
+    AnswerSettings, DecisionSettings, HeaderStyle, ListenSettings, SettingsError, TelemetrySettings,
+};
 use tollgate_core::limiter::{LimiterOptions, RefundKeys};
 
 /// The gRPC listener's TLS (`GRPC_SERVER_USE_TLS`), read from its files; `None` for plaintext.
-pub(super) fn server_tls(settings: &Settings) -> anyhow::Result<Option<Arc<ServerTls>>> {
+pub(super) fn server_tls(settings: &ListenSettings) -> anyhow::Result<Option<Arc<ServerTls>>> {
     if !settings.grpc_server_use_tls {
         return Ok(None);
     }
@@ -37,12 +40,12 @@ const MIN_REFUND_KEY_LEN: usize = 32;
 
 /// The fleet's refund-token keys (`TOLLGATE_REFUND_KEY`, else `TOLLGATE_REFUND_KEY_FILE`), or `None`:
 /// then the limiter signs with a random key of this process, and says so.
-pub(super) fn refund_keys(settings: &Settings) -> anyhow::Result<Option<RefundKeys>> {
+pub(super) fn refund_keys(settings: &DecisionSettings) -> anyhow::Result<Option<RefundKeys>> {
     let text = if !settings.refund_key.is_empty() {
         settings.refund_key.expose().to_owned()
     } else if !settings.refund_key_file.is_empty() {
         std::fs::read_to_string(&settings.refund_key_file).map_err(|e| SettingsError::BadValue {
-            name: "refund_key_file",
+            name: "refund_key_file".into(),
             value: settings.refund_key_file.clone(),
             reason: e.to_string(),
         })?
@@ -60,7 +63,7 @@ pub(super) fn refund_keys(settings: &Settings) -> anyhow::Result<Option<RefundKe
         .collect();
     let Some((current, previous)) = secrets.split_first() else {
         return Err(SettingsError::BadValue {
-            name: "refund_key",
+            name: "refund_key".into(),
             value: "<redacted>".into(),
             reason: "holds no key".into(),
         }
@@ -69,7 +72,7 @@ pub(super) fn refund_keys(settings: &Settings) -> anyhow::Result<Option<RefundKe
     if let Some(short) = secrets.iter().position(|k| k.len() < MIN_REFUND_KEY_LEN) {
         // A short key can be found offline from any one token: it would let callers forge refunds.
         return Err(SettingsError::BadValue {
-            name: "refund_key",
+            name: "refund_key".into(),
             value: "<redacted>".into(),
             reason: format!("key {} is shorter than {MIN_REFUND_KEY_LEN} bytes", short + 1),
         }
@@ -82,7 +85,8 @@ pub(super) fn refund_keys(settings: &Settings) -> anyhow::Result<Option<RefundKe
     Ok(Some(keys))
 }
 
-pub(super) fn limiter_options(settings: &Settings) -> LimiterOptions {
+/// The limiter's options; `keep_domains_together` is the store's to decide (see `super::build_limiter`).
+pub(super) fn limiter_options(settings: &DecisionSettings, telemetry: &TelemetrySettings) -> LimiterOptions {
     LimiterOptions {
         cache_key_prefix: settings.cache_key_prefix.clone(),
         stop_increment_when_over_limit: settings.stop_cache_key_increment_when_overlimit,
@@ -92,20 +96,31 @@ pub(super) fn limiter_options(settings: &Settings) -> LimiterOptions {
         default_algorithm: settings.default_algorithm,
         max_descriptors: settings.max_descriptors,
         near_limit_ratio: settings.near_limit_ratio,
-        show_caller_values: settings.show_caller_values,
+        show_caller_values: telemetry.show_caller_values,
         fleet_size: settings.fleet_size,
     }
 }
 
-pub(super) fn envoy_options(settings: &Settings) -> EnvoyOptions {
+pub(super) fn envoy_options(settings: &AnswerSettings) -> EnvoyOptions {
     EnvoyOptions {
         headers: header_options(settings),
         dynamic_metadata: settings.response_dynamic_metadata,
     }
 }
 
+/// The gRPC transport's bounds.
+pub(super) fn grpc_limits(settings: &ListenSettings) -> GrpcLimits {
+    GrpcLimits {
+        max_message_bytes: settings.max_request_bytes,
+        max_concurrent_streams: settings.grpc_max_concurrent_streams,
+        // Zero is never, as in grpc-go.
+        max_connection_age: Some(settings.grpc_max_connection_age).filter(|age| !age.is_zero()),
+        max_connection_age_grace: settings.grpc_max_connection_age_grace,
+    }
+}
+
 /// The header styles and body to add to answers.
-pub(super) fn header_options(settings: &Settings) -> HeaderOptions {
+pub(super) fn header_options(settings: &AnswerSettings) -> HeaderOptions {
     let trio = || HeaderNames {
         limit: settings.limit_limit_header.clone(),
         remaining: settings.limit_remaining_header.clone(),
@@ -130,7 +145,7 @@ pub(super) fn header_options(settings: &Settings) -> HeaderOptions {
 /// The contents of the file a setting names; the error names the setting and the path.
 pub(super) fn read_setting_file(name: &'static str, path: &str) -> Result<Vec<u8>, SettingsError> {
     std::fs::read(path).map_err(|e| SettingsError::BadValue {
-        name,
+        name: name.into(),
         value: path.into(),
         reason: e.to_string(),
     })

@@ -8,13 +8,16 @@ use anyhow::Context as _;
 
 use tonic::metadata::{MetadataKey, MetadataValue};
 
+use crate::observe::health::Health;
 use crate::proto::envoy::config::core::v3::Node;
 use crate::proto::envoy::config::core::v3::node::UserAgentVersionType;
-use crate::settings::{Settings, SettingsError};
+use crate::settings::{ConfigType, RulesSettings, SettingsError};
 use crate::xds::{Retry, XdsClient, XdsServer, XdsTls};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tollgate_core::observe::metrics::Metrics;
-use tollgate_core::rules::CompileOptions;
 use tollgate_core::rules::reload::Reloader;
+use tollgate_core::rules::{CompileOptions, RuleSet, RulesHandle};
 
 /// Where the rules come from, ready to follow.
 pub(super) enum RulesSource {
@@ -24,23 +27,85 @@ pub(super) enum RulesSource {
     Xds(Box<XdsClient>),
 }
 
+impl RulesSource {
+    /// Opens the source `settings` name: the rules directory is loaded into `rules` now (a broken rule
+    /// set stops startup, naming the file and the reason); the xDS client is built, its TLS files read,
+    /// and with `FORCE_START_WITHOUT_INITIAL_CONFIG` an empty rule set is installed. `health` learns
+    /// when rules are there.
+    pub(super) async fn open(
+        settings: &RulesSettings,
+        options: CompileOptions,
+        metrics: &Arc<Metrics>,
+        rules: &RulesHandle,
+        health: &Health,
+    ) -> anyhow::Result<Self> {
+        match settings.config_type {
+            ConfigType::File => {
+                let reloader = Reloader {
+                    dir: settings.config_dir.clone(),
+                    merge_domains: settings.merge_domain_config,
+                    options,
+                    interval: settings.reload_interval,
+                    metrics: Arc::clone(metrics),
+                };
+                let version = reloader.load_into(rules).context("cannot load the rules")?;
+                health.set_rules_loaded(true).await;
+                Ok(RulesSource::Files(reloader, version))
+            }
+            ConfigType::GrpcXdsSotw => {
+                let client = xds_client(settings, options, Arc::clone(metrics))?;
+                if settings.force_start_without_initial_config {
+                    rules.store(Some(Arc::new(RuleSet::compile(&[], options)?)));
+                    health.set_rules_loaded(true).await;
+                } else {
+                    tracing::info!(
+                        "not ready until the xDS server sends rules (FORCE_START_WITHOUT_INITIAL_CONFIG is false)"
+                    );
+                }
+                Ok(RulesSource::Xds(Box::new(client)))
+            }
+        }
+    }
+
+    /// Follows the source in a task of `tasks` until `stop`: the directory polled, or the xDS stream.
+    /// Returns how the source is named in the log.
+    pub(super) fn follow(
+        self,
+        tasks: &TaskTracker,
+        rules: &RulesHandle,
+        health: &Health,
+        stop: &CancellationToken,
+    ) -> String {
+        match self {
+            RulesSource::Files(reloader, version) => {
+                let origin = reloader.dir.display().to_string();
+                tasks.spawn(reloader.run(Arc::clone(rules), Some(version), stop.clone()));
+                origin
+            }
+            RulesSource::Xds(client) => {
+                let origin = format!("xds:{}", client.server.url);
+                tasks.spawn(client.run(Arc::clone(rules), health.clone(), stop.clone()));
+                origin
+            }
+        }
+    }
+}
+
 /// The xDS rules source the `CONFIG_GRPC_XDS_*` and `XDS_CLIENT_*` settings describe. TLS material is
 /// read now, so a missing file stops startup naming it.
-pub(super) fn xds_client(
-    settings: &Settings,
+fn xds_client(
+    settings: &RulesSettings,
     options: CompileOptions,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<XdsClient> {
-    let tls = if settings.config_grpc_xds_server_use_tls {
-        if settings.config_grpc_xds_server_tls_cacert.is_empty() {
+    let xds = &settings.xds;
+    let tls = if xds.use_tls {
+        if xds.server_tls_cacert.is_empty() {
             anyhow::bail!(
                 "CONFIG_GRPC_XDS_SERVER_USE_TLS needs CONFIG_GRPC_XDS_SERVER_TLS_CACERT (the system's roots are not built in)"
             );
         }
-        let identity = match (
-            settings.config_grpc_xds_client_tls_cert.as_str(),
-            settings.config_grpc_xds_client_tls_key.as_str(),
-        ) {
+        let identity = match (xds.client_tls_cert.as_str(), xds.client_tls_key.as_str()) {
             ("", "") => None,
             (cert, key) if !cert.is_empty() && !key.is_empty() => {
                 Some((PathBuf::from(cert), PathBuf::from(key)))
@@ -50,9 +115,9 @@ pub(super) fn xds_client(
             ),
         };
         let tls = XdsTls {
-            ca: PathBuf::from(&settings.config_grpc_xds_server_tls_cacert),
+            ca: PathBuf::from(&xds.server_tls_cacert),
             identity,
-            server_name: Some(settings.config_grpc_xds_server_tls_san.clone()).filter(|san| !san.is_empty()),
+            server_name: Some(xds.server_tls_san.clone()).filter(|san| !san.is_empty()),
         };
         // Read once now, so a missing file stops startup naming it; then at every connection attempt.
         tls.load()
@@ -71,7 +136,7 @@ pub(super) fn xds_client(
                     let (k, v) = pair
                         .split_once(separator)
                         .ok_or_else(|| SettingsError::BadValue {
-                            name,
+                            name: name.into(),
                             value: "<redacted>".into(),
                             reason: format!("an entry is not key{separator}value"),
                         })?;
@@ -82,13 +147,13 @@ pub(super) fn xds_client(
     // Header values are often tokens: errors name the key only.
     let headers = pairs(
         "config_grpc_xds_client_additional_headers",
-        &settings.config_grpc_xds_client_additional_headers,
+        &xds.additional_headers,
         ':',
     )?
     .into_iter()
     .map(|(key, value)| {
         let bad = |reason: &str| SettingsError::BadValue {
-            name: "config_grpc_xds_client_additional_headers",
+            name: "config_grpc_xds_client_additional_headers".into(),
             value: "<redacted>".into(),
             reason: format!("header {key:?}: {reason}"),
         };
@@ -99,28 +164,24 @@ pub(super) fn xds_client(
         Ok((name, value))
     })
     .collect::<Result<Vec<_>, SettingsError>>()?;
-    let metadata = pairs(
-        "config_grpc_xds_node_metadata",
-        &settings.config_grpc_xds_node_metadata,
-        '=',
-    )?
-    .into_iter()
-    .map(|(k, v)| {
-        let value = prost_types::Value {
-            kind: Some(prost_types::value::Kind::StringValue(v)),
-        };
-        (k, value)
-    })
-    .collect();
+    let metadata = pairs("config_grpc_xds_node_metadata", &xds.node_metadata, '=')?
+        .into_iter()
+        .map(|(k, v)| {
+            let value = prost_types::Value {
+                kind: Some(prost_types::value::Kind::StringValue(v)),
+            };
+            (k, value)
+        })
+        .collect();
     Ok(XdsClient {
         server: XdsServer {
-            url: settings.config_grpc_xds_server_url.clone(),
+            url: xds.server_url.clone(),
             tls,
             headers,
-            max_message_bytes: settings.xds_client_max_msg_size_in_bytes,
+            max_message_bytes: xds.max_msg_size_in_bytes,
         },
         node: Node {
-            id: settings.config_grpc_xds_node_id.clone(),
+            id: xds.node_id.clone(),
             cluster: String::new(),
             metadata: Some(prost_types::Struct { fields: metadata }),
             user_agent_name: "tollgate".into(),
@@ -129,11 +190,11 @@ pub(super) fn xds_client(
             )),
         },
         retry: Retry {
-            connect_interval: settings.config_grpc_xds_server_connect_retry_interval,
-            backoff_initial: settings.xds_client_backoff_initial_interval,
-            backoff_max: settings.xds_client_backoff_max_interval,
-            random_factor: settings.xds_client_backoff_random_factor,
-            jitter: settings.xds_client_backoff_jitter,
+            connect_interval: xds.connect_retry_interval,
+            backoff_initial: xds.backoff_initial_interval,
+            backoff_max: xds.backoff_max_interval,
+            random_factor: xds.backoff_random_factor,
+            jitter: xds.backoff_jitter,
         },
         merge_domains: settings.merge_domain_config,
         options,

@@ -9,65 +9,31 @@ use tokio_util::sync::CancellationToken;
 
 use super::options::read_setting_file;
 use crate::observe::health::Health;
-use crate::settings::{Settings, SettingsError};
+use crate::settings::{Origins, SettingsError, StoreSettings};
 use tollgate_core::clock::Clock;
 use tollgate_core::observe::metrics::Metrics;
 use tollgate_core::store::AnyStore;
-use tollgate_core::store::local_cache::LocalCache;
-use tollgate_core::store::memory::MemoryStore;
-use tollgate_core::store::per_second::RedisStores;
-use tollgate_core::store::redis::without_userinfo;
-use tollgate_core::store::redis::{RedisOptions, RedisStore, RedisTarget, TargetError};
+use tollgate_core::store::redis::RedisStore;
 
-/// The embedded store, or Redis (connecting in the background) behind the local over-limit cache.
+/// The embedded store, or Redis (connecting in the background) behind the local over-limit cache, as
+/// the store settings say; the `REDIS_TLS_*` files are read now, so a missing one stops startup.
 pub(super) fn build_store(
-    settings: &Settings,
+    settings: &StoreSettings,
+    origins: &Origins,
     clock: Arc<dyn Clock>,
     stop: CancellationToken,
 ) -> anyhow::Result<AnyStore> {
-    let Some(target) = redis_target(settings)? else {
-        tracing::info!("no REDIS_URL: counting in the embedded store (one instance only)");
-        return Ok(AnyStore::Memory(MemoryStore::with_max_keys(
-            clock,
-            settings.memory_max_keys,
-        )));
-    };
     let tls = redis_tls_certificates(settings)?;
-    let cached = |target, connections, connect_timeout, (pipeline_window, pipeline_limit)| {
-        let options = RedisOptions {
-            target,
-            connections,
-            deadline: settings.redis_deadline,
-            connect_timeout,
-            expiration_jitter_max_secs: settings.expiration_jitter_max_seconds,
-            tls: tls.clone(),
-            pipeline_fixed_windows: settings.redis_pipeline_fixed_windows,
-            pipeline_window,
-            pipeline_limit,
-            traces: crate::observe::telemetry::traces_enabled(),
-        };
-        let redis = RedisStore::start(options, Arc::clone(&clock), stop.clone());
-        LocalCache::new(redis, settings.local_cache_size_in_bytes, Arc::clone(&clock))
-    };
-    let main = cached(
-        target,
-        settings.redis_pool_size,
-        settings.redis_connect_timeout,
-        (settings.redis_pipeline_window, settings.redis_pipeline_limit),
-    );
-    let per_second = redis_persecond_target(settings)?.map(|target| {
-        tracing::info!(redis = %target, "per-second limits are counted in their own Redis (REDIS_PERSECOND)");
-        cached(
-            target,
-            settings.redis_persecond_pool_size,
-            settings.redis_persecond_connect_timeout,
-            (
-                settings.redis_persecond_pipeline_window,
-                settings.redis_persecond_pipeline_limit,
-            ),
-        )
-    });
-    Ok(AnyStore::Redis(RedisStores { main, per_second }))
+    let options = settings.store_options(origins, tls, crate::observe::telemetry::traces_enabled())?;
+    match (&options.redis, &options.per_second) {
+        (None, _) => tracing::info!("no REDIS_URL: counting in the embedded store (one instance only)"),
+        (Some(_), Some(per_second)) => tracing::info!(
+            redis = %per_second.target,
+            "per-second limits are counted in their own Redis (REDIS_PERSECOND)"
+        ),
+        (Some(_), None) => {}
+    }
+    Ok(AnyStore::open(options, clock, stop))
 }
 
 /// Keeps readiness and `tollgate_store_up` in step with Redis (every Redis in use: the main one and the
@@ -103,58 +69,9 @@ pub(super) async fn watch_redis(
 /// How often readiness checks that Redis answers.
 const STORE_PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
-/// Where Redis is, or `None` for the embedded store. The error names the URL without its userinfo.
-pub(crate) fn redis_target(settings: &Settings) -> Result<Option<RedisTarget>, SettingsError> {
-    if settings.redis_url.trim().is_empty() {
-        return Ok(None);
-    }
-    RedisTarget::parse(
-        &settings.redis_url,
-        &settings.redis_type,
-        &settings.redis_socket_type,
-        settings.redis_auth.expose(),
-        settings.redis_sentinel_auth.expose(),
-        settings.redis_tls,
-        settings.redis_tls_skip_hostname_verification,
-    )
-    .map(Some)
-    .map_err(bad_target("redis_url", &settings.redis_url))
-}
-
-/// Where the per-second Redis is (`REDIS_PERSECOND`), or `None` when per-second limits stay in the
-/// main one.
-pub(crate) fn redis_persecond_target(settings: &Settings) -> Result<Option<RedisTarget>, SettingsError> {
-    if !settings.redis_persecond {
-        return Ok(None);
-    }
-    RedisTarget::parse(
-        &settings.redis_persecond_url,
-        &settings.redis_persecond_type,
-        &settings.redis_persecond_socket_type,
-        settings.redis_persecond_auth.expose(),
-        settings.redis_persecond_sentinel_auth.expose(),
-        settings.redis_persecond_tls,
-        settings.redis_tls_skip_hostname_verification,
-    )
-    .map(Some)
-    .map_err(bad_target("redis_persecond_url", &settings.redis_persecond_url))
-}
-
-/// A Redis location that does not parse, as the setting `name` holding `url`: the error names the
-/// URL without its userinfo (a password never reaches a log).
-fn bad_target<'a>(name: &'static str, url: &'a str) -> impl FnOnce(TargetError) -> SettingsError + 'a {
-    move |error| SettingsError::BadValue {
-        name,
-        value: without_userinfo(url),
-        reason: error.to_string(),
-    }
-}
-
 /// The certificates for TLS to Redis, read from the configured files (none configured: `None`, and the
 /// system's roots verify the server).
-pub(super) fn redis_tls_certificates(
-    settings: &Settings,
-) -> Result<Option<redis::TlsCertificates>, SettingsError> {
+fn redis_tls_certificates(settings: &StoreSettings) -> Result<Option<redis::TlsCertificates>, SettingsError> {
     let read = read_setting_file;
     let root_cert = match settings.redis_tls_cacert.as_str() {
         "" => None,
@@ -171,7 +88,7 @@ pub(super) fn redis_tls_certificates(
         }),
         _ => {
             return Err(SettingsError::BadValue {
-                name: "redis_tls_client_cert",
+                name: "redis_tls_client_cert".into(),
                 value: settings.redis_tls_client_cert.clone(),
                 reason: "a client certificate and its key go together".into(),
             });

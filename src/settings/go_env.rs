@@ -1,213 +1,15 @@
-//! envoyproxy/ratelimit's environment variables: the names Tollgate honours (translated to its own
-//! settings, with Go's boolean syntax and `HOST`/`PORT` and `RUNTIME_*` composition), and the ones it
-//! accepts without acting on them, each a warning that says what happens instead. Which setting each Go
-//! name ends up in, and why, is tabled in `docs/settings.md`.
+//! envoyproxy/ratelimit's environment variables that Tollgate does not act on, each a warning that
+//! says what happens instead, and variables that look like a setting mistyped. (The Go names Tollgate
+//! honours are read where each setting is, see [`super::source`]; docs/settings.md tables them all.)
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 
-use config::{Map, Source, Value, ValueKind};
-
-use super::SettingsError;
-
-/// envoyproxy/ratelimit's environment variables, translated to Tollgate settings.
-#[derive(Debug, Clone)]
-pub(super) struct GoEnvironment {
-    values: Map<String, Value>,
-}
-
-/// Go settings that map one-to-one onto a Tollgate setting of the same meaning.
-const GO_DIRECT: &[(&str, &str)] = &[
-    ("SHADOW_MODE", "shadow_mode"),
-    ("QUOTA_MODE", "quota_mode"),
-    ("RESPONSE_DYNAMIC_METADATA", "response_dynamic_metadata"),
-    ("LIMIT_RESPONSE_HEADERS_ENABLED", "limit_response_headers_enabled"),
-    ("LIMIT_LIMIT_HEADER", "limit_limit_header"),
-    ("LIMIT_REMAINING_HEADER", "limit_remaining_header"),
-    ("LIMIT_RESET_HEADER", "limit_reset_header"),
-    ("MERGE_DOMAIN_CONFIG", "merge_domain_config"),
-    (
-        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-        "stop_cache_key_increment_when_overlimit",
-    ),
-    ("CACHE_KEY_PREFIX", "cache_key_prefix"),
-    ("LOG_LEVEL", "log_level"),
-    ("LOG_FORMAT", "log_format"),
-    ("BACKEND_TYPE", "backend_type"),
-    ("REDIS_URL", "redis_url"),
-    ("REDIS_TYPE", "redis_type"),
-    ("REDIS_SOCKET_TYPE", "redis_socket_type"),
-    ("REDIS_AUTH", "redis_auth"),
-    ("REDIS_SENTINEL_AUTH", "redis_sentinel_auth"),
-    ("REDIS_TLS", "redis_tls"),
-    ("REDIS_TLS_CACERT", "redis_tls_cacert"),
-    ("REDIS_TLS_CLIENT_CERT", "redis_tls_client_cert"),
-    ("REDIS_TLS_CLIENT_KEY", "redis_tls_client_key"),
-    (
-        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-        "redis_tls_skip_hostname_verification",
-    ),
-    ("REDIS_POOL_SIZE", "redis_pool_size"),
-    ("REDIS_TIMEOUT", "redis_connect_timeout"),
-    ("REDIS_PERSECOND", "redis_persecond"),
-    ("REDIS_PERSECOND_URL", "redis_persecond_url"),
-    ("REDIS_PERSECOND_TYPE", "redis_persecond_type"),
-    ("REDIS_PERSECOND_SOCKET_TYPE", "redis_persecond_socket_type"),
-    ("REDIS_PERSECOND_AUTH", "redis_persecond_auth"),
-    ("REDIS_PERSECOND_SENTINEL_AUTH", "redis_persecond_sentinel_auth"),
-    ("REDIS_PERSECOND_TLS", "redis_persecond_tls"),
-    ("REDIS_PERSECOND_POOL_SIZE", "redis_persecond_pool_size"),
-    ("REDIS_PERSECOND_TIMEOUT", "redis_persecond_connect_timeout"),
-    ("REDIS_PIPELINE_WINDOW", "redis_pipeline_window"),
-    ("REDIS_PIPELINE_LIMIT", "redis_pipeline_limit"),
-    (
-        "REDIS_PERSECOND_PIPELINE_WINDOW",
-        "redis_persecond_pipeline_window",
-    ),
-    ("REDIS_PERSECOND_PIPELINE_LIMIT", "redis_persecond_pipeline_limit"),
-    ("EXPIRATION_JITTER_MAX_SECONDS", "expiration_jitter_max_seconds"),
-    ("LOCAL_CACHE_SIZE_IN_BYTES", "local_cache_size_in_bytes"),
-    ("NEAR_LIMIT_RATIO", "near_limit_ratio"),
-    ("TRACING_ENABLED", "tracing_enabled"),
-    ("TRACING_SERVICE_NAME", "tracing_service_name"),
-    ("TRACING_SERVICE_NAMESPACE", "tracing_service_namespace"),
-    ("TRACING_SERVICE_INSTANCE_ID", "tracing_service_instance_id"),
-    ("TRACING_SAMPLING_RATE", "tracing_sampling_rate"),
-    ("TRACING_EXPORTER_PROTOCOL", "tracing_exporter_protocol"),
-    ("GRPC_UDS", "grpc_uds"),
-    ("GRPC_MAX_CONNECTION_AGE", "grpc_max_connection_age"),
-    ("GRPC_MAX_CONNECTION_AGE_GRACE", "grpc_max_connection_age_grace"),
-    ("GRPC_SERVER_USE_TLS", "grpc_server_use_tls"),
-    ("GRPC_SERVER_TLS_CERT", "grpc_server_tls_cert"),
-    ("GRPC_SERVER_TLS_KEY", "grpc_server_tls_key"),
-    ("GRPC_CLIENT_TLS_CACERT", "grpc_client_tls_cacert"),
-    ("GRPC_CLIENT_TLS_SAN", "grpc_client_tls_san"),
-    ("CONFIG_TYPE", "config_type"),
-    (
-        "FORCE_START_WITHOUT_INITIAL_CONFIG",
-        "force_start_without_initial_config",
-    ),
-    ("CONFIG_GRPC_XDS_SERVER_URL", "config_grpc_xds_server_url"),
-    ("CONFIG_GRPC_XDS_NODE_ID", "config_grpc_xds_node_id"),
-    ("CONFIG_GRPC_XDS_NODE_METADATA", "config_grpc_xds_node_metadata"),
-    (
-        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
-        "config_grpc_xds_server_connect_retry_interval",
-    ),
-    (
-        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-        "config_grpc_xds_client_additional_headers",
-    ),
-    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "config_grpc_xds_server_use_tls"),
-    (
-        "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
-        "config_grpc_xds_client_tls_cert",
-    ),
-    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "config_grpc_xds_client_tls_key"),
-    (
-        "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
-        "config_grpc_xds_server_tls_cacert",
-    ),
-    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "config_grpc_xds_server_tls_san"),
-    (
-        "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
-        "xds_client_backoff_initial_interval",
-    ),
-    (
-        "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
-        "xds_client_backoff_max_interval",
-    ),
-    (
-        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-        "xds_client_backoff_random_factor",
-    ),
-    ("XDS_CLIENT_BACKOFF_JITTER", "xds_client_backoff_jitter"),
-    (
-        "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
-        "xds_client_max_msg_size_in_bytes",
-    ),
-    ("USE_PROMETHEUS", "use_prometheus"),
-    ("PROMETHEUS_ADDR", "prometheus_addr"),
-    ("PROMETHEUS_PATH", "prometheus_path"),
-];
-
-/// OpenTelemetry's standard variables Tollgate reads into settings (the OTLP exporter reads its own
-/// `OTEL_EXPORTER_OTLP_*` itself).
-const OTEL_DIRECT: &[(&str, &str)] = &[
-    ("OTEL_TRACES_SAMPLER", "otel_traces_sampler"),
-    ("OTEL_TRACES_SAMPLER_ARG", "otel_traces_sampler_arg"),
-];
-
-/// Go settings that are booleans, parsed with Go's `strconv.ParseBool` rules.
-const GO_BOOLS: &[&str] = &[
-    "SHADOW_MODE",
-    "QUOTA_MODE",
-    "RESPONSE_DYNAMIC_METADATA",
-    "LIMIT_RESPONSE_HEADERS_ENABLED",
-    "MERGE_DOMAIN_CONFIG",
-    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-    "REDIS_TLS",
-    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-    "REDIS_PERSECOND",
-    "REDIS_PERSECOND_TLS",
-    "TRACING_ENABLED",
-    "GRPC_SERVER_USE_TLS",
-    "FORCE_START_WITHOUT_INITIAL_CONFIG",
-    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
-    "XDS_CLIENT_BACKOFF_JITTER",
-    "USE_PROMETHEUS",
-];
-
-impl GoEnvironment {
-    pub(super) fn from(
-        env: &HashMap<String, String>,
-        warnings: &mut Vec<String>,
-    ) -> Result<Self, SettingsError> {
-        let origin = "environment".to_owned();
-        let mut values = Map::new();
-        let mut put = |key: &str, kind: ValueKind| {
-            values.insert(key.to_owned(), Value::new(Some(&origin), kind));
-        };
-        for (go, ours) in GO_DIRECT.iter().chain(OTEL_DIRECT) {
-            let Some(value) = env.get(*go) else { continue };
-            if GO_BOOLS.contains(go) {
-                put(ours, ValueKind::Boolean(parse_go_bool(go, value)?));
-            } else {
-                put(ours, ValueKind::String(value.clone()));
-            }
-        }
-        for (host, port, ours, default_host) in [
-            ("GRPC_HOST", "GRPC_PORT", "grpc_addr", "0.0.0.0"),
-            ("HOST", "PORT", "http_addr", "0.0.0.0"),
-            ("DEBUG_HOST", "DEBUG_PORT", "debug_addr", "0.0.0.0"),
-        ] {
-            if let Some(addr) = host_port(env, host, port, default_host, warnings) {
-                put(ours, ValueKind::String(addr));
-            }
-        }
-        if let Some(dir) = runtime_dir(env) {
-            put(
-                "config_dir",
-                ValueKind::String(dir.to_string_lossy().into_owned()),
-            );
-        }
-        Ok(Self { values })
-    }
-}
-
-impl Source for GoEnvironment {
-    fn clone_into_box(&self) -> Box<dyn Source + Send + Sync> {
-        Box::new(self.clone())
-    }
-
-    fn collect(&self) -> Result<Map<String, Value>, config::ConfigError> {
-        Ok(self.values.clone())
-    }
-}
+use super::SETTINGS_FILE_ENV;
+use super::source::{Entry, native_name, nearest};
 
 /// envoyproxy/ratelimit settings (or prefixes of families) Tollgate accepts and ignores, with what
 /// happens instead; each present one is a warning at startup.
-const GO_IGNORED: &[(&str, &str)] = &[
+pub const GO_IGNORED: &[(&str, &str)] = &[
     (
         "GRPC_SERVER_TLS_CA_CERT",
         "envoyproxy/ratelimit does not read it either (Envoy Gateway sets it); set GRPC_CLIENT_TLS_CACERT to require client certificates",
@@ -265,79 +67,86 @@ const GO_IGNORED: &[(&str, &str)] = &[
     ("MEMCACHE_", "there is no memcache backend"),
 ];
 
-/// Notes the envoyproxy/ratelimit settings Tollgate accepts without acting on them as warnings, saying
-/// what happens instead. Nothing is ignored in silence; a value Tollgate cannot honour where ignoring it
-/// would weaken limits or security is refused where it is read (`BACKEND_TYPE=memcache`, Sentinel over
-/// TLS).
-pub(super) fn go_warnings(env: &HashMap<String, String>, warnings: &mut Vec<String>) {
+/// Adds a warning for each variable of `env` that is an envoyproxy/ratelimit setting Tollgate accepts
+/// without acting on it (saying what happens instead), that is no Tollgate setting though it is named
+/// like one (`TOLLGATE_*`), or that looks like a mistyped setting of either kind; `known` is every
+/// setting. Nothing is ignored in silence; a value Tollgate cannot honour where ignoring it would
+/// weaken limits or security is refused where it is read (`BACKEND_TYPE=memcache`).
+pub(super) fn warnings(env: &HashMap<String, String>, known: &[Entry], warnings: &mut Vec<String>) {
+    let natives: Vec<String> = known.iter().map(|e| native_name(&e.key)).collect();
+    let go_names: Vec<&str> = known
+        .iter()
+        .flat_map(|e| e.go.iter().copied())
+        .chain(
+            GO_IGNORED
+                .iter()
+                .map(|(name, _)| *name)
+                .filter(|name| !name.ends_with('_')),
+        )
+        .collect();
     let mut names: Vec<&String> = env.keys().collect();
     names.sort();
     for name in names {
         if let Some((_, instead)) = GO_IGNORED.iter().find(|(known, _)| name.starts_with(known)) {
             warnings.push(format!("ignoring {name}: {instead}"));
+        } else if name.starts_with("TOLLGATE_") {
+            if name != SETTINGS_FILE_ENV && !natives.contains(name) {
+                let hint = nearest(name, natives.iter().map(String::as_str))
+                    .map_or_else(String::new, |n| format!(" (did you mean {n}?)"));
+                warnings.push(format!("ignoring {name}: not a Tollgate setting{hint}"));
+            }
+        } else if !go_names.contains(&name.as_str())
+            && let Some(meant) = nearest(name, go_names.iter().copied())
+        {
+            warnings.push(format!("ignoring {name}: not a setting (did you mean {meant}?)"));
         }
     }
 }
 
-/// `HOST` and `PORT` style pairs: either one alone overrides only its half of the default address.
-fn host_port(
-    env: &HashMap<String, String>,
-    host: &str,
-    port: &str,
-    default_host: &str,
-    warnings: &mut Vec<String>,
-) -> Option<String> {
-    // Kubernetes service links set `<SERVICE>_PORT=tcp://10.0.0.1:8081` for a Service named `grpc` (or
-    // the like); that is not a port number, and envoyproxy/ratelimit's meaning must not be read into it.
-    let p = env.get(port).filter(|p| {
-        let numeric = p.parse::<u16>().is_ok();
-        if !numeric {
-            warnings.push(format!("ignoring {port}={p:?}: not a port number"));
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn warned(pairs: &[(&str, &str)]) -> Vec<String> {
+        let env = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut out = Vec::new();
+        warnings(&env, &super::super::Settings::catalogue(), &mut out);
+        out
+    }
+
+    #[test]
+    fn typos_of_settings_are_named_with_the_setting_meant() {
+        let out = warned(&[
+            ("REDIS_URl", "r:6379"),
+            ("TOLLGATE_REDIS_DEADLNE", "5ms"),
+            ("SHADOW_MOD", "true"),
+        ]);
+        for expected in [
+            "ignoring REDIS_URl: not a setting (did you mean REDIS_URL?)",
+            "ignoring TOLLGATE_REDIS_DEADLNE: not a Tollgate setting (did you mean TOLLGATE_REDIS_DEADLINE?)",
+            "ignoring SHADOW_MOD: not a setting (did you mean SHADOW_MODE?)",
+        ] {
+            assert!(out.iter().any(|w| w == expected), "{expected} not in {out:?}");
         }
-        numeric
-    });
-    let h = env.get(host);
-    if h.is_none() && p.is_none() {
-        return None;
     }
-    let default_port = match port {
-        "GRPC_PORT" => "8081",
-        "PORT" => "8080",
-        _ => "6070",
-    };
-    let h = h.map_or(default_host, String::as_str);
-    let p = p.map_or(default_port, String::as_str);
-    // An IPv6 literal needs brackets in `host:port` form.
-    Some(if h.contains(':') {
-        format!("[{h}]:{p}")
-    } else {
-        format!("{h}:{p}")
-    })
-}
 
-/// `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`, when any of them is set.
-fn runtime_dir(env: &HashMap<String, String>) -> Option<PathBuf> {
-    let keys = ["RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY"];
-    if keys.iter().all(|k| !env.contains_key(*k)) {
-        return None;
-    }
-    let root = env
-        .get(keys[0])
-        .map_or("/srv/runtime_data/current", String::as_str);
-    let sub = env.get(keys[1]).map_or("", String::as_str);
-    let app = env.get(keys[2]).map_or("config", String::as_str);
-    Some(Path::new(root).join(sub).join(app))
-}
-
-/// Go's `strconv.ParseBool`.
-fn parse_go_bool(name: &'static str, value: &str) -> Result<bool, SettingsError> {
-    match value {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        _ => Err(SettingsError::BadValue {
-            name,
-            value: value.into(),
-            reason: "expected a boolean".into(),
-        }),
+    #[test]
+    fn the_environment_of_a_container_raises_nothing() {
+        let out = warned(&[
+            ("HOME", "/root"),
+            ("HOSTNAME", "tollgate-0"),
+            ("PATH", "/usr/bin"),
+            ("TERM", "xterm"),
+            ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+            ("KUBERNETES_PORT", "tcp://10.0.0.1:443"),
+            ("REDIS_SERVICE_HOST", "10.0.0.9"),
+            ("REDIS_PORT", "tcp://10.0.0.9:6379"),
+            ("REDIS_URL", "redis:6379"),
+            ("TOLLGATE_SETTINGS_FILE", "/etc/tollgate.yaml"),
+        ]);
+        assert!(out.is_empty(), "{out:?}");
     }
 }

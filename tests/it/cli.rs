@@ -293,6 +293,11 @@ async fn serve_with_flags_answers_then_exits_zero_on_sigterm() {
     for addr in [served.grpc, served.http, served.debug] {
         assert!(addr.ip().is_loopback() && addr.port() != 0, "{addr}");
     }
+    let serving = served.log.last().expect("the serving line");
+    assert!(
+        serving.contains("store") && serving.contains("embedded"),
+        "the store is named: {serving}"
+    );
     let r = ask_user(served.grpc, "cli", "a").await;
     assert_eq!(r.overall_code, WireCode::Ok as i32);
     assert_eq!(r.statuses[0].limit_remaining, 1);
@@ -534,6 +539,13 @@ async fn query_prints_json_and_exits_by_overall_code() {
     let json: Value = serde_json::from_str(stdout.trim()).expect("stdout is JSON");
     assert_eq!(json["overallCode"], "OVER_LIMIT", "{json}");
     assert_eq!(json["statuses"][0]["code"], "OVER_LIMIT", "{json}");
+    // The address as the `tollgate serving` line prints it, without a scheme.
+    let (code, stdout, stderr) = query(&server.grpc.to_string(), &["other=z"]).await;
+    assert_eq!(
+        code,
+        Some(0),
+        "host:port works; stdout: {stdout}\nstderr: {stderr}"
+    );
     server.stop().await;
 }
 
@@ -547,6 +559,16 @@ async fn query_errors_exit_two() {
     let (code, stdout, stderr) = query(&format!("http://{closed}"), &["user=a"]).await;
     assert_eq!(code, Some(2), "stdout: {stdout}\nstderr: {stderr}");
     assert!(stdout.is_empty());
+    // Each cause is said once, on one line.
+    let line = stderr.trim();
+    assert_eq!(line.lines().count(), 1, "{stderr}");
+    let causes: Vec<&str> = line.trim_start_matches("tollgate: ").split(": ").collect();
+    let mut distinct = causes.clone();
+    distinct.dedup();
+    assert_eq!(causes, distinct, "a cause said twice: {stderr}");
+    let (code, _, stderr) = query("not an address", &["user=a"]).await;
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("is not host:port or a URL"), "{stderr}");
     // A malformed descriptor.
     let (code, _, stderr) = query("http://127.0.0.1:1", &["novalue"]).await;
     assert_eq!(code, Some(2));
@@ -1059,7 +1081,7 @@ async fn secrets_never_reach_the_output_of_a_failed_start() {
                 ("REDIS_PERSECOND", "true"),
                 ("REDIS_PERSECOND_URL", per_second_url.as_str()),
             ],
-            "redis_persecond_url",
+            "REDIS_PERSECOND_URL",
         ),
         (
             "a malformed xDS header list carrying a token",

@@ -8,6 +8,8 @@ mod common;
 mod cli;
 mod client;
 mod compat;
+mod docs;
+mod embedded;
 mod envoy_gateway;
 mod extensions;
 mod faults;

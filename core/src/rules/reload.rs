@@ -125,7 +125,12 @@ pub fn install(set: RuleSet, version: &str, source: &str, metrics: &Metrics, rul
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     metrics.loaded(version, now);
-    tracing::info!(%source, domains = set.len(), %version, "rules loaded");
+    if set.is_empty() {
+        // Valid (a fleet may start before its rules are written), but it limits nothing: say so.
+        tracing::warn!(%source, %version, "rules loaded, but they define no domain: every request is allowed");
+    } else {
+        tracing::info!(%source, domains = set.len(), %version, "rules loaded");
+    }
     rules.store(Some(Arc::new(set)));
 }
 

@@ -65,6 +65,10 @@ pub struct LocalCache<S> {
     hits: AtomicU64,
 }
 
+/// Default budget of the over-limit cache (envoyproxy/ratelimit's `LOCAL_CACHE_SIZE_IN_BYTES` is 0,
+/// off): about 25,000 blocked keys.
+pub const DEFAULT_BYTES: usize = 4 << 20;
+
 impl<S: Store> LocalCache<S> {
     /// Wraps `inner` with a cache of at most about `bytes` bytes (0 disables caching).
     pub fn new(inner: S, bytes: usize, clock: Arc<dyn Clock>) -> Self {

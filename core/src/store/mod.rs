@@ -17,8 +17,12 @@ pub mod per_second;
 pub mod redis;
 
 use std::future::Future;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
 
 use crate::algorithm::{Decision, Limit};
+use crate::clock::Clock;
 
 /// One limit to apply: which counter, what limit, how much to consume.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,6 +173,36 @@ pub trait Store: lease::LeaseStore + Send + Sync + 'static {
     fn apply(&self, batch: &Batch) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 }
 
+/// What [`AnyStore::open`] builds: the embedded store, or Redis (with the per-second Redis of
+/// envoyproxy/ratelimit's `REDIS_PERSECOND`) behind the local over-limit cache.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Most entries the embedded store holds (see [`memory::DEFAULT_MAX_KEYS`]).
+    pub memory_max_keys: usize,
+    /// The over-limit cache's budget in front of each Redis, in bytes (0: none; see
+    /// [`local_cache::DEFAULT_BYTES`]).
+    pub local_cache_bytes: usize,
+    /// Redis; `None`: the embedded store.
+    #[cfg(feature = "redis")]
+    pub redis: Option<redis::RedisOptions>,
+    /// The per-second Redis, for limits whose every window is one second; `None`: they stay in `redis`.
+    #[cfg(feature = "redis")]
+    pub per_second: Option<redis::RedisOptions>,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            memory_max_keys: memory::DEFAULT_MAX_KEYS,
+            local_cache_bytes: local_cache::DEFAULT_BYTES,
+            #[cfg(feature = "redis")]
+            redis: None,
+            #[cfg(feature = "redis")]
+            per_second: None,
+        }
+    }
+}
+
 /// The store chosen at startup: the embedded one, or Redis behind the local over-limit cache.
 #[derive(Debug)]
 pub enum AnyStore {
@@ -212,6 +246,24 @@ pub struct StoreCounters {
 }
 
 impl AnyStore {
+    /// The store `options` describe, on `clock` (the embedded store's and the local cache's time; Redis
+    /// keeps its own). Redis connects in the background until `stop` is cancelled: until it answers,
+    /// requests get the rules' failure modes.
+    pub fn open(options: StoreOptions, clock: Arc<dyn Clock>, stop: CancellationToken) -> Self {
+        #[cfg(feature = "redis")]
+        if let Some(main) = options.redis {
+            let cached = |redis| {
+                let store = redis::RedisStore::start(redis, Arc::clone(&clock), stop.clone());
+                local_cache::LocalCache::new(store, options.local_cache_bytes, Arc::clone(&clock))
+            };
+            let main = cached(main);
+            let per_second = options.per_second.map(cached);
+            return AnyStore::Redis(per_second::RedisStores { main, per_second });
+        }
+        let _ = stop;
+        AnyStore::Memory(memory::MemoryStore::with_max_keys(clock, options.memory_max_keys))
+    }
+
     /// The store's counters.
     pub fn counters(&self) -> StoreCounters {
         match self {
@@ -239,6 +291,23 @@ impl AnyStore {
                     lease_slots: None,
                 }
             }),
+        }
+    }
+}
+
+impl std::fmt::Display for AnyStore {
+    /// What the store is, for the log: `embedded`, or each Redis's address (no userinfo).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AnyStore::Memory(_) => f.write_str("embedded"),
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(stores) => {
+                write!(f, "redis {}", stores.main.inner().target())?;
+                if let Some(per_second) = &stores.per_second {
+                    write!(f, ", per-second redis {}", per_second.inner().target())?;
+                }
+                Ok(())
+            }
         }
     }
 }

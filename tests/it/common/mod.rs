@@ -250,7 +250,7 @@ impl TestServer {
             ("reload_interval", "100ms".to_owned()),
         ];
         let settings = Settings::load_from(None, &env, &flags).expect("settings");
-        let listeners = Listeners::bind(&settings).await.expect("bind");
+        let listeners = Listeners::bind(&settings.listen).await.expect("bind");
         // On a unix socket (`GRPC_UDS`) there is no TCP address; tests of that socket use its path.
         let grpc = listeners
             .grpc

@@ -26,6 +26,7 @@ mod cluster_scripts;
 mod coalesce;
 mod keys;
 mod lease;
+mod options;
 mod pipeline;
 pub mod script;
 mod sentinel;
@@ -49,6 +50,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 pub use keys::slot;
+pub use options::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONNECTIONS, DEFAULT_DEADLINE, DEFAULT_EXPIRATION_JITTER_SECS,
+    RedisOptions,
+};
 pub use target::{RedisMode, RedisTarget, TargetError, without_userinfo};
 
 use self::clock_offset::ClockOffsets;
@@ -59,37 +64,6 @@ use self::sentinel::{SentinelLink, suggests_failover};
 use super::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::Clock;
-
-/// How to talk to Redis.
-#[derive(Debug, Clone)]
-pub struct RedisOptions {
-    /// Where Redis is.
-    pub target: RedisTarget,
-    /// Multiplexed connections to a single node, used round-robin (`REDIS_POOL_SIZE`).
-    pub connections: usize,
-    /// Longest a decision may wait for Redis; then the call fails with [`StoreError::Timeout`].
-    pub deadline: Duration,
-    /// Longest a connection attempt may take.
-    pub connect_timeout: Duration,
-    /// Certificates for TLS (a private CA, a client certificate); `None` trusts the system's roots.
-    /// Whether TLS is used at all is in the target (`REDIS_TLS`, `rediss://`).
-    pub tls: Option<redis::TlsCertificates>,
-    /// Fixed-window keys expire after their window plus up to this much (`EXPIRATION_JITTER_MAX_SECONDS`),
-    /// spreading expirations as envoyproxy/ratelimit does.
-    pub expiration_jitter_max_secs: u64,
-    /// Decide requests made only of fixed-window counters with pipelined `INCRBY` + `EXPIRE` instead of
-    /// the script (`src/store/redis/pipeline.rs`; `TOLLGATE_REDIS_PIPELINE_FIXED_WINDOWS`, on by default).
-    pub pipeline_fixed_windows: bool,
-    /// How long a coalesced call waits, from its first request's arrival, for more requests to join it
-    /// (`REDIS_PIPELINE_WINDOW`); zero sends it as soon as a call slot is free.
-    pub pipeline_window: Duration,
-    /// A coalesced call is sent once it carries this many items (`REDIS_PIPELINE_LIMIT`); zero: the
-    /// built-in bound alone.
-    pub pipeline_limit: usize,
-    /// Spans are exported (the server's `TRACING_ENABLED`): a traced request's Redis call then gets a
-    /// span of its own, and goes through the script, whose call is that span. Off, no span is made.
-    pub traces: bool,
-}
 
 /// Live connections, filled in by the background connector.
 enum Connections {
@@ -402,6 +376,11 @@ impl RedisStore {
             Connections::Cluster(conn) => self.script.preload(&mut conn.clone()).await,
             Connections::Sentinel(link) => self.script.preload(&mut link.connection()).await,
         }
+    }
+
+    /// Where this store's Redis is (its address without userinfo).
+    pub fn target(&self) -> &RedisTarget {
+        &self.options.target
     }
 
     /// Whether the target is a Redis Cluster.
