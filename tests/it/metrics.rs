@@ -200,10 +200,34 @@ async fn top_offenders_are_hashed_unless_caller_values_are_asked_for() {
     );
     let ip = hidden[0]["key"].as_str().expect("key");
     assert!(ip.starts_with("t_ip_") && ip.len() > "t_ip_".len() + 8, "{ip}");
+    let email = hidden[1]["key"].as_str().expect("key");
+    assert!(email.starts_with("t_email_"), "{email}");
     let (shown, _) = top_offenders(&[("TOLLGATE_SHOW_CALLER_VALUES", "true")]).await;
     assert_eq!(shown[0]["key"], "t_ip_203.0.113.9_");
-    // A `hash: true` rule's caller reads the same either way: the storage key's own hash.
-    assert_eq!(hidden[1]["key"], shown[1]["key"]);
+}
+
+/// `/top` counts callers as their budget does: the addresses of one IPv6 /64 share one budget under
+/// `ip_prefix: {v6: 64}`, so they are one offender, hashed or shown.
+#[tokio::test]
+async fn top_offenders_sharing_a_budget_are_one_entry() {
+    let rules = "domain: t\ndescriptors:\n  - key: ip\n    ip_prefix: {v4: 32, v6: 64}\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    for env in [&[][..], &[("TOLLGATE_SHOW_CALLER_VALUES", "true")][..]] {
+        let server = TestServer::start(&[("t.yaml", rules)], env).await;
+        let mut client = server.client().await;
+        for host in 1..=4 {
+            let address = format!("2001:db8:1:2::{host}");
+            client
+                .should_rate_limit(wire_request("t", &[&[("ip", &address)]]))
+                .await
+                .expect("answer");
+        }
+        let (_, text) = http(server.debug, "GET", "/top", "").await;
+        let top: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        let list = top["t"].as_array().expect("domain t");
+        assert_eq!(list.len(), 1, "{env:?}: {text}");
+        assert_eq!(list[0]["count"], 4, "{env:?}: {text}");
+        server.stop().await;
+    }
 }
 
 #[tokio::test]

@@ -711,6 +711,47 @@ async fn sixty_four_concurrent_acquirers_never_hold_more_than_max_in_flight() {
     server.stop().await;
 }
 
+/// For an application a domain no rules define is a typo that would silently disable its limits: every
+/// native call names it (`NOT_FOUND`, HTTP 404), where Envoy's API answers OK as envoyproxy/ratelimit.
+#[tokio::test]
+async fn an_unknown_domain_is_not_found_on_the_native_api_and_ok_for_envoy() {
+    let (server, mut client) = start().await;
+    let typo = CheckRequest {
+        domain: "ap".into(),
+        ..check_request(vec![desc("tokens", "u")], 1, Mode::Consume)
+    };
+    let error = client.check(typo).await.expect_err("unknown domain");
+    assert_eq!(error.code(), tonic::Code::NotFound);
+    assert!(
+        error.message().contains("unknown domain 'ap'"),
+        "{}",
+        error.message()
+    );
+    let acquire = AcquireRequest {
+        domain: "ap".into(),
+        ..acquire_request("busy", "pool", "")
+    };
+    let error = client.acquire(acquire).await.expect_err("unknown domain");
+    assert_eq!(error.code(), tonic::Code::NotFound);
+    let (status, body) = http(
+        server.http,
+        "POST",
+        "/v1/check",
+        r#"{"domain":"ap","descriptors":[{"entries":[{"key":"tokens","value":"u"}]}]}"#,
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("unknown domain 'ap'"), "{body}");
+    let mut envoy = server.client().await;
+    let answer = envoy
+        .should_rate_limit(crate::common::wire_request("ap", &[&[("tokens", "u")]]))
+        .await
+        .expect("Envoy's API answers")
+        .into_inner();
+    assert_eq!(answer.overall_code, 1, "OK, as envoyproxy/ratelimit");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn malformed_native_requests_get_invalid_argument() {
     let (server, mut client) = start().await;

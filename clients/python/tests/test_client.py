@@ -113,6 +113,16 @@ def test_a_malformed_request_raises_even_when_failing_open(client: tollgate.Clie
     assert client.fail_open_count == 0
 
 
+def test_an_unknown_domain_raises_even_when_failing_open(server: TollgateServer) -> None:
+    with tollgate.Client(server.grpc, domain="tset", deadline=PATIENT_DEADLINE) as typo:
+        with pytest.raises(tollgate.UnknownDomain) as error:
+            typo.check([{"phone": "5550100"}])
+
+        assert error.value.code == grpc.StatusCode.NOT_FOUND
+        assert "tset" in error.value.details
+        assert typo.fail_open_count == 0
+
+
 def test_a_client_can_use_a_channel_of_its_own(server: TollgateServer, key: str) -> None:
     channel = grpc.insecure_channel(server.grpc)
     with tollgate.Client(domain="test", channel=channel, deadline=PATIENT_DEADLINE) as client:

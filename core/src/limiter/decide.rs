@@ -299,10 +299,14 @@ impl<S: Store> Limiter<S> {
     }
 
     /// How `/top` and the denial log name a caller: its storage key when
-    /// [`LimiterOptions::show_caller_values`] is set, else the domain and each entry's key with the
-    /// value hashed as a `hash: true` rule hashes it (keyed by `TOLLGATE_HASH_KEY`), so addresses and
-    /// user ids are not on display (`CACHE_KEY_PREFIX` is left out: it names the deployment, not the
-    /// caller). Computed only for callers refused or near their limit.
+    /// [`LimiterOptions::show_caller_values`] is set, else the domain, each entry's key, and one keyed
+    /// hash (`TOLLGATE_HASH_KEY`'s, as `hash: true` rules use) of the storage key without
+    /// `CACHE_KEY_PREFIX`. The storage key is what the budget is counted under, after `ip_prefix`,
+    /// `lowercase` and the like: callers that share one budget (one IPv6 /64) are one entry, and no
+    /// value (an address, a user id) is on display. Computed only for callers refused or near their
+    /// limit.
+    ///
+    /// [`LimiterOptions::show_caller_values`]: super::LimiterOptions::show_caller_values
     pub(super) fn shown_caller<'k, E: DescriptorEntry>(
         &self,
         caller: &Caller<'_, E>,
@@ -311,17 +315,17 @@ impl<S: Store> Limiter<S> {
         if self.options.show_caller_values {
             return Cow::Borrowed(key);
         }
-        // The storage key's shape (`domain_key_value_…`), so a `hash: true` rule's caller reads the same
-        // in both.
-        let mut shown = String::with_capacity(caller.domain.len() + 40 * caller.entries.len());
+        let scoped = key
+            .strip_prefix(self.options.cache_key_prefix.as_str())
+            .unwrap_or(key);
+        let mut shown = String::with_capacity(caller.domain.len() + 16 * caller.entries.len() + 40);
         shown.push_str(caller.domain);
         shown.push('_');
         for entry in caller.entries {
             shown.push_str(entry.key());
             shown.push('_');
-            self.hasher.append_hash(&mut shown, entry.value());
-            shown.push('_');
         }
+        self.hasher.append_hash(&mut shown, scoped);
         Cow::Owned(shown)
     }
 

@@ -13,7 +13,7 @@ pub enum LimiterError {
     /// The request carried no descriptor. (Message text as envoyproxy/ratelimit.)
     #[error("rate limit descriptor list must not be empty")]
     NoDescriptors,
-    /// More descriptors than [`LimiterOptions::max_descriptors`].
+    /// More descriptors than [`super::LimiterOptions::max_descriptors`].
     #[error("too many descriptors: {count} (at most {max})")]
     TooManyDescriptors {
         /// Descriptors in the request.
@@ -63,6 +63,9 @@ pub enum LimiterError {
     /// A Check mode the native API does not define (the number as sent).
     #[error("unknown mode {0} (expected MODE_CONSUME, MODE_PEEK or MODE_ALL_OR_NOTHING)")]
     UnknownMode(i32),
+    /// The native API named a domain no rules define (Envoy's API answers OK, as envoyproxy/ratelimit).
+    #[error("unknown domain '{0}': no rules define it")]
+    UnknownDomain(String),
     /// No rules have loaded yet. (Message text as envoyproxy/ratelimit.)
     #[error("no rate limit configuration loaded")]
     NoConfig,
@@ -80,7 +83,7 @@ pub enum ErrorKind {
     Unavailable,
     /// An all-or-nothing call whose keys Redis Cluster cannot update atomically.
     NotAtomic,
-    /// The request names something that does not exist (a lease to renew).
+    /// The request names something that does not exist (a lease to renew, a domain of the native API).
     NotFound,
     /// The caller may not do this (a refund without a valid, unused token).
     PermissionDenied,
@@ -94,7 +97,7 @@ impl LimiterError {
             LimiterError::NoConfig | LimiterError::Store(_) | LimiterError::NoRandomness => {
                 ErrorKind::Unavailable
             }
-            LimiterError::LeaseNotFound => ErrorKind::NotFound,
+            LimiterError::LeaseNotFound | LimiterError::UnknownDomain(_) => ErrorKind::NotFound,
             LimiterError::Refund(_) => ErrorKind::PermissionDenied,
             LimiterError::EmptyDomain
             | LimiterError::NoDescriptors

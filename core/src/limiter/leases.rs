@@ -232,13 +232,7 @@ impl<S: Store> Limiter<S> {
         let rules = self.rules.load_full().ok_or(LimiterError::NoConfig)?;
         let Some(domain_rules) = rules.domain(domain) else {
             self.metrics.domain_not_found.add(1);
-            return Ok(descriptors
-                .iter()
-                .map(|_| LeaseTarget {
-                    rule: None,
-                    key: String::new(),
-                })
-                .collect());
+            return Err(LimiterError::UnknownDomain(domain.to_owned()));
         };
         Ok(descriptors
             .iter()

@@ -307,8 +307,13 @@ impl<S: Store> Limiter<S> {
         self.validate(domain, descriptors)?;
         let rules = self.rules.load_full().ok_or(LimiterError::NoConfig)?;
         let Some(domain_rules) = rules.domain(domain) else {
-            // Unknown domain: no limit for anything, as envoyproxy/ratelimit answers.
             self.metrics.domain_not_found.add(1);
+            // The native API names the mistake: for an application a domain no rules define is a typo
+            // that would silently disable its limits.
+            if !matches!(call, Call::Envoy { .. }) {
+                return Err(LimiterError::UnknownDomain(domain.to_owned()));
+            }
+            // Envoy's: no limit for anything, as envoyproxy/ratelimit answers.
             let statuses = descriptors
                 .iter()
                 .map(|_| DescriptorStatus::no_limit(AppliedLimit::None))

@@ -18,7 +18,7 @@ Modules:
 from tollgate._client import Client
 from tollgate._decision import Decision
 from tollgate._descriptors import Descriptors, Entries
-from tollgate._errors import LeaseNotFound, RefundDenied, TollgateError, Unavailable
+from tollgate._errors import LeaseNotFound, RefundDenied, TollgateError, Unavailable, UnknownDomain
 from tollgate._lease import Lease
 from tollgate._policy import DEFAULT_DEADLINE, Failure
 
@@ -34,4 +34,5 @@ __all__ = [
     "RefundDenied",
     "TollgateError",
     "Unavailable",
+    "UnknownDomain",
 ]

@@ -40,6 +40,13 @@ class LeaseNotFound(TollgateError):
     """The lease holds no live slot (`NOT_FOUND` on renewal): it expired, was released, or was refused."""
 
 
+class UnknownDomain(TollgateError):
+    """No rules define the client's domain (`NOT_FOUND`, "unknown domain '…'"): a typo in the domain, or
+    rules not deployed. Raised whatever the failure policy: failing open would silently disable every
+    limit of the domain.
+    """
+
+
 # Deadline exceeded and UNAVAILABLE are the failures of reaching Tollgate (gRPC reports a refused or
 # dropped connection as UNAVAILABLE), so they alone become Unavailable, the one error the failure
 # policy turns into a pass. Every other status means the server answered and the request was wrong,
@@ -58,4 +65,6 @@ def error_for(error: grpc.RpcError) -> TollgateError:
     """
     code: grpc.StatusCode = error.code()
     details: str = error.details() or ""
+    if code == grpc.StatusCode.NOT_FOUND and details.startswith("unknown domain"):
+        return UnknownDomain(details, code)
     return _BY_CODE.get(code, TollgateError)(details, code)
