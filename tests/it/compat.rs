@@ -1,4 +1,4 @@
-//! envoyproxy/ratelimit behaviours (reference §2–§5), checked on the embedded store with a manual clock.
+//! envoyproxy/ratelimit's behaviours (its matching, counting and answers), checked on the embedded store with a manual clock.
 
 use tollgate_core::limiter::{Code, LimitOverride, LimiterError, LimiterOptions};
 use tollgate_core::rules::file::Unit;

@@ -1,6 +1,6 @@
 //! End to end over gRPC and HTTP against a real server on port-0 listeners: field presence as
-//! envoyproxy/ratelimit sets it (reference §1.5), response headers (§5.11), dynamic metadata (§5.12),
-//! global shadow mode (§5.8), hits_addend (§5.10), health (§7.2), reflection, `/healthcheck`,
+//! envoyproxy/ratelimit sets it, response headers, dynamic metadata, global shadow mode, hits_addend,
+//! health, reflection, `/healthcheck`,
 //! `/rlconfig` and a clean stop.
 
 use std::collections::BTreeMap;

@@ -94,7 +94,7 @@ fn spec(c: &DomainConfig, path: &[usize]) -> LimitSpec {
     }
 }
 
-// ----- Go fixtures (reference §2.5) ------------------------------------------------------
+// ----- the Go repository's config fixtures ------------------------------------------------------
 
 const BASIC: &str = r#"
 # Equivalent of test/config/basic_config.yaml.

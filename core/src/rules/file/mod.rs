@@ -14,7 +14,8 @@
 //!       - { unit: day, requests_per_unit: 10000 }
 //! ```
 //!
-//! Compatibility with the Go service (reference §2.1–2.6):
+//! Compatibility with the Go service (its config loader and validation, as docs/rules.md describes them;
+//! `tests/it/compat.rs` holds Tollgate to them):
 //!
 //! - Parsing follows yaml.v2: only the first YAML document is read, YAML 1.1 scalars (`yes`,
 //!   `010`), a repeated key keeps its last value, and a non-string scalar in a string field is

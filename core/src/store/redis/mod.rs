@@ -18,7 +18,7 @@
 //!   FLUSH` on the EVAL fallback) costs one reload, not a failed request.
 //!
 //! Connections are redis-rs multiplexed connections: one socket carries many requests in flight, so a
-//! checkout pool only adds waiting (see the README's design notes for the measurements).
+//! checkout pool only adds waiting (docs/performance.md, "Redis connections: measured").
 
 mod clock_offset;
 mod cluster_rebuild;

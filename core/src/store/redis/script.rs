@@ -10,7 +10,7 @@
 //! documents KEYS, ARGV and the reply; [`BatchScript::call`] (with its helpers) and
 //! [`BatchScript::decode`] are the only code that knows that layout.
 //!
-//! How it runs (measured: see the README's design notes):
+//! How it runs (measured: docs/performance.md, "Redis CPU per decision: measured"):
 //! - **Redis Function (Redis ≥ 7.0).** The program is loaded once as a function library
 //!   ([`BatchScript::library`], `FUNCTION LOAD REPLACE`) and each call is one `FCALL`. Loading runs the
 //!   chunk, and with it the creation of every helper, once; a call then only runs `tollgate_batch`. The

@@ -5,7 +5,7 @@
 //!   `redis://` / `rediss://` / `redis+unix://` URL;
 //! - cluster: `host:port,host:port,...` (seed nodes; the rest are discovered);
 //! - sentinel: `master_name,sentinel_host:port,...` (the master is found through the sentinels;
-//!   `REDIS_AUTH` applies to the master, sentinels are reached without a password).
+//!   `REDIS_AUTH` applies to the master, `REDIS_SENTINEL_AUTH` to the sentinels).
 //!
 //! TLS: `REDIS_TLS=true` with `host:port`, or a `rediss://` URL; certificates come separately (see
 //! [`super::RedisOptions::tls`]). With Sentinel, `REDIS_TLS` covers both the sentinels and the master
