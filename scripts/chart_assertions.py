@@ -125,6 +125,7 @@ def check_tollgate(r):
             check(isinstance(p["grpc"].get("port"), int), f"{r.name}: {kind} port is not a number: {p['grpc'].get('port')!r}")
             probes[kind] = p["grpc"].get("service")
         check(probes.get("readinessProbe") == "ratelimit", f"{r.name}: readiness does not ask for service ratelimit")
+        check(probes.get("livenessProbe") != "tollgate.store", f"{r.name}: liveness depends on the store")
         check(probes.get("livenessProbe") == "", f"{r.name}: liveness does not ask for service \"\"")
         check(probes.get("startupProbe") == "", f"{r.name}: startup does not ask for service \"\"")
 
@@ -644,6 +645,17 @@ def main():
               "envoy-gateway: the gRPC TLS Secret is not mounted")
     must_fail(args, "tls-without-secret", "grpcTls:\n  enabled: true\n", "grpcTls.secretName")
     must_fail(args, "xds-without-server", "xds:\n  enabled: true\n", "xds.serverUrl")
+    # Readiness that requires the store: gRPC service tollgate.store, or /readyz with TLS; liveness never.
+    for name, extra, kind, expected in [
+        ("ready-with-store", [], "grpc", "tollgate.store"),
+        ("ready-with-store-tls", ["--set", "grpcTls.enabled=true", "--set", "grpcTls.secretName=rl-tls"], "httpGet", "/readyz"),
+    ]:
+        render = rendered(args, name, "--set", "probes.readinessRequiresStore=true", *extra)
+        if render:
+            c = next(c for c in render.tollgate_deployment()["spec"]["template"]["spec"]["containers"] if c["name"] == "tollgate")
+            probe = c["readinessProbe"].get(kind, {})
+            check(probe.get("service", probe.get("path")) == expected, f"{name}: readiness is {probe}, expected {expected}")
+            check(c["livenessProbe"] != c["readinessProbe"], f"{name}: liveness follows the store")
     # A NetworkPolicy with no peers named: gRPC from anywhere, HTTP and debug from the namespace only.
     policy = rendered(args, "network-policy", "--set", "networkPolicy.enabled=true")
     if policy:

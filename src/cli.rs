@@ -295,7 +295,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .build()?,
     };
     let _context = runtime.enter();
-    let traces = crate::observe::telemetry::TraceSettings::from_settings(&settings.telemetry);
+    let traces = crate::observe::telemetry::TraceSettings::from_settings(&settings.telemetry)?;
     let telemetry = crate::observe::telemetry::init(
         &settings.telemetry.log_level,
         settings.telemetry.log_format,

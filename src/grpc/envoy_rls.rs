@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::status_of;
+use super::envoy_status_of;
 use crate::api::envoy::{EnvoyOptions, build_response};
 use crate::proto::rls::rate_limit_response;
 use crate::proto::rls::rate_limit_service_server::RateLimitService;
@@ -53,7 +53,7 @@ impl<S: Store> EnvoyRateLimitService<S> {
             .limiter
             .should_rate_limit(&request.domain, &request.descriptors, request.hits_addend)
             .await
-            .map_err(status_of)?;
+            .map_err(envoy_status_of)?;
         Ok(Response::new(build_response(&request, verdict, &self.options)))
     }
 }

@@ -77,18 +77,29 @@ where
     Ok(())
 }
 
-/// Maps a limiter error to the gRPC status the caller sees. Store trouble and "no rules yet" are
-/// UNAVAILABLE (never an `UNKNOWN` overall code, which Envoy would treat as OK), so Envoy's
-/// `failure_mode_deny` decides; malformed requests are INVALID_ARGUMENT with envoyproxy/ratelimit's
-/// text; an all-or-nothing call Redis Cluster cannot make atomic is FAILED_PRECONDITION.
+/// Maps a limiter error to the gRPC status a caller of the native API sees. Store trouble and "no rules
+/// yet" are UNAVAILABLE, which the clients' failure policy answers; malformed requests are
+/// INVALID_ARGUMENT with envoyproxy/ratelimit's text; an all-or-nothing call Redis Cluster cannot make
+/// atomic is FAILED_PRECONDITION.
 pub fn status_of(error: LimiterError) -> Status {
     let message = error.to_string();
     match error.kind() {
         ErrorKind::InvalidRequest => Status::invalid_argument(message),
-        ErrorKind::Unavailable => Status::unavailable(message),
+        ErrorKind::Unavailable | ErrorKind::NoRules => Status::unavailable(message),
         ErrorKind::NotAtomic => Status::failed_precondition(message),
         ErrorKind::NotFound => Status::not_found(message),
         ErrorKind::PermissionDenied => Status::permission_denied(message),
+    }
+}
+
+/// [`status_of`] for Envoy's `ShouldRateLimit`, with envoyproxy/ratelimit's codes: "no rules yet" is
+/// UNKNOWN, "no rate limit configuration loaded", as the Go service answers. Every error is an error to
+/// Envoy, so its `failure_mode_deny` decides (never an `UNKNOWN` overall code in an answer, which Envoy
+/// would treat as OK).
+pub fn envoy_status_of(error: LimiterError) -> Status {
+    match error.kind() {
+        ErrorKind::NoRules => Status::unknown(error.to_string()),
+        _ => status_of(error),
     }
 }
 

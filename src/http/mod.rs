@@ -48,6 +48,7 @@ pub fn admin_router(admin: Admin) -> Router {
     let body_limit = DefaultBodyLimit::max(admin.max_body_bytes);
     Router::new()
         .route("/healthcheck", get(healthcheck))
+        .route("/readyz", get(readyz))
         .route("/json", post(envoy_json::json))
         .with_state(Arc::new(admin))
         .merge(metrics)
@@ -72,8 +73,19 @@ pub fn prometheus_router(limiter: Arc<Limiter<AnyStore>>, path: &str) -> Router 
     Router::new().route(path, get(metrics)).with_state(limiter)
 }
 
+/// envoyproxy/ratelimit's health check: 200 `OK` when ready, else 500 (see [`Health::is_ready`]).
 async fn healthcheck(State(admin): State<Arc<Admin>>) -> (StatusCode, &'static str) {
-    if admin.health.is_ready() {
+    answer(admin.health.is_ready())
+}
+
+/// Readiness that also needs the store to answer now, for operators who want Kubernetes to take
+/// replicas out of the Service during a store outage (see [`Health::is_ready_with_store`]).
+async fn readyz(State(admin): State<Arc<Admin>>) -> (StatusCode, &'static str) {
+    answer(admin.health.is_ready_with_store())
+}
+
+fn answer(ready: bool) -> (StatusCode, &'static str) {
+    if ready {
         (StatusCode::OK, "OK")
     } else {
         (StatusCode::INTERNAL_SERVER_ERROR, "NOT OK")

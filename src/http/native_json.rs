@@ -113,7 +113,7 @@ impl From<LimiterError> for ApiError {
 fn status_code(error: &LimiterError) -> StatusCode {
     match error.kind() {
         ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
-        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Unavailable | ErrorKind::NoRules => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::NotAtomic => StatusCode::PRECONDITION_FAILED,
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,

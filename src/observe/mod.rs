@@ -5,6 +5,7 @@
 
 pub mod go_json;
 pub mod health;
+pub mod otlp;
 mod process;
 pub mod prometheus;
 pub mod telemetry;

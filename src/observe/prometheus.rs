@@ -20,7 +20,7 @@ use tollgate_core::store::StoreCounters;
 pub fn render(metrics: &Metrics, store: StoreCounters) -> String {
     let mut out = String::with_capacity(4096);
     render_rules(metrics, &mut out);
-    let counters: [(&str, &str, u64); 22] = [
+    let counters: [(&str, &str, u64); 23] = [
         (
             "ratelimit_service_config_load_success",
             "Rule sets loaded.",
@@ -127,6 +127,11 @@ pub fn render(metrics: &Metrics, store: StoreCounters) -> String {
             metrics.leases_refused.get(),
         ),
         (
+            "tollgate_trace_export_failures_total",
+            "Trace exports that failed (the first is logged at warn, then one a minute).",
+            super::otlp::export_failures(),
+        ),
+        (
             "tollgate_leases_released_total",
             "Lease releases that freed a slot (an expired lease frees none).",
             metrics.leases_released.get(),
@@ -181,20 +186,19 @@ pub fn render(metrics: &Metrics, store: StoreCounters) -> String {
         let labels = format!("operation=\"{}\",", operation.name());
         render_histogram(metrics.store_time(operation), &mut out, name, &labels);
     }
-    let gauges: [(&str, &str, u64); 2] = [
-        (
-            "tollgate_store_up",
-            "Whether the store answers (1) or not (0).",
-            u64::from(metrics.store_up()),
-        ),
-        (
-            "tollgate_memory_keys",
-            "Entries in the embedded store (and the failure_mode: local fallback).",
-            store.memory_keys,
-        ),
-    ];
-    for (name, help, value) in gauges {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+    let name = "tollgate_memory_keys";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Entries in the embedded store (and the failure_mode: local fallback).\n# TYPE {name} gauge\n{name} {}",
+        store.memory_keys
+    );
+    let name = "tollgate_store_up";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Whether the store answers (1) or not (0), per store: embedded, redis, redis_persecond.\n# TYPE {name} gauge"
+    );
+    for (store, up) in metrics.stores_up() {
+        let _ = writeln!(out, "{name}{{store=\"{store}\"}} {}", u64::from(up));
     }
     if let Some(slots) = store.lease_slots {
         let _ = writeln!(
@@ -334,12 +338,18 @@ mod tests {
         metrics.leases_acquired.add(2);
         metrics.store_call(StoreOperation::Refund, Duration::from_micros(30));
         assert!(
-            text.contains("tollgate_store_up 1"),
-            "up unless a watcher says otherwise"
+            !text.contains("tollgate_store_up{"),
+            "no store state until a watcher records one"
         );
-        metrics.set_store_up(false);
+        metrics.set_store_up("redis", true);
+        metrics.set_store_up("redis_persecond", false);
+        metrics.set_store_up("redis", false);
         let text = render(&metrics, StoreCounters::default());
-        assert!(text.contains("tollgate_store_up 0"));
+        assert!(text.contains("tollgate_store_up{store=\"redis\"} 0"), "{text}");
+        assert!(
+            text.contains("tollgate_store_up{store=\"redis_persecond\"} 0"),
+            "{text}"
+        );
         assert!(text.contains("tollgate_leases_acquired_total 2"));
         assert!(
             !text.contains("tollgate_leases_in_flight"),

@@ -27,7 +27,7 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing_subscriber::layer::SubscriberExt;
 
-use crate::settings::{LogFormat, TelemetrySettings};
+use crate::settings::{LogFormat, OtlpProtocol, TelemetrySettings};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer as _};
@@ -72,6 +72,10 @@ pub fn should_trace(parent_sampled: Option<bool>) -> bool {
 /// Trace export settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceSettings {
+    /// How spans are sent (`TRACING_EXPORTER_PROTOCOL`).
+    pub protocol: OtlpProtocol,
+    /// Where (see [`super::otlp::endpoint`]).
+    pub endpoint: String,
     /// `service.name` of the spans (`TRACING_SERVICE_NAME`).
     pub service_name: String,
     /// `service.namespace` of the spans (`TRACING_SERVICE_NAMESPACE`), when not empty.
@@ -87,20 +91,29 @@ pub struct TraceSettings {
 }
 
 impl TraceSettings {
-    /// What `settings` ask of trace export, or `None` when `TRACING_ENABLED` is off.
-    pub fn from_settings(settings: &TelemetrySettings) -> Option<Self> {
-        settings.tracing_enabled.then(|| {
+    /// What `settings` ask of trace export, or `None` when `TRACING_ENABLED` is off; the endpoint
+    /// comes from OpenTelemetry's variables, and the error says why it cannot be used.
+    pub fn from_settings(settings: &TelemetrySettings) -> anyhow::Result<Option<Self>> {
+        if !settings.tracing_enabled {
+            return Ok(None);
+        }
+        let protocol = settings.exporter_protocol();
+        let endpoint = super::otlp::endpoint(protocol, |name| std::env::var(name).ok())
+            .map_err(|reason| anyhow::anyhow!("cannot export traces: {reason}"))?;
+        Ok(Some({
             let (sampling_rate, follow_parent) = settings
                 .otel_traces_sampler
                 .sampling(settings.otel_traces_sampler_arg, settings.tracing_sampling_rate);
             Self {
+                protocol,
+                endpoint,
                 service_name: settings.tracing_service_name.clone(),
                 service_namespace: settings.tracing_service_namespace.clone(),
                 service_instance_id: settings.tracing_service_instance_id.clone(),
                 sampling_rate,
                 follow_parent,
             }
-        })
+        }))
     }
 }
 
@@ -195,7 +208,8 @@ fn go_level(level: &str) -> &str {
 }
 
 fn tracer_provider(settings: &TraceSettings) -> anyhow::Result<SdkTracerProvider> {
-    let exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic().build()?;
+    let exporter = super::otlp::exporter(settings.protocol, &settings.endpoint)?;
+    tracing::info!(endpoint = %settings.endpoint, protocol = settings.protocol.name(), "exporting traces");
     let mut resource =
         opentelemetry_sdk::Resource::builder().with_service_name(settings.service_name.clone());
     for (key, value) in [

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::grpc::GrpcListener;
-use crate::observe::health::Health;
+use crate::observe::health::{Health, HealthPolicy};
 use crate::settings::{DecisionSettings, ListenSettings, Settings, TelemetrySettings};
 use tollgate_core::clock::Clock;
 use tollgate_core::limiter::{Limiter, RefundKeys, RulesHandle};
@@ -31,7 +31,7 @@ mod store;
 
 use options::{envoy_options, grpc_limits, limiter_options, refund_keys, server_tls};
 use rules_source::RulesSource;
-use store::{build_store, watch_redis};
+use store::{build_store, pinged};
 
 /// How often the embedded store drops state that can no longer affect a decision.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
@@ -114,7 +114,11 @@ pub async fn run(
     let tls = server_tls(&listen)?;
     let metrics = Metrics::new();
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let health = Health::new(reporter).await;
+    let policy = HealthPolicy {
+        needs_a_domain: rules_settings.healthy_with_at_least_one_config_loaded,
+        follows_redis: store_settings.redis_health_check_active_connection,
+    };
+    let health = Health::new(reporter, policy).await;
     let compile = CompileOptions {
         default_algorithm: decisions.default_algorithm,
         split_per_second: store_settings.redis_persecond,
@@ -128,17 +132,19 @@ pub async fn run(
     let _stop_on_return = stop.clone().drop_guard();
     let tasks = TaskTracker::new();
     let store = build_store(&store_settings, &origins, Arc::clone(&clock), stop.clone())?;
-    if let AnyStore::Redis(stores) = &store {
-        health.set_store_reachable(false).await;
-        metrics.set_store_up(false);
-        let redis = stores.all().map(|cache| Arc::clone(cache.inner())).collect();
-        tasks.spawn(watch_redis(
-            redis,
-            health.clone(),
-            Arc::clone(&metrics),
-            stop.clone(),
-        ));
+    let redis = pinged(&store);
+    if redis.is_empty() {
+        metrics.set_store_up("embedded", true);
+    } else {
+        health.expect_store().await;
     }
+    tasks.spawn(crate::observe::health::watch(
+        health.clone(),
+        Arc::clone(&rules),
+        redis,
+        Arc::clone(&metrics),
+        stop.clone(),
+    ));
     let fallback = MemoryStore::with_max_keys(Arc::clone(&clock), store_settings.memory_max_keys);
     let store_name = store.to_string();
     let limiter = build_limiter(&decisions, &telemetry, store, fallback, &rules, metrics, &clock)?;

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate_core::observe::metrics::Metrics;
 use tollgate_core::rules::reload::Reloader;
-use tollgate_core::rules::{CompileOptions, RuleSet, RulesHandle};
+use tollgate_core::rules::{CompileOptions, RulesHandle};
 
 /// Where the rules come from, ready to follow.
 pub(super) enum RulesSource {
@@ -29,9 +29,9 @@ pub(super) enum RulesSource {
 
 impl RulesSource {
     /// Opens the source `settings` name: the rules directory is loaded into `rules` now (a broken rule
-    /// set stops startup, naming the file and the reason); the xDS client is built, its TLS files read,
-    /// and with `FORCE_START_WITHOUT_INITIAL_CONFIG` an empty rule set is installed. `health` learns
-    /// when rules are there.
+    /// set stops startup, naming the file and the reason); the xDS client is built and its TLS files
+    /// read, and with `FORCE_START_WITHOUT_INITIAL_CONFIG` the service is ready before any rules
+    /// arrive. `health` learns when rules are there.
     pub(super) async fn open(
         settings: &RulesSettings,
         options: CompileOptions,
@@ -49,14 +49,17 @@ impl RulesSource {
                     metrics: Arc::clone(metrics),
                 };
                 let version = reloader.load_into(rules).context("cannot load the rules")?;
-                health.set_rules_loaded(true).await;
+                let domains = rules.load().as_ref().map_or(0, |set| set.len());
+                health.set_rules(domains).await;
                 Ok(RulesSource::Files(reloader, version))
             }
             ConfigType::GrpcXdsSotw => {
                 let client = xds_client(settings, options, Arc::clone(metrics))?;
                 if settings.force_start_without_initial_config {
-                    rules.store(Some(Arc::new(RuleSet::compile(&[], options)?)));
-                    health.set_rules_loaded(true).await;
+                    // Ready without rules, as the Go service; until the first set arrives every request
+                    // gets its error ("no rate limit configuration loaded"), so an Envoy that fails
+                    // closed denies rather than passing everything.
+                    health.set_rules(0).await;
                 } else {
                     tracing::info!(
                         "not ready until the xDS server sends rules (FORCE_START_WITHOUT_INITIAL_CONFIG is false)"

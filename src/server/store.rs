@@ -1,19 +1,15 @@
 //! The store the settings ask for: the embedded one, or Redis (with the per-second Redis of
-//! `REDIS_PERSECOND`) behind the local over-limit cache; where each Redis is; and readiness kept in
-//! step with them.
+//! `REDIS_PERSECOND`) behind the local over-limit cache, and which of them health pings.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use super::options::read_setting_file;
-use crate::observe::health::Health;
+use crate::observe::health::Pinged;
 use crate::settings::{Origins, SettingsError, StoreSettings};
 use tollgate_core::clock::Clock;
-use tollgate_core::observe::metrics::Metrics;
 use tollgate_core::store::AnyStore;
-use tollgate_core::store::redis::RedisStore;
 
 /// The embedded store, or Redis (connecting in the background) behind the local over-limit cache, as
 /// the store settings say; the `REDIS_TLS_*` files are read now, so a missing one stops startup.
@@ -36,38 +32,22 @@ pub(super) fn build_store(
     Ok(AnyStore::open(options, clock, stop))
 }
 
-/// Keeps readiness and `tollgate_store_up` in step with Redis (every Redis in use: the main one and the
-/// per-second one): a PING every [`STORE_PROBE_INTERVAL`]; state changes are logged.
-pub(super) async fn watch_redis(
-    redis: Vec<Arc<RedisStore>>,
-    health: Health,
-    metrics: Arc<Metrics>,
-    stop: CancellationToken,
-) {
-    let mut ticker = tokio::time::interval(STORE_PROBE_INTERVAL);
-    let mut reachable = false;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = ticker.tick() => {}
-        }
-        let pings = futures_util::future::join_all(redis.iter().map(|r| r.ping())).await;
-        let now = pings.into_iter().all(|up| up);
-        if now != reachable {
-            reachable = now;
-            if reachable {
-                tracing::info!("Redis answers: ready");
-            } else {
-                tracing::warn!("Redis does not answer: not ready (rules with failure_mode still answer)");
-            }
-            health.set_store_reachable(reachable).await;
-            metrics.set_store_up(reachable);
+/// The Redis stores of `store` for the health watcher, named as `tollgate_store_up` labels them.
+pub(super) fn pinged(store: &AnyStore) -> Pinged {
+    match store {
+        AnyStore::Memory(_) => Vec::new(),
+        AnyStore::Redis(stores) => {
+            let mut pinged = vec![("redis", Arc::clone(stores.main.inner()))];
+            pinged.extend(
+                stores
+                    .per_second
+                    .as_ref()
+                    .map(|cache| ("redis_persecond", Arc::clone(cache.inner()))),
+            );
+            pinged
         }
     }
 }
-
-/// How often readiness checks that Redis answers.
-const STORE_PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
 /// The certificates for TLS to Redis, read from the configured files (none configured: `None`, and the
 /// system's roots verify the server).

@@ -37,16 +37,8 @@ pub const GO_IGNORED: &[(&str, &str)] = &[
     ),
     ("RUNTIME_IGNOREDOTFILES", "dot-files are always ignored"),
     (
-        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-        "Tollgate is healthy once a rule set is loaded, even an empty one",
-    ),
-    (
         "REDIS_CLUSTER_PIPELINE_PARALLELISM",
         "one script call per slot, all in parallel",
-    ),
-    (
-        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-        "readiness pings Redis every 500 ms",
     ),
     (
         "REDIS_POOL_ON_EMPTY_BEHAVIOR",

@@ -61,7 +61,7 @@ pub struct ListenSettings {
 
 impl ListenSettings {
     pub(super) fn read(r: &mut Reader<'_>) -> Result<Self, SettingsError> {
-        Ok(Self {
+        let mut listen = Self {
             grpc_addr: r.get(
                 "grpc_addr",
                 Go::HostPort("GRPC_HOST", "GRPC_PORT"),
@@ -100,7 +100,16 @@ impl ListenSettings {
             prometheus_path: r.get("prometheus_path", Go::Same, "/metrics".into())?,
             worker_threads: r.get("worker_threads", Go::None, 0)?,
             drain_period: r.get("drain_period", Go::None, Duration::ZERO)?,
-        })
+        };
+        // The Go service serves whatever path it is given; a path is what an HTTP request can ask for.
+        if !listen.prometheus_path.starts_with('/') {
+            r.warnings.push(format!(
+                "PROMETHEUS_PATH={:?} does not start with /: serving the metrics at /{}",
+                listen.prometheus_path, listen.prometheus_path
+            ));
+            listen.prometheus_path.insert(0, '/');
+        }
+        Ok(listen)
     }
 
     /// What would otherwise fail at the first connection, or silently serve less security than
@@ -115,18 +124,6 @@ impl ListenSettings {
                 "GRPC_SERVER_USE_TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
             ));
         }
-        // Client certificates asked for on a plaintext listener would be ignored: any client could
-        // connect while the operator believes only certified ones can.
-        if !self.grpc_server_use_tls {
-            for (key, value) in [
-                ("grpc_client_tls_cacert", &self.grpc_client_tls_cacert),
-                ("grpc_client_tls_san", &self.grpc_client_tls_san),
-            ] {
-                if !value.is_empty() {
-                    return Err(origins.bad(key, value, "client certificates need GRPC_SERVER_USE_TLS=true"));
-                }
-            }
-        }
         for (key, value) in [
             ("max_request_bytes", self.max_request_bytes as u64),
             (
@@ -137,9 +134,6 @@ impl ListenSettings {
             if value == 0 {
                 return Err(origins.bad(key, "0", "a limit of zero would refuse every request"));
             }
-        }
-        if self.use_prometheus && !self.prometheus_path.starts_with('/') {
-            return Err(origins.bad("prometheus_path", &self.prometheus_path, "must start with /"));
         }
         Ok(())
     }
@@ -154,6 +148,19 @@ impl ListenSettings {
                 if !value.is_empty() {
                     warnings.push(format!(
                         "ignoring {name}: GRPC_SERVER_USE_TLS is false, gRPC is plaintext"
+                    ));
+                }
+            }
+            // The Go service ignores them too; said loudly, since an operator who sets them believes
+            // only certified clients can connect.
+            for (name, value) in [
+                ("GRPC_CLIENT_TLS_CACERT", &self.grpc_client_tls_cacert),
+                ("GRPC_CLIENT_TLS_SAN", &self.grpc_client_tls_san),
+            ] {
+                if !value.is_empty() {
+                    warnings.push(format!(
+                        "ignoring {name}: GRPC_SERVER_USE_TLS is false, so gRPC is plaintext and ANY client may \
+                         connect; set GRPC_SERVER_USE_TLS=true to require client certificates"
                     ));
                 }
             }

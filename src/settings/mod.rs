@@ -31,7 +31,7 @@ pub use listen::{DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_REQUEST_BYTES, List
 pub use rules::{DEFAULT_CONFIG_DIR, RulesSettings, XdsSettings};
 pub use store::{RedisEndpoint, StoreSettings};
 pub use telemetry::TelemetrySettings;
-pub use values::{ConfigType, HeaderStyle, HeaderStyles, LogFormat, Secret, TraceSampler};
+pub use values::{ConfigType, HeaderStyle, HeaderStyles, LogFormat, OtlpProtocol, Secret, TraceSampler};
 
 use source::{Entry, Reader, Sources};
 
@@ -183,21 +183,20 @@ impl Settings {
         self.store.validate(origins)?;
         self.decisions.validate(origins)?;
         self.telemetry.validate(origins)?;
-        // That setting settles every request across its descriptors, which two Redis cannot do in one
-        // step: refused rather than applied on half of a request.
-        if self.store.redis_persecond && self.decisions.stop_cache_key_increment_when_overlimit {
-            return Err(origins.bad(
-                "stop_cache_key_increment_when_overlimit",
-                "true",
-                "cannot be exact with REDIS_PERSECOND (a request's counters would be in two Redis)",
-            ));
-        }
         Ok(())
     }
 
     /// Settings given that nothing reads in this configuration, as warnings (the Go service ignores
     /// them the same way; Tollgate says so).
     fn unused(&self, warnings: &mut Vec<String>) {
+        if self.store.redis_persecond && self.decisions.stop_cache_key_increment_when_overlimit {
+            warnings.push(
+                "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT with REDIS_PERSECOND: each Redis settles the \
+                 descriptors it holds, so a request over a limit in one Redis still increments its \
+                 counters in the other (the Go service reads both first, which is not atomic either)"
+                    .into(),
+            );
+        }
         self.listen.unused(warnings);
         self.rules.unused(warnings);
         self.store.unused(warnings);

@@ -23,6 +23,8 @@ pub struct RulesSettings {
     pub merge_domain_config: bool,
     /// `FORCE_START_WITHOUT_INITIAL_CONFIG`: with xDS, serve before the first rule set arrives.
     pub force_start_without_initial_config: bool,
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: not ready until the rules define a domain.
+    pub healthy_with_at_least_one_config_loaded: bool,
     /// The xDS client (`CONFIG_GRPC_XDS_*`, `XDS_CLIENT_*`), used with `GRPC_XDS_SOTW`.
     pub xds: XdsSettings,
 }
@@ -69,7 +71,7 @@ pub struct XdsSettings {
 
 impl RulesSettings {
     pub(super) fn read(r: &mut Reader<'_>) -> Result<Self, SettingsError> {
-        Ok(Self {
+        let mut rules = Self {
             config_type: r.get("config_type", Go::Same, ConfigType::File)?,
             config_dir: r.get("config_dir", Go::RuntimeDir, PathBuf::from(DEFAULT_CONFIG_DIR))?,
             reload_interval: r.get("reload_interval", Go::None, Duration::from_secs(1))?,
@@ -79,17 +81,23 @@ impl RulesSettings {
                 Go::Same,
                 false,
             )?,
+            healthy_with_at_least_one_config_loaded: r.get(
+                "healthy_with_at_least_one_config_loaded",
+                Go::Same,
+                false,
+            )?,
             xds: XdsSettings::read(r)?,
-        })
+        };
+        if rules.config_type == ConfigType::GrpcXdsSotw {
+            rules.xds.adjust(&mut r.warnings);
+        }
+        Ok(rules)
     }
 
     pub(super) fn validate(&self, origins: &Origins) -> Result<(), SettingsError> {
         // An interval of zero would spin (and panics in the reload task).
         if self.reload_interval.is_zero() {
             return Err(origins.bad("reload_interval", "0s", "must be longer than zero"));
-        }
-        if self.config_type == ConfigType::GrpcXdsSotw {
-            self.xds.validate(origins)?;
         }
         Ok(())
     }
@@ -112,7 +120,7 @@ impl RulesSettings {
 
 impl XdsSettings {
     fn read(r: &mut Reader<'_>) -> Result<Self, SettingsError> {
-        Ok(Self {
+        let xds = Self {
             server_url: r.get("config_grpc_xds_server_url", Go::Same, "localhost:18000".into())?,
             node_id: r.get("config_grpc_xds_node_id", Go::Same, "default".into())?,
             node_metadata: r.get("config_grpc_xds_node_metadata", Go::Same, String::new())?,
@@ -144,38 +152,52 @@ impl XdsSettings {
             backoff_random_factor: r.get("xds_client_backoff_random_factor", Go::Same, 0.5)?,
             backoff_jitter: r.get("xds_client_backoff_jitter", Go::Same, true)?,
             max_msg_size_in_bytes: r.get("xds_client_max_msg_size_in_bytes", Go::Same, 0)?,
-        })
+        };
+        Ok(xds)
     }
 
-    fn validate(&self, origins: &Origins) -> Result<(), SettingsError> {
-        for (key, value) in [
+    /// Values the Go service runs with but that mean nothing as written here, made to mean what they
+    /// can, each with a warning: a Go deployment's settings must start Tollgate.
+    fn adjust(&mut self, warnings: &mut Vec<String>) {
+        let defaults = [
             (
-                "config_grpc_xds_server_connect_retry_interval",
-                self.connect_retry_interval,
+                "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+                &mut self.connect_retry_interval,
+                Duration::from_secs(3),
             ),
             (
-                "xds_client_backoff_initial_interval",
-                self.backoff_initial_interval,
+                "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+                &mut self.backoff_initial_interval,
+                Duration::from_secs(10),
             ),
-        ] {
-            if value.is_zero() {
-                return Err(origins.bad(key, "0s", "must be longer than zero"));
+        ];
+        for (name, interval, default) in defaults {
+            if interval.is_zero() {
+                warnings.push(format!(
+                    "{name}=0s would retry in a busy loop: waiting {} instead",
+                    humantime::format_duration(default)
+                ));
+                *interval = default;
             }
         }
         if self.backoff_max_interval < self.backoff_initial_interval {
-            return Err(origins.bad(
-                "xds_client_backoff_max_interval",
-                &humantime::format_duration(self.backoff_max_interval).to_string(),
-                "must be at least XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+            warnings.push(format!(
+                "XDS_CLIENT_BACKOFF_MAX_INTERVAL ({}) is below XDS_CLIENT_BACKOFF_INITIAL_INTERVAL ({}): every \
+                 pause is the maximum",
+                humantime::format_duration(self.backoff_max_interval),
+                humantime::format_duration(self.backoff_initial_interval)
             ));
+            self.backoff_initial_interval = self.backoff_max_interval.max(Duration::from_millis(1));
+            self.backoff_max_interval = self.backoff_initial_interval;
         }
         if !(0.0..=1.0).contains(&self.backoff_random_factor) {
-            return Err(origins.bad(
-                "xds_client_backoff_random_factor",
-                &self.backoff_random_factor.to_string(),
-                "must be between 0 and 1",
+            warnings.push(format!(
+                "XDS_CLIENT_BACKOFF_RANDOM_FACTOR={} spreads each pause by ± that fraction here (the Go client \
+                 uses it as its growth factor): taken as {}",
+                self.backoff_random_factor,
+                self.backoff_random_factor.clamp(0.0, 1.0)
             ));
+            self.backoff_random_factor = self.backoff_random_factor.clamp(0.0, 1.0);
         }
-        Ok(())
     }
 }

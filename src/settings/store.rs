@@ -45,6 +45,10 @@ pub struct StoreSettings {
     /// service's commands) instead of the batch script: the same answers and keys for a fraction of
     /// Redis' CPU. Off sends every request through the script.
     pub redis_pipeline_fixed_windows: bool,
+    /// `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`: once Redis has answered, readiness follows whether it
+    /// answers (by default a Redis outage leaves the service ready and the rules' failure modes answer,
+    /// as in the Go service).
+    pub redis_health_check_active_connection: bool,
 }
 
 /// One Redis: the main one (`REDIS_*`) or the per-second one (`REDIS_PERSECOND_*`).
@@ -118,7 +122,7 @@ impl Which {
 
 impl StoreSettings {
     pub(super) fn read(r: &mut Reader<'_>) -> Result<Self, SettingsError> {
-        Ok(Self {
+        let mut store = Self {
             backend_type: r.get("backend_type", Go::Same, "redis".into())?,
             memory_max_keys: r.get("memory_max_keys", Go::None, memory::DEFAULT_MAX_KEYS)?,
             local_cache_size_in_bytes: r.get(
@@ -144,7 +148,20 @@ impl StoreSettings {
                 DEFAULT_EXPIRATION_JITTER_SECS,
             )?,
             redis_pipeline_fixed_windows: r.get("redis_pipeline_fixed_windows", Go::None, true)?,
-        })
+            redis_health_check_active_connection: r.get(
+                "redis_health_check_active_connection",
+                Go::Same,
+                false,
+            )?,
+        };
+        let deadline = store.redis_deadline;
+        if !deadline.is_zero() {
+            store.redis.adjust(Which::Main, deadline, &mut r.warnings);
+            store
+                .per_second
+                .adjust(Which::PerSecond, deadline, &mut r.warnings);
+        }
+        Ok(store)
     }
 
     pub(super) fn validate(&self, origins: &Origins) -> Result<(), SettingsError> {
@@ -165,9 +182,6 @@ impl StoreSettings {
                 "0",
                 "a limit of zero would refuse every request",
             ));
-        }
-        for (which, endpoint) in [(Which::Main, &self.redis), (Which::PerSecond, &self.per_second)] {
-            endpoint.validate(which, self.redis_deadline, origins)?;
         }
         if self.redis_persecond && (self.redis.url.trim().is_empty() || self.per_second.url.trim().is_empty())
         {
@@ -271,23 +285,31 @@ impl RedisEndpoint {
         })
     }
 
-    fn validate(&self, which: Which, deadline: Duration, origins: &Origins) -> Result<(), SettingsError> {
-        let key = |name: &str| format!("{}{name}", which.prefix());
+    /// Go values that mean nothing as written here, made to mean what they can, each with a warning:
+    /// a Go deployment's settings must start Tollgate.
+    fn adjust(&mut self, which: Which, deadline: Duration, warnings: &mut Vec<String>) {
+        let name = |key: &str| format!("{}{key}", which.prefix()).to_ascii_uppercase();
         if self.connect_timeout.is_zero() {
-            return Err(origins.bad(&key("connect_timeout"), "0s", "must be longer than zero"));
+            warnings.push(format!(
+                "{}=0s would leave a connection attempt unbounded: {} instead",
+                which.go_timeout(),
+                humantime::format_duration(DEFAULT_CONNECT_TIMEOUT)
+            ));
+            self.connect_timeout = DEFAULT_CONNECT_TIMEOUT;
         }
         // A window as long as the deadline would answer every coalesced request by its failure mode.
         if self.pipeline_window >= deadline {
-            return Err(origins.bad(
-                &key("pipeline_window"),
-                &humantime::format_duration(self.pipeline_window).to_string(),
-                &format!(
-                    "must be shorter than redis_deadline ({}), or requests would wait out their deadline gathering",
-                    humantime::format_duration(deadline)
-                ),
+            let capped = deadline / 2;
+            warnings.push(format!(
+                "{}={} is not shorter than REDIS_DEADLINE ({}): requests would wait out their deadline \
+                 gathering; gathering for {} instead",
+                name("pipeline_window"),
+                humantime::format_duration(self.pipeline_window),
+                humantime::format_duration(deadline),
+                humantime::format_duration(capped)
             ));
+            self.pipeline_window = capped;
         }
-        Ok(())
     }
 
     /// The parsed address; the error names the URL without its userinfo (a password never reaches a

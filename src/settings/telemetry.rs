@@ -1,7 +1,7 @@
 //! What Tollgate tells its operators: logs, trace export, and how callers are shown.
 
 use super::source::{Go, Reader};
-use super::{LogFormat, Origins, SettingsError, TraceSampler};
+use super::{LogFormat, Origins, OtlpProtocol, SettingsError, TraceSampler};
 
 /// Logs and traces.
 #[derive(Debug, Clone)]
@@ -26,8 +26,14 @@ pub struct TelemetrySettings {
     pub otel_traces_sampler: TraceSampler,
     /// `OTEL_TRACES_SAMPLER_ARG`: the ratio of the `*traceidratio` samplers, 0 to 1.
     pub otel_traces_sampler_arg: f64,
-    /// `TRACING_EXPORTER_PROTOCOL`: only `grpc` is built in.
+    /// `TRACING_EXPORTER_PROTOCOL`: `http` (OTLP/HTTP, protobuf; the default, as the Go service) or
+    /// `grpc`. Empty: OpenTelemetry's `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, else
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL`, else `http` ([`TelemetrySettings::exporter_protocol`]).
     pub tracing_exporter_protocol: String,
+    /// `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`: OpenTelemetry's name for the same choice.
+    pub otel_exporter_otlp_traces_protocol: String,
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL`: the same, for every signal.
+    pub otel_exporter_otlp_protocol: String,
     /// `/top` and the denial log show callers' raw descriptor values (IP addresses, user ids) instead of
     /// their hashes. Off by default: those are personal data.
     pub show_caller_values: bool,
@@ -43,30 +49,81 @@ impl TelemetrySettings {
             tracing_service_namespace: r.get("tracing_service_namespace", Go::Same, String::new())?,
             tracing_service_instance_id: r.get("tracing_service_instance_id", Go::Same, String::new())?,
             tracing_sampling_rate: r.get("tracing_sampling_rate", Go::Same, 1.0)?,
-            otel_traces_sampler: r.get("otel_traces_sampler", Go::Same, TraceSampler::Default)?,
-            otel_traces_sampler_arg: r.get("otel_traces_sampler_arg", Go::Same, 1.0)?,
-            tracing_exporter_protocol: r.get("tracing_exporter_protocol", Go::Same, "grpc".into())?,
+            otel_traces_sampler: sampler(r)?,
+            otel_traces_sampler_arg: sampler_arg(r)?,
+            tracing_exporter_protocol: r.get("tracing_exporter_protocol", Go::Same, String::new())?,
+            otel_exporter_otlp_traces_protocol: r.get(
+                "otel_exporter_otlp_traces_protocol",
+                Go::Same,
+                String::new(),
+            )?,
+            otel_exporter_otlp_protocol: r.get("otel_exporter_otlp_protocol", Go::Same, String::new())?,
             show_caller_values: r.get("show_caller_values", Go::None, false)?,
         })
     }
 
     pub(super) fn validate(&self, origins: &Origins) -> Result<(), SettingsError> {
-        // `TRACING_SAMPLING_RATE` is not checked: the Go service takes any number (at most all, at
-        // least none), and so does Tollgate.
-        if !(0.0..=1.0).contains(&self.otel_traces_sampler_arg) {
-            return Err(origins.bad(
-                "otel_traces_sampler_arg",
-                &self.otel_traces_sampler_arg.to_string(),
-                "a ratio between 0 and 1",
-            ));
-        }
-        if !self.tracing_exporter_protocol.eq_ignore_ascii_case("grpc") {
-            return Err(origins.bad(
-                "tracing_exporter_protocol",
-                &self.tracing_exporter_protocol,
-                "only grpc (OTLP/gRPC) is built in",
-            ));
+        for (key, text) in self.protocols() {
+            OtlpProtocol::parse(text).map_err(|reason| origins.bad(key, text, &reason))?;
         }
         Ok(())
     }
+
+    /// How spans are sent: the first protocol given of `TRACING_EXPORTER_PROTOCOL`,
+    /// `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` and `OTEL_EXPORTER_OTLP_PROTOCOL`, else OTLP/HTTP (the Go
+    /// service's default).
+    pub fn exporter_protocol(&self) -> OtlpProtocol {
+        self.protocols()
+            .into_iter()
+            .find(|(_, text)| !text.trim().is_empty())
+            .and_then(|(_, text)| OtlpProtocol::parse(text).ok())
+            .unwrap_or(OtlpProtocol::Http)
+    }
+
+    fn protocols(&self) -> [(&'static str, &str); 3] {
+        [
+            ("tracing_exporter_protocol", &self.tracing_exporter_protocol),
+            (
+                "otel_exporter_otlp_traces_protocol",
+                &self.otel_exporter_otlp_traces_protocol,
+            ),
+            ("otel_exporter_otlp_protocol", &self.otel_exporter_otlp_protocol),
+        ]
+    }
+}
+
+/// `OTEL_TRACES_SAMPLER`. The Go service does not read it, so a value Tollgate does not know
+/// (`jaeger_remote`, `xray`) must not stop a Go deployment from starting: it is warned about, and the
+/// default sampler (parent-based, at `TRACING_SAMPLING_RATE`) applies.
+fn sampler(r: &mut Reader<'_>) -> Result<TraceSampler, SettingsError> {
+    let text: String = r.get("otel_traces_sampler", Go::Same, String::new())?;
+    Ok(text.parse().unwrap_or_else(|reason| {
+        r.warnings.push(format!(
+            "ignoring OTEL_TRACES_SAMPLER: {reason}; sampling at TRACING_SAMPLING_RATE"
+        ));
+        TraceSampler::Default
+    }))
+}
+
+/// `OTEL_TRACES_SAMPLER_ARG`, a ratio from 0 to 1; anything else is warned about (the Go service does
+/// not read it) and 1 applies, or the ratio clamped.
+fn sampler_arg(r: &mut Reader<'_>) -> Result<f64, SettingsError> {
+    let text: String = r.get("otel_traces_sampler_arg", Go::Same, "1".into())?;
+    let arg = match text.trim().parse::<f64>() {
+        Ok(arg) if (0.0..=1.0).contains(&arg) => arg,
+        Ok(arg) if arg.is_finite() => {
+            let clamped = arg.clamp(0.0, 1.0);
+            r.warnings.push(format!(
+                "OTEL_TRACES_SAMPLER_ARG={text} is not a ratio from 0 to 1: taken as {clamped}"
+            ));
+            clamped
+        }
+        _ => {
+            r.warnings.push(format!(
+                "ignoring OTEL_TRACES_SAMPLER_ARG={text:?}: not a ratio from 0 to 1; taken as 1"
+            ));
+            1.0
+        }
+    };
+    Ok(arg)
 }

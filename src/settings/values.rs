@@ -235,3 +235,35 @@ impl fmt::Display for HeaderStyles {
         f.write_str(&names.join(","))
     }
 }
+
+/// How spans are sent (`TRACING_EXPORTER_PROTOCOL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// OTLP/HTTP with protobuf bodies (`http`, `http/protobuf`): the Go service's default.
+    Http,
+    /// OTLP/gRPC (`grpc`).
+    Grpc,
+}
+
+impl OtlpProtocol {
+    /// The protocol a setting's text names: `http` (or empty, as the Go service reads it, or
+    /// OpenTelemetry's `http/protobuf`) or `grpc`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "" | "http" | "http/protobuf" => Ok(Self::Http),
+            "grpc" => Ok(Self::Grpc),
+            "http/json" => {
+                Err("OTLP/HTTP with JSON bodies is not built in: use http (protobuf) or grpc".into())
+            }
+            other => Err(format!("invalid OTLP protocol {other:?}: expected http or grpc")),
+        }
+    }
+
+    /// The protocol's name, for logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Http => "http/protobuf",
+            Self::Grpc => "grpc",
+        }
+    }
+}

@@ -353,8 +353,9 @@ impl Session<'_> {
         match client.compile(response) {
             Ok(set) => {
                 let source = format!("xds:{}", client.server.url);
+                let domains = set.len();
                 install(set, &response.version_info, &source, &client.metrics, self.rules);
-                self.health.set_rules_loaded(true).await;
+                self.health.set_rules(domains).await;
                 self.version.clone_from(&response.version_info);
                 client.request(self.version, &response.nonce, None)
             }

@@ -720,6 +720,49 @@ async fn otlp_receiver() -> (
     (endpoint, received, handle, resource)
 }
 
+/// Starts an OTLP/HTTP receiver (protobuf bodies at `POST /v1/traces`, as an OpenTelemetry collector
+/// serves them on 4318); returns its base URL (as `OTEL_EXPORTER_OTLP_ENDPOINT` takes it) and the spans
+/// it receives.
+async fn otlp_http_receiver() -> (
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<ExportedSpan>,
+    tokio::task::JoinHandle<()>,
+    ResourceAttributes,
+) {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message as _;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+    let (spans, received) = tokio::sync::mpsc::unbounded_channel();
+    let resource = ResourceAttributes::default();
+    let kept = resource.clone();
+    let export = move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+        let (spans, kept) = (spans.clone(), kept.clone());
+        async move {
+            assert_eq!(
+                headers.get("content-type").and_then(|v| v.to_str().ok()),
+                Some("application/x-protobuf"),
+                "OTLP/HTTP with protobuf bodies"
+            );
+            let request = ExportTraceServiceRequest::decode(body).expect("an OTLP trace export");
+            for resource in request.resource_spans {
+                if let Some(attributes) = resource.resource.map(|r| r.attributes) {
+                    *kept.lock().expect("lock") = attributes;
+                }
+                for span in resource.scope_spans.into_iter().flat_map(|s| s.spans) {
+                    let _ = spans.send(span);
+                }
+            }
+            ([("content-type", "application/x-protobuf")], Vec::<u8>::new())
+        }
+    };
+    let app = axum::Router::new().route("/v1/traces", axum::routing::post(export));
+    let handle = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (endpoint, received, handle, resource)
+}
+
 /// Waits (bounded) for an exported span with this name.
 async fn span_named(
     received: &mut tokio::sync::mpsc::UnboundedReceiver<ExportedSpan>,
@@ -766,6 +809,7 @@ async fn traced_server(extra: &[(&str, &str)]) -> Traced {
     let config_dir = dir.path().to_str().expect("utf-8 path");
     let mut env = vec![
         ("TRACING_ENABLED", "true"),
+        ("TRACING_EXPORTER_PROTOCOL", "grpc"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
     ];
@@ -895,6 +939,83 @@ async fn a_sampler_that_ignores_callers_traces_what_a_caller_did_not_sample() {
         "still the caller's trace"
     );
     traced.finish().await;
+}
+
+/// Envoy Gateway's environment (`TRACING_ENABLED=true`, `OTEL_EXPORTER_OTLP_ENDPOINT` at a collector's
+/// OTLP/HTTP port, no protocol: the Go service's default is `http`): spans arrive over OTLP/HTTP at
+/// `/v1/traces`, with the service's resource.
+#[tokio::test]
+async fn spans_reach_an_otlp_http_receiver_by_default() {
+    let (endpoint, mut received, receiver, resource) = otlp_http_receiver().await;
+    let dir = rules_dir(&[("cli.yaml", RULES)]);
+    let env = [
+        ("TRACING_ENABLED", "true"),
+        ("TRACING_SERVICE_NAME", "ratelimit"),
+        ("TRACING_SERVICE_INSTANCE_ID", "envoy-ratelimit-5d9c"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    let served = Served::start(&serve_args(dir.path().to_str().expect("utf-8")), &env).await;
+    ask_user(served.grpc, "cli", "over-http").await;
+    let span = span_named(&mut received, RPC_SPAN).await;
+    assert_eq!(
+        string_attribute(&span, "ratelimit.domain").as_deref(),
+        Some("cli")
+    );
+    let resource = resource.lock().expect("lock").clone();
+    assert_eq!(
+        string_value(&resource, "service.name").as_deref(),
+        Some("ratelimit")
+    );
+    assert_eq!(
+        string_value(&resource, "service.instance.id").as_deref(),
+        Some("envoy-ratelimit-5d9c")
+    );
+    assert_eq!(served.terminate().await, Some(0));
+    receiver.abort();
+}
+
+/// A collector that is not there: the first failed export is logged at warn, naming the endpoint and
+/// the protocol, and every failure is counted.
+#[tokio::test]
+async fn a_failed_export_is_logged_and_counted() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let endpoint = format!("http://{closed}");
+    let dir = rules_dir(&[("cli.yaml", RULES)]);
+    let env = [
+        ("TRACING_ENABLED", "true"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "500"),
+    ];
+    let mut served = Served::start(&serve_args(dir.path().to_str().expect("utf-8")), &env).await;
+    ask_user(served.grpc, "cli", "lost").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let warned = loop {
+        served.log.extend(served.stderr.try_iter());
+        if let Some(line) = served.log.iter().find(|l| l.contains("exporting traces failed")) {
+            break line.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no warning:\n{}",
+            served.log.join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(warned.contains(&format!("{endpoint}/v1/traces")), "{warned}");
+    assert!(warned.contains("http/protobuf"), "{warned}");
+    let (_, metrics) = http(served.http, "GET", "/metrics", "").await;
+    let failures: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_trace_export_failures_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the failure counter");
+    assert!(failures >= 1, "{failures}");
+    assert_eq!(served.terminate().await, Some(0));
 }
 
 #[tokio::test]

@@ -582,3 +582,120 @@ async fn failure_mode_local_counts_a_share_while_redis_is_away() {
     );
     Arc::into_inner(server).expect("one owner").stop().await;
 }
+
+/// What the probes and the callers see through a Redis outage, polled every 200 ms (the kubelet's
+/// probes are 10 s apart; Envoy Gateway's liveness allows 3 failures).
+#[derive(Debug, Default)]
+struct Outage {
+    /// `/healthcheck` answers while Redis was down, after the watcher's first look (500 ms) passed.
+    healthcheck_down: Vec<u16>,
+    /// `/readyz` answers then.
+    readyz_down: Vec<u16>,
+    /// Calls while Redis was down: answered by the failure mode, answered otherwise, failed.
+    by_failure_mode: u64,
+    otherwise: u64,
+    errors: u64,
+    /// `/healthcheck` and `/readyz` once a decision came from Redis again.
+    healthcheck_after: u16,
+    readyz_after: u16,
+    /// From Redis' restart to the first decision from Redis.
+    recovery: Option<Duration>,
+}
+
+/// Kills Redis under a server for `down`, polling the probes and asking the `open` rule every 200 ms,
+/// then restarts it and waits for a decision from Redis.
+async fn outage(follows_redis: bool, down: Duration) -> Outage {
+    let mut redis = RedisServer::start();
+    let active = if follows_redis { "true" } else { "false" };
+    let server = server(&[
+        ("REDIS_URL", &redis.url()),
+        ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", active),
+    ])
+    .await;
+    let mut client = server.client().await;
+    let mut seen = Outage::default();
+    redis.kill();
+    let killed = Instant::now();
+    while killed.elapsed() < down {
+        let answer = client
+            .should_rate_limit(wire_request("rd", &[&[("open", "probe")]]))
+            .await;
+        match answer.map(|a| a.into_inner()) {
+            Ok(a) if a.statuses[0].limit_remaining == 0 && a.overall_code == Code::Ok as i32 => {
+                seen.by_failure_mode += 1;
+            }
+            Ok(_) => seen.otherwise += 1,
+            Err(_) => seen.errors += 1,
+        }
+        // The watcher pings every 500 ms: its first look after the kill may come that late.
+        if killed.elapsed() > Duration::from_millis(1_500) {
+            seen.healthcheck_down
+                .push(http(server.http, "GET", "/healthcheck", "").await.0);
+            seen.readyz_down
+                .push(http(server.http, "GET", "/readyz", "").await.0);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let redis = tokio::task::spawn_blocking(move || {
+        redis.restart();
+        redis
+    })
+    .await
+    .expect("restart");
+    let restarted = Instant::now();
+    while restarted.elapsed() < Duration::from_secs(10) {
+        let answer = client
+            .should_rate_limit(wire_request("rd", &[&[("open", "probe")]]))
+            .await;
+        if answer.is_ok_and(|a| a.into_inner().statuses[0].limit_remaining > 0) {
+            seen.recovery = Some(restarted.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Health learns within one watcher interval (500 ms) that Redis answers.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    seen.healthcheck_after = http(server.http, "GET", "/healthcheck", "").await.0;
+    seen.readyz_after = http(server.http, "GET", "/readyz", "").await.0;
+    drop(redis);
+    seen
+}
+
+/// Health with envoyproxy/ratelimit's component model: a Redis outage does not take the service out of
+/// its Service (every replica at once) nor restart it; each rule's failure mode answers meanwhile, and
+/// decisions are back on Redis within a second of it returning. `/readyz` follows the store for those who
+/// want replicas drained; `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true` makes `/healthcheck` do so, as in
+/// the Go service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_leaves_the_service_ready_unless_asked_otherwise() {
+    require_redis!();
+    let _alone = ONE_AT_A_TIME.lock().await;
+    for follows_redis in [false, true] {
+        let seen = outage(follows_redis, Duration::from_secs(4)).await;
+        eprintln!("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION={follows_redis}: {seen:?}");
+        let case = format!("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION={follows_redis}");
+        assert_eq!((seen.errors, seen.otherwise), (0, 0), "{case}: {seen:?}");
+        assert!(seen.by_failure_mode > 0, "{case}: {seen:?}");
+        assert!(
+            !seen.healthcheck_down.is_empty(),
+            "{case}: probed during the outage"
+        );
+        let expected_down = if follows_redis { 500 } else { 200 };
+        assert!(
+            seen.healthcheck_down.iter().all(|&s| s == expected_down),
+            "{case}: /healthcheck during the outage: {:?}",
+            seen.healthcheck_down
+        );
+        assert!(
+            seen.readyz_down.iter().all(|&s| s == 500),
+            "{case}: /readyz during the outage: {:?}",
+            seen.readyz_down
+        );
+        assert!(
+            seen.recovery.is_some_and(|r| r <= Duration::from_secs(1)),
+            "{case}: back on Redis {:?} after it returned",
+            seen.recovery
+        );
+        assert_eq!((seen.healthcheck_after, seen.readyz_after), (200, 200), "{case}");
+    }
+}

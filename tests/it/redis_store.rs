@@ -658,8 +658,11 @@ async fn killed_redis_answers_within_the_deadline_by_failure_mode_then_recovers(
         assert_eq!(closed.overall_code, Code::OverLimit as i32);
         assert_eq!(unset.code(), tonic::Code::Unavailable, "{unset:?}");
     }
+    // As the Go service: ready through the outage (the failure modes answer); `/readyz` follows Redis.
     let (status, _) = http(server.http, "GET", "/healthcheck", "").await;
-    assert_eq!(status, 500, "not ready while Redis is down");
+    assert_eq!(status, 200, "still ready while Redis is down");
+    let (status, _) = http(server.http, "GET", "/readyz", "").await;
+    assert_eq!(status, 500, "/readyz follows the store");
     redis.restart();
     let deadline = Instant::now() + Duration::from_secs(15);
     while ask(&server, &[&[("k", "y")]]).await.is_err() {
@@ -859,7 +862,10 @@ async fn starting_with_redis_down_is_not_ready_then_ready_when_redis_comes() {
     let (status, _) = http(server.http, "GET", "/healthcheck", "").await;
     assert_eq!(status, 500);
     let (_, metrics) = http(server.http, "GET", "/metrics", "").await;
-    assert!(metrics.contains("\ntollgate_store_up 0\n"), "{metrics}");
+    assert!(
+        metrics.contains("\ntollgate_store_up{store=\"redis\"} 0\n"),
+        "{metrics}"
+    );
     redis.restart();
     server.wait_ready().await;
     assert_eq!(
@@ -867,7 +873,10 @@ async fn starting_with_redis_down_is_not_ready_then_ready_when_redis_comes() {
         Code::Ok as i32
     );
     let (_, metrics) = http(server.http, "GET", "/metrics", "").await;
-    assert!(metrics.contains("\ntollgate_store_up 1\n"), "{metrics}");
+    assert!(
+        metrics.contains("\ntollgate_store_up{store=\"redis\"} 1\n"),
+        "{metrics}"
+    );
     server.stop().await;
 }
 
@@ -1615,16 +1624,17 @@ async fn per_second_limits_are_counted_in_their_own_redis() {
         .await
         .expect("one Redis is fine");
 
-    // Ready only while both answer.
+    // `/readyz` needs both to answer; `/healthcheck` stays ready, as the Go service's does.
     per_second.kill();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while http(server.http, "GET", "/healthcheck", "").await.0 != 500 {
+    while http(server.http, "GET", "/readyz", "").await.0 != 500 {
         assert!(
             Instant::now() < deadline,
-            "still ready without the per-second Redis"
+            "/readyz still ready without the per-second Redis"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert_eq!(http(server.http, "GET", "/healthcheck", "").await.0, 200);
     server.stop().await;
 }
 

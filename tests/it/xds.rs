@@ -318,7 +318,8 @@ async fn without_force_start_it_is_not_ready_until_rules_arrive() {
         .should_rate_limit(wire_request("edge", &[&[("user", "a")]]))
         .await
         .expect_err("no rules yet");
-    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    assert_eq!(refused.code(), tonic::Code::Unknown, "the Go service's code");
+    assert_eq!(refused.message(), "no rate limit configuration loaded");
 
     ads.push("v1", &[config("edge-rules", "edge", "user", 1)]);
     server.wait_ready().await;
@@ -326,6 +327,9 @@ async fn without_force_start_it_is_not_ready_until_rules_arrive() {
     server.stop().await;
 }
 
+/// As the Go service: force-started, the service is ready at once, and until the first rule set arrives
+/// every request gets the Go service's error (an Envoy failing closed denies; one failing open counts
+/// the errors), never an OK that would pass everything unlimited.
 #[tokio::test]
 async fn force_start_serves_at_once_with_no_rules_and_takes_them_when_they_come() {
     // No server at that address yet: the client keeps retrying while the service answers.
@@ -343,11 +347,29 @@ async fn force_start_serves_at_once_with_no_rules_and_takes_them_when_they_come(
     ];
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let server = TestServer::start(&[], &env).await;
-    assert_eq!(
-        codes(&server, "edge", "user", "a", 3).await,
-        [OK, OK, OK],
-        "no rules: nothing is limited"
-    );
+    let mut client = server.client().await;
+    let refused = client
+        .should_rate_limit(wire_request("edge", &[&[("user", "a")]]))
+        .await
+        .expect_err("no rules yet");
+    assert_eq!(refused.code(), tonic::Code::Unknown);
+    assert_eq!(refused.message(), "no rate limit configuration loaded");
+    let (status, _) = http(
+        server.http,
+        "POST",
+        "/json",
+        r#"{"domain":"edge","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#,
+    )
+    .await;
+    assert_eq!(status, 400, "/json answers an error as the Go service does");
+    let (status, body) = http(
+        server.http,
+        "POST",
+        "/v1/check",
+        r#"{"domain":"edge","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#,
+    )
+    .await;
+    assert_eq!(status, 503, "the native API: not available yet ({body})");
     let ads = AdsServer::start_at(addr, state, None).await;
     ads.push("v1", &[config("edge-rules", "edge", "user", 1)]);
     ads.ack("v1").await;

@@ -79,8 +79,11 @@ pub enum LimiterError {
 pub enum ErrorKind {
     /// The request is malformed: the caller must change it.
     InvalidRequest,
-    /// Nothing can be decided now (the store is down, no rules are loaded): retrying may help.
+    /// Nothing can be decided now (the store is down and no failure mode answers): retrying may help.
     Unavailable,
+    /// No rule set has loaded yet (rules over xDS, force-started): envoyproxy/ratelimit answers these
+    /// with gRPC `UNKNOWN` and "no rate limit configuration loaded".
+    NoRules,
     /// An all-or-nothing call whose keys Redis Cluster cannot update atomically.
     NotAtomic,
     /// The request names something that does not exist (a lease to renew, a domain of the native API).
@@ -94,9 +97,8 @@ impl LimiterError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             LimiterError::Store(StoreError::CrossSlot | StoreError::AcrossStores) => ErrorKind::NotAtomic,
-            LimiterError::NoConfig | LimiterError::Store(_) | LimiterError::NoRandomness => {
-                ErrorKind::Unavailable
-            }
+            LimiterError::NoConfig => ErrorKind::NoRules,
+            LimiterError::Store(_) | LimiterError::NoRandomness => ErrorKind::Unavailable,
             LimiterError::LeaseNotFound | LimiterError::UnknownDomain(_) => ErrorKind::NotFound,
             LimiterError::Refund(_) => ErrorKind::PermissionDenied,
             LimiterError::EmptyDomain

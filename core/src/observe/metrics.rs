@@ -223,7 +223,7 @@ pub struct Metrics {
     /// Releases that freed at least one slot (a release of an expired lease frees none).
     pub leases_released: Counter,
     /// The store does not answer (readiness' view of Redis; never set on the embedded store).
-    store_down: std::sync::atomic::AtomicBool,
+    store_up: Mutex<Vec<(&'static str, bool)>>,
     loaded: Mutex<(String, u64)>,
 }
 
@@ -251,9 +251,14 @@ impl Metrics {
         self.store_time[operation as usize].observe(elapsed);
     }
 
-    /// Records whether the store answers (`tollgate_store_up`).
-    pub fn set_store_up(&self, up: bool) {
-        self.store_down.store(!up, Ordering::Relaxed);
+    /// Records whether the store `name` answers (`tollgate_store_up{store=name}`: `embedded`, `redis`,
+    /// `redis_persecond`).
+    pub fn set_store_up(&self, name: &'static str, up: bool) {
+        let mut stores = self.store_up.lock().unwrap_or_else(PoisonError::into_inner);
+        match stores.iter_mut().find(|(known, _)| *known == name) {
+            Some((_, state)) => *state = up,
+            None => stores.push((name, up)),
+        }
     }
 
     /// Requests of `method` so far.
@@ -282,9 +287,12 @@ impl Metrics {
         &self.store_time[operation as usize]
     }
 
-    /// Whether the store answers, as last recorded by [`Metrics::set_store_up`] (up until told otherwise).
-    pub fn store_up(&self) -> bool {
-        !self.store_down.load(Ordering::Relaxed)
+    /// Each store and whether it answers, as last recorded by [`Metrics::set_store_up`].
+    pub fn stores_up(&self) -> Vec<(&'static str, bool)> {
+        self.store_up
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Every rule's counters, by (domain, rule path), in order.

@@ -12,8 +12,9 @@
 //! - a policy that settles across descriptors cannot hold across the two. A per-call all-or-nothing
 //!   check is refused ([`StoreError::AcrossStores`], `FAILED_PRECONDITION`); an `all_or_nothing` domain
 //!   mixing per-second and longer limits is refused when the rules load; and
-//!   `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, which always settles across descriptors, is refused
-//!   with `REDIS_PERSECOND` at startup;
+//!   `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` is settled in each Redis for the descriptors it holds: a
+//!   request over a limit in one Redis still increments its counters in the other (the Go service
+//!   reads both before incrementing either, which is not atomic either; the server warns at startup);
 //! - when one Redis fails and the other answers, the request fails as a whole (the rules' failure
 //!   modes answer it) while the half that reached the working Redis stays counted there, as in the
 //!   Go service, whose two Redis are just as independent.
@@ -105,10 +106,7 @@ impl Store for RedisStores {
         if !to_main {
             return per_second.apply(batch).await;
         }
-        if matches!(
-            batch.policy,
-            CommitPolicy::AllOrNothing | CommitPolicy::StopIncrementWhenOverLimit
-        ) {
+        if batch.policy == CommitPolicy::AllOrNothing {
             return Err(StoreError::AcrossStores);
         }
         let routes = routes(&batch.items);
