@@ -208,6 +208,28 @@ async fn cidr_values_match_ranges_before_the_key_default() {
     assert_status(&v.statuses[1], Code::Ok, 1, Some(2));
 }
 
+/// A dual-stack front end reports an IPv4 client as `::ffff:a.b.c.d`: it is that IPv4 client, grouped
+/// and matched as one, never one of all IPv4 clients sharing `::/64`.
+#[tokio::test]
+async fn ipv4_mapped_clients_are_their_ipv4_address() {
+    let h = Harness::new(&[NORMALISED]);
+    let v = h
+        .check(
+            "norm",
+            &[
+                d(&[("remote_address", "::ffff:203.0.113.9")]),
+                d(&[("remote_address", "203.0.113.9")]),
+                d(&[("remote_address", "::ffff:203.0.113.10")]),
+                d(&[("remote_address", "::ffff:10.1.2.3")]),
+            ],
+        )
+        .await;
+    assert_status(&v.statuses[0], Code::Ok, 1, Some(2));
+    assert_status(&v.statuses[1], Code::Ok, 0, Some(2));
+    assert_status(&v.statuses[2], Code::Ok, 1, Some(2));
+    assert_status(&v.statuses[3], Code::Ok, 99, Some(100));
+}
+
 #[test]
 fn hashed_values_never_reach_the_storage_key() {
     let set = rules(&[NORMALISED], Algorithm::FixedWindow);

@@ -353,6 +353,23 @@ fn type_mismatches() {
     )));
 }
 
+/// Errors never echo a file's content whole: a file that is one scalar (a token mounted among the rules
+/// by mistake) is not shown at all, and a long value in a type error is cut as yaml.v2 cuts it (its
+/// first 7 bytes).
+#[test]
+fn errors_do_not_echo_secrets_from_the_file() {
+    let e = err("s3cr3t-t0ken-0123456789abcdef\n");
+    assert!(!e.contains("s3cr3t"), "{e}");
+    assert!(
+        e.contains("cannot unmarshal !!str into a mapping (the document root)"),
+        "{e}"
+    );
+    assert_err(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: password-in-the-wrong-place\n",
+        "error loading config file: line 4: cannot unmarshal !!str `passwor...` into a mapping (key 'rate_limit')",
+    );
+}
+
 #[test]
 fn empty_domain() {
     assert_err(

@@ -66,7 +66,7 @@ impl Normalizer {
 /// so `ip_prefix: {v4: 32}` only canonicalises; anything shorter gives `network/len`. Values that are
 /// not addresses are left alone (a descriptor may legitimately carry a hostname).
 fn group_ip(value: &str, prefix: &IpPrefix) -> Option<String> {
-    let ip: IpAddr = value.parse().ok()?;
+    let ip = canonical_ip(value)?;
     let len = match ip {
         IpAddr::V4(_) => prefix.v4,
         IpAddr::V6(_) => prefix.v6,
@@ -76,6 +76,17 @@ fn group_ip(value: &str, prefix: &IpPrefix) -> Option<String> {
         Some(net.addr().to_string())
     } else {
         Some(net.to_string())
+    }
+}
+
+/// `value` as an address, an IPv4-mapped IPv6 address (`::ffff:203.0.113.9`, what a dual-stack front end
+/// reports for an IPv4 client) as the IPv4 address it stands for: one client, one address, however it
+/// was written. Without this every IPv4 client of such a front end would fall in `::/64` and share one
+/// budget, and a CIDR rule for `203.0.113.0/24` would miss them.
+pub(crate) fn canonical_ip(value: &str) -> Option<IpAddr> {
+    match value.parse().ok()? {
+        IpAddr::V6(v6) => Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)),
+        v4 => Some(v4),
     }
 }
 
@@ -149,6 +160,20 @@ mod tests {
         assert_eq!(n.apply("not-an-ip"), "not-an-ip");
         let v4 = normalizer(false, false, Some((24, 128)));
         assert_eq!(v4.apply("192.0.2.7"), "192.0.2.0/24");
+    }
+
+    #[test]
+    fn an_ipv4_mapped_address_is_its_ipv4_client() {
+        let n = normalizer(false, false, Some((32, 64)));
+        assert_eq!(n.apply("::ffff:203.0.113.9"), "203.0.113.9");
+        assert_eq!(n.apply("::FFFF:cb00:7109"), "203.0.113.9", "any spelling");
+        assert_ne!(
+            n.apply("::ffff:203.0.113.9"),
+            n.apply("::ffff:203.0.113.10"),
+            "two IPv4 clients, two budgets (not one ::/64)"
+        );
+        let v4 = normalizer(false, false, Some((24, 64)));
+        assert_eq!(v4.apply("::ffff:203.0.113.9"), "203.0.113.0/24");
     }
 
     #[test]

@@ -4,9 +4,9 @@
 //! against the value alone, inside the group of nodes for that key: the answers are the same for every
 //! key that does not itself contain `_`, and a key can no longer match another key's patterns.
 
-use std::net::IpAddr;
-
 use ipnet::IpNet;
+
+use super::normalize::canonical_ip;
 
 /// A compiled non-exact value.
 #[derive(Debug, Clone)]
@@ -66,7 +66,7 @@ impl Wildcard {
 }
 
 fn cidr_contains(net: &IpNet, value: &str) -> bool {
-    if let Ok(ip) = value.parse::<IpAddr>() {
+    if let Some(ip) = canonical_ip(value) {
         return net.contains(&ip);
     }
     // A value already grouped by `ip_prefix` looks like `2001:db8::/64`.
@@ -113,6 +113,7 @@ mod tests {
         assert!(cidr_contains(&net, "10.1.2.3"));
         assert!(!cidr_contains(&net, "11.1.2.3"));
         assert!(!cidr_contains(&net, "not-an-ip"));
+        assert!(cidr_contains(&net, "::ffff:10.1.2.3"), "an IPv4-mapped client");
         let v6: IpNet = "2001:db8::/32".parse().expect("valid");
         assert!(cidr_contains(&v6, "2001:db8:1:2::/64"));
         assert!(!cidr_contains(&v6, "2001:db9::1"));

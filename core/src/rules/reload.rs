@@ -59,15 +59,26 @@ pub struct Reloader {
 impl Reloader {
     /// Loads the rules once, publishing them on success. Returns the version loaded.
     pub fn load_into(&self, rules: &RulesHandle) -> Result<String, ConfigError> {
-        let snapshot = Snapshot::read(&self.dir)?;
+        let snapshot = self.read()?;
         let version = snapshot.fingerprint();
-        self.publish(&snapshot, &version, rules)?;
+        let set = compile(&snapshot, self.merge_domains, self.options, &self.metrics)?;
+        self.install(set, &version, rules);
         Ok(version)
     }
 
-    /// Compiles `snapshot` (whose fingerprint is `version`) and swaps it in.
-    fn publish(&self, snapshot: &Snapshot, version: &str, rules: &RulesHandle) -> Result<(), ConfigError> {
-        let set = compile(snapshot, self.merge_domains, self.options, &self.metrics)?;
+    /// Reads the directory, saying which links it did not follow.
+    fn read(&self) -> Result<Snapshot, ConfigError> {
+        let snapshot = Snapshot::read(&self.dir)?;
+        for link in snapshot.skipped() {
+            tracing::warn!(
+                link = %link.display(),
+                "not following a link to a directory outside the rules directory"
+            );
+        }
+        Ok(snapshot)
+    }
+
+    fn install(&self, set: RuleSet, version: &str, rules: &RulesHandle) {
         install(
             set,
             version,
@@ -75,26 +86,30 @@ impl Reloader {
             &self.metrics,
             rules,
         );
-        Ok(())
     }
 
-    /// Polls until `stop` is cancelled, reloading a change once two polls in a row read it.
+    /// Polls until `stop` is cancelled, reloading a change once two polls in a row read it. Reading
+    /// and compiling run on a blocking thread: a large rules directory must not stall the requests the
+    /// runtime's workers are answering.
     pub async fn run(self, rules: RulesHandle, mut version: Option<String>, stop: CancellationToken) {
         let mut ticker = tokio::time::interval(self.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // A changed version seen once, waiting for the next poll to confirm it.
         let mut pending: Option<String> = None;
+        let reloader = Arc::new(self);
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = ticker.tick() => {}
             }
-            let snapshot = match Snapshot::read(&self.dir) {
-                Ok(snapshot) => snapshot,
-                Err(error) => {
+            let reading = Arc::clone(&reloader);
+            let snapshot = match tokio::task::spawn_blocking(move || Snapshot::read(&reading.dir)).await {
+                Ok(Ok(snapshot)) => snapshot,
+                Ok(Err(error)) => {
                     tracing::error!(%error, "cannot read rules directory; keeping the loaded rules");
                     continue;
                 }
+                Err(_) => continue,
             };
             let current = snapshot.fingerprint();
             match step(version.as_deref(), pending.as_deref(), &current) {
@@ -108,9 +123,29 @@ impl Reloader {
                 }
                 Step::Load => pending = None,
             }
-            if let Err(error) = self.publish(&snapshot, &current, &rules) {
-                self.metrics.config_load_error.add(1);
-                tracing::error!(%error, "rules not reloaded; keeping the previous rules");
+            for link in snapshot.skipped() {
+                tracing::warn!(
+                    link = %link.display(),
+                    "not following a link to a directory outside the rules directory"
+                );
+            }
+            let compiling = Arc::clone(&reloader);
+            let compiled = tokio::task::spawn_blocking(move || {
+                compile(
+                    &snapshot,
+                    compiling.merge_domains,
+                    compiling.options,
+                    &compiling.metrics,
+                )
+            })
+            .await;
+            match compiled {
+                Ok(Ok(set)) => reloader.install(set, &current, &rules),
+                Ok(Err(error)) => {
+                    reloader.metrics.config_load_error.add(1);
+                    tracing::error!(%error, "rules not reloaded; keeping the previous rules");
+                }
+                Err(_) => continue,
             }
             // A broken version is remembered too, so its error is logged once, not every poll.
             version = Some(current);

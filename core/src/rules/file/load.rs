@@ -16,13 +16,25 @@ use super::validate::{Siblings, final_key};
 pub struct Snapshot {
     /// (path, contents), in the order the files are loaded.
     files: Vec<(PathBuf, Vec<u8>)>,
+    /// Links to directories outside the rules directory, not walked.
+    skipped: Vec<PathBuf>,
 }
 
+/// Most rules files below a rules directory: far above any real deployment, low enough that a
+/// misplaced mount cannot make every poll read a whole filesystem.
+pub(super) const MAX_RULES_FILES: usize = 10_000;
+
 impl Snapshot {
-    /// Reads every rules file below `dir` (see [`super::load_dir`] for which).
+    /// Reads every rules file below `dir` (see [`super::load_dir`] for which). A link to a directory
+    /// outside `dir` is not followed (see [`Snapshot::skipped`]): a link to `/` must not make every
+    /// poll walk the filesystem. Links to files are followed wherever they point.
     pub fn read(dir: &Path) -> Result<Self, ConfigError> {
         let mut paths = Vec::new();
-        collect(dir, &mut paths, &mut Seen::default())?;
+        let mut seen = Seen {
+            root: fs::canonicalize(dir).ok(),
+            ..Seen::default()
+        };
+        collect(dir, &mut paths, &mut seen)?;
         let files = paths
             .into_iter()
             .map(|path| match fs::read(&path) {
@@ -33,7 +45,15 @@ impl Snapshot {
                 }),
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self { files })
+        Ok(Self {
+            files,
+            skipped: seen.outside,
+        })
+    }
+
+    /// The links to directories outside the rules directory that were not walked.
+    pub fn skipped(&self) -> &[PathBuf] {
+        &self.skipped
     }
 
     /// A content hash of the files (names and bytes): the rules' version.
@@ -113,8 +133,12 @@ fn merge(base: &mut DomainConfig, extra: DomainConfig) -> Result<(), String> {
 /// through two visible links is read once.
 #[derive(Default)]
 struct Seen {
+    /// The rules directory, canonical: no directory outside it is walked.
+    root: Option<PathBuf>,
     dirs: HashSet<PathBuf>,
     files: HashSet<PathBuf>,
+    /// Links to directories outside `root`, not walked.
+    outside: Vec<PathBuf>,
 }
 
 /// Depth-first, lexically sorted walk collecting rules files below `dir`.
@@ -155,12 +179,27 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>, seen: &mut Seen) -> Result<(), Co
             Err(_) => continue,
         };
         if meta.is_dir() {
-            collect(&path, out, seen)?;
+            let canonical = fs::canonicalize(&path).ok();
+            let inside = match (&seen.root, &canonical) {
+                (Some(root), Some(canonical)) => canonical.starts_with(root),
+                _ => true,
+            };
+            if inside {
+                collect(&path, out, seen)?;
+            } else {
+                seen.outside.push(path);
+            }
         } else if meta.is_file() && is_rules_file(&name) {
             let first_time = fs::canonicalize(&path)
                 .map(|c| seen.files.insert(c))
                 .unwrap_or(true);
             if first_time {
+                if out.len() == MAX_RULES_FILES {
+                    return Err(ConfigError::Invalid {
+                        file: dir.display().to_string(),
+                        message: format!("more than {MAX_RULES_FILES} rules files below the rules directory"),
+                    });
+                }
                 out.push(path);
             }
         }
@@ -364,6 +403,29 @@ mod tests {
                 root.join("b.yaml").display()
             )
         );
+    }
+
+    #[test]
+    fn links_to_directories_outside_the_rules_directory_are_not_walked() {
+        let tmp = tempdir();
+        let outside = tempdir();
+        write(outside.path(), "elsewhere.yaml", &rules("other", "k"));
+        write(outside.path(), "shared.yaml", &rules("shared", "k"));
+        let root = tmp.path().join("rules");
+        write(&root, "a.yaml", &rules("d", "k"));
+        symlink("/", root.join("slash")).expect("symlink");
+        symlink(outside.path(), root.join("away")).expect("symlink");
+        // A link to a file is followed wherever it points.
+        symlink(outside.path().join("shared.yaml"), root.join("shared.yaml")).expect("symlink");
+        let snapshot = super::Snapshot::read(&root).expect("reads");
+        assert_eq!(snapshot.skipped(), [root.join("away"), root.join("slash")]);
+        let domains: Vec<String> = snapshot
+            .parse(false)
+            .expect("parses")
+            .into_iter()
+            .map(|c| c.domain)
+            .collect();
+        assert_eq!(domains, ["d", "shared"]);
     }
 
     #[test]

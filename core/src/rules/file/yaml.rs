@@ -377,9 +377,16 @@ fn validate_value(v: &Node) -> Result<(), String> {
 
 /// yaml.v2-style type-mismatch text: ``line N: cannot unmarshal !!str `x` into <target>``.
 pub(crate) fn mismatch(node: &Node, target: &str) -> String {
-    let shown = match &node.value {
-        Value::Seq(_) | Value::Map(_) => String::new(),
-        _ => format!(" `{}`", node.scalar_text().unwrap_or_default()),
+    // yaml.v2 shows a scalar of more than 10 bytes as its first 7 and `...`. A document that is one
+    // scalar (a file that is a token, say) is not shown at all: the message may reach a log.
+    let shown = match (&node.value, node.scalar_text()) {
+        (Value::Seq(_) | Value::Map(_), _) | (_, None) => String::new(),
+        _ if target.contains("the document root") => String::new(),
+        (_, Some(text)) if text.len() > 10 => {
+            let cut = (0..=7).rev().find(|&at| text.is_char_boundary(at)).unwrap_or(0);
+            format!(" `{}...`", &text[..cut])
+        }
+        (_, Some(text)) => format!(" `{text}`"),
     };
     format!(
         "line {}: cannot unmarshal {}{} into {}",

@@ -202,20 +202,51 @@ fn bad(address: &str, reason: &str) -> TargetError {
     }
 }
 
-/// `text` (one address, or several separated by commas) with the userinfo of each replaced by `***`
-/// (`redis://user:password@host` → `redis://***@host`), for logs and errors. A Redis URL may carry a
-/// password; nothing that prints it may show that part.
+/// `text` (one address, or several separated by commas) with every credential replaced by `***`, for
+/// logs and errors: the userinfo (`redis://user:password@host` → `redis://***@host`) and the password
+/// of a query (`redis+unix:///run/redis.sock?pass=secret` → `…?pass=***`). A Redis URL may carry a
+/// password; nothing that prints it may show any of it. A comma inside credentials (so that splitting
+/// on commas would leave part of a password in front of the host) hides everything before the last
+/// `@`.
 pub fn without_userinfo(text: &str) -> String {
-    text.split(',')
-        .map(|part| match (part.find("://"), part.rfind('@')) {
-            (Some(scheme), Some(at)) if at > scheme => {
-                format!("{}***@{}", &part[..scheme + 3], &part[at + 1..])
-            }
-            (None, Some(at)) => format!("***@{}", &part[at + 1..]),
-            _ => part.to_owned(),
+    let parts: Vec<&str> = text.split(',').collect();
+    let last_with_at = parts.iter().rposition(|part| part.contains('@'));
+    let split_credentials =
+        last_with_at.is_some_and(|last| parts[..last].iter().any(|part| !part.contains('@')));
+    if split_credentials && let Some(at) = text.rfind('@') {
+        return format!("***@{}", without_query_password(&text[at + 1..]));
+    }
+    parts
+        .iter()
+        .map(|part| {
+            let part = match (part.find("://"), part.rfind('@')) {
+                (Some(scheme), Some(at)) if at > scheme => {
+                    format!("{}***@{}", &part[..scheme + 3], &part[at + 1..])
+                }
+                (None, Some(at)) => format!("***@{}", &part[at + 1..]),
+                _ => (*part).to_owned(),
+            };
+            without_query_password(&part)
         })
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// `address` with the values of its query's credential parameters (`pass`, `password`, `auth`) hidden.
+fn without_query_password(address: &str) -> String {
+    let Some((base, query)) = address.split_once('?') else {
+        return address.to_owned();
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if ["pass", "password", "auth"].contains(&name.to_ascii_lowercase().as_str()) => {
+                format!("{name}=***")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{base}?{}", query.join("&"))
 }
 
 #[cfg(test)]
@@ -311,5 +342,21 @@ mod tests {
         let err = RedisTarget::parse("redis://u:pw@", "", "", "", "", false, false).expect_err("no host");
         assert!(!err.to_string().contains("pw"), "{err}");
         assert_eq!(without_userinfo("redis://u:pw@h:1"), "redis://***@h:1");
+        assert_eq!(
+            without_userinfo("redis+unix:///run/redis.sock?db=1&pass=hunter2"),
+            "redis+unix:///run/redis.sock?db=1&pass=***"
+        );
+        assert_eq!(
+            without_userinfo("unix:///s.sock?password=hunter2"),
+            "unix:///s.sock?password=***"
+        );
+        // A comma inside a password: nothing of it before the host.
+        let shown = without_userinfo("redis://admin:hun,ter2@h:1");
+        assert!(!shown.contains("hun") && !shown.contains("ter2"), "{shown}");
+        assert_eq!(shown, "***@h:1");
+        assert_eq!(
+            without_userinfo("redis://a:p@h1:1,redis://b:q@h2:2"),
+            "redis://***@h1:1,redis://***@h2:2"
+        );
     }
 }
