@@ -20,7 +20,7 @@ use tollgate_core::store::StoreCounters;
 pub fn render(metrics: &Metrics, store: StoreCounters) -> String {
     let mut out = String::with_capacity(4096);
     render_rules(metrics, &mut out);
-    let counters: [(&str, &str, u64); 23] = [
+    let counters: [(&str, &str, u64); 24] = [
         (
             "ratelimit_service_config_load_success",
             "Rule sets loaded.",
@@ -100,6 +100,11 @@ pub fn render(metrics: &Metrics, store: StoreCounters) -> String {
             "tollgate_memory_evictions_total",
             "Entries the embedded store evicted to stay within TOLLGATE_MEMORY_MAX_KEYS.",
             store.memory_evictions,
+        ),
+        (
+            "tollgate_memory_refused_total",
+            "Lease acquires and refunds the embedded store refused because its leases or refund markers were at their cap (a quarter of TOLLGATE_MEMORY_MAX_KEYS each).",
+            store.memory_refused,
         ),
         (
             "tollgate_store_errors_total",
@@ -314,6 +319,7 @@ mod tests {
                 redis_queue_full: 2,
                 redis_abandoned: 1,
                 memory_evictions: 9,
+                memory_refused: 11,
                 memory_keys: 12,
                 lease_slots: Some(4),
             },
@@ -334,6 +340,7 @@ mod tests {
         assert!(text.contains("tollgate_redis_abandoned_total 1"));
         assert!(text.contains("tollgate_memory_evictions_total 9"));
         assert!(text.contains("tollgate_memory_keys 12"));
+        assert!(text.contains("tollgate_memory_refused_total 11"));
         assert!(text.contains("tollgate_leases_in_flight 4"));
         metrics.leases_acquired.add(2);
         metrics.store_call(StoreOperation::Refund, Duration::from_micros(30));

@@ -64,6 +64,12 @@ impl LocalFallback {
         self.store.evictions()
     }
 
+    /// Refunds and acquires refused because a map was at its cap (never, in practice: the fallback
+    /// decides only `failure_mode: local` limits, with no refunds or leases).
+    pub(super) fn refused_full(&self) -> u64 {
+        self.store.refused_full()
+    }
+
     /// Entries held now.
     pub(super) fn len(&self) -> usize {
         self.store.len()

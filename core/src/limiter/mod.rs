@@ -462,6 +462,7 @@ impl Limiter<AnyStore> {
     pub fn store_counters(&self) -> StoreCounters {
         let mut counters = self.store.counters();
         counters.memory_evictions += self.fallback.evictions();
+        counters.memory_refused += self.fallback.refused_full();
         counters.memory_keys += self.fallback.len() as u64;
         counters
     }

@@ -238,6 +238,9 @@ pub struct StoreCounters {
     pub redis_abandoned: u64,
     /// Entries the embedded store evicted to stay within its key cap.
     pub memory_evictions: u64,
+    /// Lease acquires and refunds the embedded store refused because its leases or refund markers were
+    /// at their cap.
+    pub memory_refused: u64,
     /// Entries the embedded store holds now.
     pub memory_keys: u64,
     /// Concurrency slots held by live leases, where this instance can count them: the embedded store
@@ -269,6 +272,7 @@ impl AnyStore {
         match self {
             AnyStore::Memory(store) => StoreCounters {
                 memory_evictions: store.evictions(),
+                memory_refused: store.refused_full(),
                 memory_keys: store.len() as u64,
                 lease_slots: Some(store.leases().held_slots()),
                 ..StoreCounters::default()
@@ -287,6 +291,7 @@ impl AnyStore {
                     redis_queue_full: sum.redis_queue_full + cache.inner().queue_full(),
                     redis_abandoned: sum.redis_abandoned + cache.inner().abandoned(),
                     memory_evictions: 0,
+                    memory_refused: 0,
                     memory_keys: 0,
                     lease_slots: None,
                 }

@@ -1,6 +1,7 @@
 //! The embedded store's concurrency leases (see [`crate::store::lease`] for the semantics).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::MemoryStore;
@@ -11,6 +12,9 @@ use crate::store::lease::{AcquireRequest, LeaseSlot, LeaseStore, ReleaseRequest,
 /// The leases held on one key: (lease id, expiry in µs since the epoch).
 type Holders = Vec<(String, u64)>;
 
+/// The retry hint of an acquire refused because the store is full: a second, as for a store failure.
+const FULL_RETRY_US: u64 = 1_000_000;
+
 /// The embedded lease store. One lock for all keys: leases guard expensive work, so their rate is far
 /// below that of rate-limit checks, and one lock makes all-or-none across keys trivially atomic. The
 /// lock is never held across an await.
@@ -18,15 +22,27 @@ type Holders = Vec<(String, u64)>;
 pub struct MemoryLeases {
     keys: Mutex<HashMap<String, Holders>>,
     clock: Arc<dyn Clock>,
+    /// Most leases recorded at once, over every key: a lease is never evicted (that would free a held
+    /// slot), so a new one that finds the store full, once the expired are dropped, is refused.
+    max_leases: usize,
+    /// Acquires refused because the store was full.
+    refused_full: AtomicU64,
 }
 
 impl MemoryLeases {
-    /// An empty store reading time from `clock`.
-    pub fn new(clock: Arc<dyn Clock>) -> Self {
+    /// An empty store reading time from `clock`, holding at most `max_leases` leases.
+    pub fn new(clock: Arc<dyn Clock>, max_leases: usize) -> Self {
         Self {
             keys: Mutex::default(),
             clock,
+            max_leases,
+            refused_full: AtomicU64::new(0),
         }
+    }
+
+    /// Acquires refused so far because the store held `max_leases` live leases.
+    pub fn refused_full(&self) -> u64 {
+        self.refused_full.load(Ordering::Relaxed)
     }
 
     /// Slots held by leases that have not expired, over every key (`tollgate_leases_in_flight`).
@@ -74,6 +90,13 @@ impl MemoryLeases {
                 None => slot_of(&Holders::new(), item.max_in_flight, request, now),
             })
             .collect();
+        if slots.iter().all(|s| s.available) && !request.renew && !self.has_room(&mut keys, request, now) {
+            self.refused_full.fetch_add(1, Ordering::Relaxed);
+            for slot in &mut slots {
+                slot.available = false;
+                slot.retry_after_us = FULL_RETRY_US;
+            }
+        }
         if slots.iter().all(|s| s.available) {
             let expires = now.saturating_add(request.ttl_us);
             for (item, slot) in request.items.iter().zip(&mut slots) {
@@ -93,6 +116,22 @@ impl MemoryLeases {
             }
         }
         slots
+    }
+
+    /// Whether the leases `request` would add fit under `max_leases`, dropping expired leases
+    /// everywhere first when they would not. Counts every lease (a linear pass): only an acquire that
+    /// finds the store nearly full pays for the sweep.
+    fn has_room(&self, keys: &mut HashMap<String, Holders>, request: &AcquireRequest, now: u64) -> bool {
+        let adding = request.items.len();
+        let held: usize = keys.values().map(Vec::len).sum();
+        if held + adding <= self.max_leases {
+            return true;
+        }
+        keys.retain(|_, holders| {
+            purge(holders, now);
+            !holders.is_empty()
+        });
+        keys.values().map(Vec::len).sum::<usize>() + adding <= self.max_leases
     }
 
     fn release_now(&self, keys_wanted: &[String], lease_id: &str) -> Vec<Released> {
@@ -175,7 +214,7 @@ mod tests {
 
     fn setup() -> (ManualClock, MemoryLeases) {
         let clock = ManualClock::new(1_000_000);
-        let leases = MemoryLeases::new(Arc::new(clock.clone()));
+        let leases = MemoryLeases::new(Arc::new(clock.clone()), 1_000);
         (clock, leases)
     }
 
@@ -205,5 +244,33 @@ mod tests {
         clock.advance_us(15);
         assert_eq!(leases.sweep(), 1);
         assert_eq!(leases.len(), 1);
+    }
+
+    /// A hostile caller minting leases on ever new keys fills the store up to its cap, no further; live
+    /// leases are never evicted (that would free a held slot), expired ones make room.
+    #[test]
+    fn leases_stop_at_the_cap_and_expired_ones_make_room() {
+        let clock = ManualClock::new(1_000_000);
+        let leases = MemoryLeases::new(Arc::new(clock.clone()), 3);
+        for i in 0..3 {
+            let key = format!("k{i}");
+            assert!(leases.acquire_now(&request(&[(&key, 5)], &format!("l{i}"), 10))[0].available);
+        }
+        let refused = leases.acquire_now(&request(&[("k9", 5)], "l9", 10));
+        assert!(!refused[0].available, "full");
+        assert_eq!(refused[0].retry_after_us, FULL_RETRY_US);
+        assert_eq!((leases.len(), leases.refused_full()), (3, 1));
+        // Renewing a lease held adds nothing and is never refused for room.
+        let renew = AcquireRequest {
+            renew: true,
+            ..request(&[("k0", 5)], "l0", 10)
+        };
+        assert!(leases.acquire_now(&renew)[0].available);
+        clock.advance_us(11);
+        assert!(
+            leases.acquire_now(&request(&[("k9", 5)], "l9", 10))[0].available,
+            "room again"
+        );
+        assert!(leases.len() <= 3);
     }
 }

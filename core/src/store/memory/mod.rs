@@ -52,10 +52,13 @@ pub struct MemoryStore {
     /// Numbers the batches, so an eviction can tell the entries its own batch wrote (wraps).
     batches: AtomicU32,
     /// Refund tokens used, per descriptor and place: `key NUL group NUL id` → until when to remember
-    /// it (µs). Locked
-    /// after the shards, only by refunds carrying a token. Bounded by the refunds made with genuine
-    /// tokens within their lifetime; swept with the entries.
+    /// it (µs). Locked after the shards, only by refunds carrying a token; swept with the entries, and
+    /// at most `side_cap` of them (see [`MemoryStore::with_max_keys`]).
     spent: Mutex<HashMap<String, u64>>,
+    /// Most refund markers, and most leases: a quarter of the key cap each.
+    side_cap: usize,
+    /// Refunds and acquires refused because their map was full.
+    refused_full: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -117,20 +120,33 @@ impl MemoryStore {
         Self::with_max_keys(clock, DEFAULT_MAX_KEYS)
     }
 
-    /// An empty store holding at most `max_keys` entries (rounded up to a multiple of [`SHARDS`]),
-    /// plus the new entries of batches in progress: a batch never evicts what it wrote itself.
+    /// An empty store holding at most `max_keys` counters (rounded up to a multiple of [`SHARDS`]),
+    /// plus the new entries of batches in progress: a batch never evicts what it wrote itself. Leases
+    /// and the markers that make refund tokens single-use are capped at a quarter of `max_keys` each;
+    /// they are never evicted (that would free a held slot, or let a token be replayed), so a new one
+    /// that finds its map full, once the expired ones are dropped, is refused (and counted in
+    /// [`MemoryStore::refused_full`]).
     pub fn with_max_keys(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         let shards = (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect();
+        let side_cap = (max_keys / 4).max(1);
         Self {
             shards,
             hasher: DefaultHashBuilder::default(),
-            leases: MemoryLeases::new(Arc::clone(&clock)),
+            leases: MemoryLeases::new(Arc::clone(&clock), side_cap),
             clock,
             shard_cap: max_keys.div_ceil(SHARDS).max(1),
             evictions: AtomicU64::new(0),
             batches: AtomicU32::new(0),
             spent: Mutex::default(),
+            side_cap,
+            refused_full: AtomicU64::new(0),
         }
+    }
+
+    /// Refunds and lease acquires refused so far because the refund markers or the leases were at
+    /// their cap.
+    pub fn refused_full(&self) -> u64 {
+        self.refused_full.load(Ordering::Relaxed) + self.leases.refused_full()
     }
 
     /// Entries evicted so far to stay within the key cap.
@@ -196,7 +212,7 @@ impl MemoryStore {
         items: &[BatchItem],
         policy: CommitPolicy,
         once: Option<&RefundOnce>,
-    ) -> Vec<Decision> {
+    ) -> Result<Vec<Decision>, StoreError> {
         let now = self.clock.now_us();
         let hashes: Vec<u64> = items.iter().map(|i| self.hash(i)).collect();
         let mut locked = self.lock_shards(&hashes);
@@ -208,24 +224,31 @@ impl MemoryStore {
                 let mut undo = Vec::with_capacity(items.len());
                 let decisions = self.run(&mut locked, items, &hashes, &costs, now, Pass::Peek(&mut undo));
                 rollback(&mut locked, items, &hashes, undo);
-                decisions
+                Ok(decisions)
             }
             CommitPolicy::Refund => match once {
-                None => give_back(&mut locked, items, &hashes, None, now),
+                None => Ok(give_back(&mut locked, items, &hashes, None, now)),
                 Some(once) => {
                     let mut spent = self.spent.lock().unwrap_or_else(PoisonError::into_inner);
-                    let claimed = claim(&mut spent, items, once, now);
+                    let Some(claimed) = claim(&mut spent, items, once, now, self.side_cap) else {
+                        self.refused_full.fetch_add(1, Ordering::Relaxed);
+                        return Err(StoreError::Unavailable(
+                            "the embedded store holds as many refund markers as it may \
+                             (TOLLGATE_MEMORY_MAX_KEYS / 4): refund refused, nothing given back"
+                                .into(),
+                        ));
+                    };
                     let mut decisions = give_back(&mut locked, items, &hashes, Some(&claimed), now);
                     for (decision, mine) in decisions.iter_mut().zip(claimed) {
                         decision.allowed &= mine;
                     }
-                    decisions
+                    Ok(decisions)
                 }
             },
             CommitPolicy::Independent
             | CommitPolicy::AllOrNothing
             | CommitPolicy::StopIncrementWhenOverLimit => {
-                self.consume(&mut locked, items, &hashes, policy, now)
+                Ok(self.consume(&mut locked, items, &hashes, policy, now))
             }
         }
     }
@@ -364,7 +387,7 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
-        Ok(self.apply_batch(&batch.items, batch.policy, batch.once.as_ref()))
+        self.apply_batch(&batch.items, batch.policy, batch.once.as_ref())
     }
 }
 
@@ -403,8 +426,22 @@ fn give_back(
 }
 
 /// Claims `once` for every group (descriptor) of `items`: whether each item may be refunded, true
-/// for the groups whose key had not used this token yet (now recorded as used).
-fn claim(spent: &mut HashMap<String, u64>, items: &[BatchItem], once: &RefundOnce, now: u64) -> Vec<bool> {
+/// for the groups whose key had not used this token yet (now recorded as used). `None`, claiming
+/// nothing, when the markers it needs would pass `cap` even once the expired ones are dropped.
+fn claim(
+    spent: &mut HashMap<String, u64>,
+    items: &[BatchItem],
+    once: &RefundOnce,
+    now: u64,
+    cap: usize,
+) -> Option<Vec<bool>> {
+    let groups = items.chunk_by(|a, b| a.group == b.group).count();
+    if spent.len() + groups > cap {
+        spent.retain(|_, until| *until > now);
+        if spent.len() + groups > cap {
+            return None;
+        }
+    }
     let until = now.saturating_add(once.ttl_us);
     let mut claimed = Vec::with_capacity(items.len());
     for (at, item) in items.iter().enumerate() {
@@ -420,7 +457,7 @@ fn claim(spent: &mut HashMap<String, u64>, items: &[BatchItem], once: &RefundOnc
         }
         claimed.push(fresh);
     }
-    claimed
+    Some(claimed)
 }
 
 /// Whether some group has more than one item (only then can `Independent` need a second pass).
@@ -536,12 +573,54 @@ mod tests {
                 cost: 5,
                 group: 0,
             }];
-            store.apply_batch(&old, CommitPolicy::Independent, None);
+            store
+                .apply_batch(&old, CommitPolicy::Independent, None)
+                .expect("decides");
             clock.advance_us(10_000_000);
-            store.apply_batch(&old, CommitPolicy::Refund, None);
+            store
+                .apply_batch(&old, CommitPolicy::Refund, None)
+                .expect("decides");
             assert_eq!(store.len(), 1, "{algorithm:?}: the refund removed the entry");
             assert_eq!(store.sweep(), 1, "{algorithm:?}: the refund revived the entry");
             assert!(store.is_empty(), "{algorithm:?}");
+        }
+    }
+
+    /// The markers that make refund tokens single-use stop at a quarter of the key cap: a refund that
+    /// would need another is refused whole (nothing given back), never made without its marker.
+    #[test]
+    fn refund_markers_stop_at_their_cap() {
+        let clock = ManualClock::new(1_000_000_000);
+        let store = MemoryStore::with_max_keys(Arc::new(clock.clone()), 4); // one marker
+        let key = one("k".into(), 60_000_000);
+        store
+            .apply_batch(&key, CommitPolicy::Independent, None)
+            .expect("consumes");
+        let once = |id: &str| RefundOnce {
+            id: id.to_owned(),
+            ttl_us: 1_000_000,
+        };
+        let refund = |id| store.apply_batch(&key, CommitPolicy::Refund, Some(&once(id)));
+        assert!(refund("a").expect("the first marker fits")[0].allowed);
+        assert!(
+            matches!(refund("b"), Err(StoreError::Unavailable(_))),
+            "no room for a second"
+        );
+        assert_eq!(store.refused_full(), 1);
+        clock.advance_us(1_000_001);
+        assert!(refund("b").is_ok(), "the first marker expired: room again");
+    }
+
+    /// One hit each for `callers` distinct keys of an hour.
+    fn fill(store: &MemoryStore, callers: usize) {
+        for i in 0..callers {
+            store
+                .apply_batch(
+                    &one(format!("caller-{i}"), 3_600_000_000),
+                    CommitPolicy::Independent,
+                    None,
+                )
+                .expect("decides");
         }
     }
 
@@ -565,13 +644,7 @@ mod tests {
     fn a_flood_of_keys_stays_within_the_cap() {
         let clock = ManualClock::new(1_000_000_000);
         let store = MemoryStore::with_max_keys(Arc::new(clock), 640);
-        for i in 0..20_000 {
-            store.apply_batch(
-                &one(format!("caller-{i}"), 3_600_000_000),
-                CommitPolicy::Independent,
-                None,
-            );
-        }
+        fill(&store, 20_000);
         assert!(store.len() <= 640, "{} entries", store.len());
         assert_eq!(store.evictions(), 20_000 - store.len() as u64);
     }
@@ -583,28 +656,37 @@ mod tests {
         let clock = ManualClock::new(1_000_000_000);
         let store = MemoryStore::with_max_keys(Arc::new(clock.clone()), 64 * 16);
         for i in 0..5_000 {
-            store.apply_batch(
-                &one(format!("short-{i}"), 1_000_000),
-                CommitPolicy::Independent,
-                None,
-            );
+            store
+                .apply_batch(
+                    &one(format!("short-{i}"), 1_000_000),
+                    CommitPolicy::Independent,
+                    None,
+                )
+                .expect("decides");
         }
         clock.advance_us(10_000_000); // every short-lived state has expired
         let live = one("live".to_owned(), 3_600_000_000);
-        store.apply_batch(&live, CommitPolicy::Independent, None);
+        store
+            .apply_batch(&live, CommitPolicy::Independent, None)
+            .expect("decides");
         // About 3 new keys a shard: each shard still holds expired entries to evict first.
         for i in 0..200 {
-            store.apply_batch(
-                &one(format!("new-{i}"), 3_600_000_000),
-                CommitPolicy::Independent,
-                None,
-            );
+            store
+                .apply_batch(
+                    &one(format!("new-{i}"), 3_600_000_000),
+                    CommitPolicy::Independent,
+                    None,
+                )
+                .expect("decides");
         }
         let check = [BatchItem {
             cost: 0,
             ..live[0].clone()
         }];
-        let left = store.apply_batch(&check, CommitPolicy::Independent, None)[0].remaining;
+        let left = store
+            .apply_batch(&check, CommitPolicy::Independent, None)
+            .expect("decides")[0]
+            .remaining;
         assert_eq!(left, 4, "the live key kept its state");
     }
 
@@ -633,6 +715,7 @@ mod tests {
         let batch = [item("a", 0), item(&other, 1), item("a", 2)];
         let allowed: Vec<bool> = store
             .apply_batch(&batch, CommitPolicy::Independent, None)
+            .expect("decides")
             .iter()
             .map(|d| d.allowed)
             .collect();
@@ -649,16 +732,12 @@ mod tests {
     fn peeks_never_evict() {
         let clock = ManualClock::new(1_000_000_000);
         let store = MemoryStore::with_max_keys(Arc::new(clock), 64);
-        for i in 0..1_000 {
-            store.apply_batch(
-                &one(format!("caller-{i}"), 3_600_000_000),
-                CommitPolicy::Independent,
-                None,
-            );
-        }
+        fill(&store, 1_000);
         let (entries, evictions) = (store.len(), store.evictions());
         for i in 0..1_000 {
-            store.apply_batch(&one(format!("peek-{i}"), 3_600_000_000), CommitPolicy::Peek, None);
+            store
+                .apply_batch(&one(format!("peek-{i}"), 3_600_000_000), CommitPolicy::Peek, None)
+                .expect("decides");
         }
         assert_eq!((store.len(), store.evictions()), (entries, evictions));
     }
