@@ -162,7 +162,7 @@ impl Health {
 /// The Redis stores to ping, named as `tollgate_store_up` labels them (`redis`, `redis_persecond`).
 pub type Pinged = Vec<(&'static str, Arc<RedisStore>)>;
 
-/// Keeps the rules and store components current until `stop`: every [`WATCH_INTERVAL`] it reads how
+/// Keeps the rules and store components current until `stop`: twice a second it reads how
 /// many domains `rules` holds and pings each Redis, and records what changed in `health` and
 /// `tollgate_store_up`, logging store state changes.
 pub async fn watch(
