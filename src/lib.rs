@@ -7,8 +7,8 @@
 //!
 //! This crate is the server; the decision core is the `tollgate_core` crate (rules, algorithms,
 //! stores, the limiter), which has no transport. Dependencies point downwards. Only [`grpc`] serves
-//! tonic services and only [`http`] builds axum routes. The exceptions, by design: [`server`] runs both
-//! listeners (`axum::serve`, the health reporter), [`cli`] and `loadgen` call Tollgate as tonic
+//! tonic services and only [`http`] builds axum routes and serves them (with hyper). The exceptions, by
+//! design: [`server`] starts the listeners and the health reporter, [`cli`] and `loadgen` call Tollgate as tonic
 //! clients, [`xds`] is a tonic client of the management server, [`observe::health`] drives
 //! tonic-health's reporter, and [`proto`] is tonic's generated code.
 //!
@@ -20,6 +20,8 @@
 //! - [`xds`]: rules over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`), an ADS client.
 //! - [`observe`]: the Prometheus exposition of the core's metrics, logs and trace export, health
 //!   (which drives tonic-health's reporter for `grpc.health.v1`).
+//! - [`inflight`]: the bounds on unfinished requests both listeners share (bytes, read timeout);
+//!   [`connections`]: each listener's connection cap, where connections that sent nothing give way.
 //! - [`settings`], [`server`], [`cli`]: configuring, wiring and running the service; [`pem`]: the
 //!   certificate and key files TLS reads.
 //! - `loadgen` (private): `tollgate bench`, the load generator behind the command line.
@@ -29,8 +31,10 @@
 
 pub mod api;
 pub mod cli;
+pub mod connections;
 pub mod grpc;
 pub mod http;
+pub mod inflight;
 mod loadgen;
 pub mod observe;
 pub mod pem;

@@ -3,9 +3,16 @@
 //!
 //! One accept task per listener. TLS handshakes run in their own tasks, so a client that connects and
 //! says nothing holds neither the accept loop nor anyone else's handshake; each has
-//! [`HANDSHAKE_TIMEOUT`], and at most [`MAX_HANDSHAKES`] run at once. Beyond that a new connection is
-//! closed at once (and counted as a failed handshake) while accepting goes on, so idle connections can
-//! delay clients by at most one handshake timeout, never stop the listener.
+//! [`HANDSHAKE_TIMEOUT`], at most [`MAX_HANDSHAKES`] run at once, and at most
+//! `TOLLGATE_TLS_HANDSHAKES_PER_CLIENT` from one address. Beyond those a new connection is closed at
+//! once (and counted as a failed handshake) while accepting goes on, so silent connections from one
+//! client cannot hold the slots everyone else's handshakes need.
+//!
+//! At most `TOLLGATE_MAX_CONNECTIONS` connections are open at once, so descriptors stay for the HTTP
+//! port and Redis; at the cap a connection still in its TLS handshake or without its HTTP/2 preface
+//! gives way to the new one ([`crate::connections`]). A connection that has not sent its preface within
+//! the read timeout is closed (`tollgate_connections_timed_out_total`). After the preface, HTTP/2 pings find a silent peer. Each
+//! connection carries its share of the request-bytes budget ([`crate::inflight`]).
 //!
 //! A connection also ends, forcibly, [`ConnectionAge::hard_limit`] after it was accepted: tonic sends
 //! GOAWAY at `GRPC_MAX_CONNECTION_AGE` and waits for the calls in flight, and this bounds that wait to
@@ -31,6 +38,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use super::tls::ServerTls;
+use crate::connections::{ACCEPT_ERROR_PAUSE, ConnectionCap, RateLimitedLog, Slot};
+use crate::inflight::{ConnectionBudget, RequestBudget};
 use tollgate_core::observe::metrics::Metrics;
 
 /// Longest a TLS handshake may take before the connection is dropped. Envoy's take milliseconds.
@@ -39,8 +48,17 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most TLS handshakes in progress at once.
 const MAX_HANDSHAKES: usize = 256;
 
-/// Pause after an accept error (out of file descriptors, say), so the loop does not spin on it.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+/// The HTTP/2 client preface, which a gRPC client sends first.
+const PREFACE_LEN: usize = 24;
+
+/// What the listener admits: how many connections at once, how many TLS handshakes per client address,
+/// and each connection's request budget.
+#[derive(Debug, Clone)]
+pub(super) struct Admission {
+    pub(super) max_connections: usize,
+    pub(super) handshakes_per_client: usize,
+    pub(super) budget: RequestBudget,
+}
 
 /// Where gRPC is served.
 #[derive(Debug)]
@@ -149,6 +167,31 @@ pub struct Conn {
     io: Io,
     /// Fires at the connection's hard age limit; then reads and writes fail and the connection ends.
     expires: Option<Pin<Box<Sleep>>>,
+    /// Until the HTTP/2 preface has arrived: when it must have, how many of its bytes have, and
+    /// whether a newer connection has taken this one's place meanwhile (see [`crate::connections`]).
+    preface: Option<Preface>,
+    /// The connection's share of the request-bytes budget, handed to each of its requests.
+    budget: ConnectionBudget,
+    metrics: Arc<Metrics>,
+    /// Held while the connection is open: one of the listener's `max_connections`.
+    slot: Slot,
+}
+
+/// A connection waiting for its HTTP/2 preface.
+#[derive(Debug)]
+struct Preface {
+    deadline: Pin<Box<Sleep>>,
+    received: usize,
+    evicted: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+/// What tonic hands each request of a connection: the peer's addresses and the connection's budget.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// The TCP addresses (none on a unix socket).
+    pub tcp: TcpConnectInfo,
+    /// The connection's share of the request-bytes budget.
+    pub budget: ConnectionBudget,
 }
 
 /// The transport under a [`Conn`].
@@ -166,10 +209,11 @@ pub(super) fn incoming(
     listener: GrpcListener,
     tls: Option<Arc<ServerTls>>,
     age: Option<ConnectionAge>,
+    admission: Admission,
     metrics: Arc<Metrics>,
 ) -> ReceiverStream<io::Result<Conn>> {
     let (sender, receiver) = mpsc::channel(MAX_HANDSHAKES);
-    tokio::spawn(accept_loop(listener, tls, age, metrics, sender));
+    tokio::spawn(accept_loop(listener, tls, age, admission, metrics, sender));
     ReceiverStream::new(receiver)
 }
 
@@ -177,13 +221,35 @@ async fn accept_loop(
     listener: GrpcListener,
     tls: Option<Arc<ServerTls>>,
     age: Option<ConnectionAge>,
+    admission: Admission,
     metrics: Arc<Metrics>,
     sender: mpsc::Sender<io::Result<Conn>>,
 ) {
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
-    let conn = move |io| Conn {
+    let mut cap = ConnectionCap::new(
+        admission.max_connections,
+        "gRPC (TOLLGATE_MAX_CONNECTIONS)",
+        Arc::clone(&metrics),
+    );
+    let per_client: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>> =
+        Arc::default();
+    let mut errors = RateLimitedLog::default();
+    let (conn_metrics, budget, read_timeout) = (
+        Arc::clone(&metrics),
+        admission.budget.clone(),
+        admission.budget.read_timeout(),
+    );
+    let conn = move |io, slot: Slot| Conn {
         io,
         expires: age.map(|age| Box::pin(tokio::time::sleep(age.hard_limit()))),
+        preface: Some(Preface {
+            deadline: Box::pin(tokio::time::sleep(read_timeout)),
+            received: 0,
+            evicted: Box::pin(slot.evicted().clone().cancelled_owned()),
+        }),
+        budget: budget.connection(),
+        metrics: Arc::clone(&conn_metrics),
+        slot,
     };
     loop {
         let accepted = tokio::select! {
@@ -193,15 +259,28 @@ async fn accept_loop(
         let io = match accepted {
             Ok(io) => io,
             Err(error) => {
-                tracing::warn!(%error, "gRPC listener cannot accept a connection");
+                errors.warn("listener cannot accept a connection", &"gRPC", error);
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
         };
+        let Some(slot) = cap.admit() else {
+            continue;
+        };
         let Some(tls) = &tls else {
-            if sender.send(Ok(conn(io))).await.is_err() {
+            if sender.send(Ok(conn(io, slot))).await.is_err() {
                 return;
             }
+            continue;
+        };
+        let client = io.peer_ip();
+        let Some(client_slot) = ClientHandshake::take(&per_client, client, admission.handshakes_per_client)
+        else {
+            metrics.tls_handshake_failures.add(1);
+            tracing::debug!(
+                ?client,
+                "TLS handshakes from this client at their limit; connection closed"
+            );
             continue;
         };
         let Ok(permit) = Arc::clone(&handshakes).try_acquire_owned() else {
@@ -210,7 +289,7 @@ async fn accept_loop(
             continue;
         };
         let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
-        let (sender, metrics) = (sender.clone(), Arc::clone(&metrics));
+        let (sender, metrics, conn) = (sender.clone(), Arc::clone(&metrics), conn.clone());
         tokio::spawn(async move {
             let handshake = async {
                 match io {
@@ -219,11 +298,17 @@ async fn accept_loop(
                     already => Ok(already),
                 }
             };
-            let outcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await;
-            drop(permit);
+            let outcome = tokio::select! {
+                outcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => outcome,
+                () = slot.evicted().cancelled() => {
+                    tracing::debug!("gRPC TLS handshake closed for a new connection at the cap");
+                    return;
+                }
+            };
+            drop((permit, client_slot));
             match outcome {
                 Ok(Ok(io)) => {
-                    let _ = sender.send(Ok(conn(io))).await;
+                    let _ = sender.send(Ok(conn(io, slot))).await;
                 }
                 Ok(Err(error)) => {
                     metrics.tls_handshake_failures.add(1);
@@ -238,8 +323,64 @@ async fn accept_loop(
     }
 }
 
+/// One of a client address's TLS handshake slots, given back when dropped.
+struct ClientHandshake {
+    clients: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    client: std::net::IpAddr,
+}
+
+impl ClientHandshake {
+    /// A slot for `client` if it has fewer than `limit` handshakes in progress (no address, as on a unix
+    /// socket: always).
+    fn take(
+        clients: &Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+        client: Option<std::net::IpAddr>,
+        limit: usize,
+    ) -> Option<Option<Self>> {
+        let Some(client) = client else {
+            return Some(None);
+        };
+        let mut held = clients.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = held.entry(client).or_default();
+        if *count >= limit {
+            return None;
+        }
+        *count += 1;
+        Some(Some(Self {
+            clients: Arc::clone(clients),
+            client,
+        }))
+    }
+}
+
+impl Drop for ClientHandshake {
+    fn drop(&mut self) {
+        let mut held = self
+            .clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = held.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.client);
+            }
+        }
+    }
+}
+
+impl Io {
+    /// The peer's IP address, on TCP.
+    fn peer_ip(&self) -> Option<std::net::IpAddr> {
+        match self {
+            Io::Tcp(tcp) => tcp.peer_addr().ok().map(|a| a.ip()),
+            Io::Tls(tls) => tls.get_ref().0.peer_addr().ok().map(|a| a.ip()),
+            Io::Unix(_) | Io::UnixTls(_) => None,
+        }
+    }
+}
+
 impl Connected for Conn {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = ConnInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         let tcp = match &self.io {
@@ -247,9 +388,12 @@ impl Connected for Conn {
             Io::Tls(tls) => Some(tls.get_ref().0),
             Io::Unix(_) | Io::UnixTls(_) => None,
         };
-        TcpConnectInfo {
-            local_addr: tcp.and_then(|t| t.local_addr().ok()),
-            remote_addr: tcp.and_then(|t| t.peer_addr().ok()),
+        ConnInfo {
+            tcp: TcpConnectInfo {
+                local_addr: tcp.and_then(|t| t.local_addr().ok()),
+                remote_addr: tcp.and_then(|t| t.peer_addr().ok()),
+            },
+            budget: self.budget.clone(),
         }
     }
 }
@@ -288,7 +432,31 @@ impl AsyncRead for Conn {
         if let Some(error) = this.expired(cx) {
             return Poll::Ready(Err(error));
         }
-        each!(&mut this.io, s => Pin::new(s).poll_read(cx, buf))
+        let before = buf.filled().len();
+        let read = each!(&mut this.io, s => Pin::new(s).poll_read(cx, buf));
+        let Some(preface) = &mut this.preface else {
+            return read;
+        };
+        preface.received += buf.filled().len() - before;
+        if preface.received >= PREFACE_LEN {
+            this.preface = None;
+            this.slot.prove();
+        } else if read.is_pending() {
+            if preface.deadline.as_mut().poll(cx).is_ready() {
+                this.metrics.connections_timed_out.add(1);
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no HTTP/2 preface within the read timeout",
+                )));
+            }
+            if preface.evicted.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "closed for a new connection at the cap before sending its HTTP/2 preface",
+                )));
+            }
+        }
+        read
     }
 }
 

@@ -13,10 +13,10 @@ use futures_util::TryFutureExt as _;
 use futures_util::future::MapOk;
 use tonic::codegen::http::{HeaderValue, Request, Response};
 
-use crate::settings::{DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_REQUEST_BYTES};
+use crate::inflight::{ConnectionBudget, RequestBudget};
 
 /// Bounds on what one client can make the gRPC listener hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct GrpcLimits {
     /// Largest request message decoded; a larger one is `RESOURCE_EXHAUSTED`.
     pub max_message_bytes: usize,
@@ -26,17 +26,12 @@ pub struct GrpcLimits {
     pub max_connection_age: Option<Duration>,
     /// `GRPC_MAX_CONNECTION_AGE_GRACE`: how long calls in flight may finish after the GOAWAY.
     pub max_connection_age_grace: Duration,
-}
-
-impl Default for GrpcLimits {
-    fn default() -> Self {
-        Self {
-            max_message_bytes: DEFAULT_MAX_REQUEST_BYTES,
-            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
-            max_connection_age: None,
-            max_connection_age_grace: Duration::ZERO,
-        }
-    }
+    /// Most connections open at once (`TOLLGATE_MAX_CONNECTIONS`).
+    pub max_connections: usize,
+    /// Most TLS handshakes in progress from one client address (`TOLLGATE_TLS_HANDSHAKES_PER_CLIENT`).
+    pub handshakes_per_client: usize,
+    /// The bytes unfinished requests may hold, and how long a request may take to arrive.
+    pub budget: RequestBudget,
 }
 
 /// Answers tonic's "decoded message length too large" (`OUT_OF_RANGE`) as `RESOURCE_EXHAUSTED`.
@@ -80,4 +75,37 @@ fn rewrite<R>(mut response: Response<R>) -> Response<R> {
         headers.insert("grpc-status", HeaderValue::from_static(RESOURCE_EXHAUSTED));
     }
     response
+}
+
+/// Wraps every request's body in its connection's share of the request-bytes budget
+/// ([`crate::inflight`]); the connection's budget comes with the request, from [`super::incoming`].
+#[derive(Debug, Clone)]
+pub(crate) struct Budget<S> {
+    pub(crate) inner: S,
+    pub(crate) budget: RequestBudget,
+}
+
+impl<S, R> tower::Service<Request<tonic::body::Body>> for Budget<S>
+where
+    S: tower::Service<Request<tonic::body::Body>, Response = Response<R>>,
+{
+    type Response = Response<R>;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<tonic::body::Body>) -> Self::Future {
+        let connection = request
+            .extensions()
+            .get::<super::ConnInfo>()
+            .map(|info| info.budget.clone());
+        // A connection not accepted by `incoming` (none today) gets a budget of its own per request.
+        let connection: ConnectionBudget = connection.unwrap_or_else(|| self.budget.connection());
+        let budget = self.budget.clone();
+        let request = request.map(|body| tonic::body::Body::new(budget.wrap(body, &connection)));
+        self.inner.call(request)
+    }
 }

@@ -24,7 +24,7 @@ use tollgate_core::limiter::{ErrorKind, Limiter, LimiterError};
 use tollgate_core::store::Store;
 
 pub use envoy_rls::EnvoyRateLimitService;
-pub use incoming::{Conn, GrpcListener, UnixSocket};
+pub use incoming::{Conn, ConnInfo, GrpcListener, UnixSocket};
 pub use limits::GrpcLimits;
 pub use native::NativeService;
 use tls::ServerTls;
@@ -50,7 +50,12 @@ where
         max,
         grace: limits.max_connection_age_grace,
     });
-    let connections = incoming::incoming(listener, tls, age, Arc::clone(limiter.metrics()));
+    let admission = incoming::Admission {
+        max_connections: limits.max_connections,
+        handshakes_per_client: limits.handshakes_per_client,
+        budget: limits.budget.clone(),
+    };
+    let connections = incoming::incoming(listener, tls, age, admission, Arc::clone(limiter.metrics()));
     let native = RateLimiterServer::new(NativeService::new(Arc::clone(&limiter), options.headers.clone()))
         .max_decoding_message_size(limits.max_message_bytes);
     let rls = RateLimitServiceServer::new(EnvoyRateLimitService::new(limiter, options))
@@ -65,8 +70,13 @@ where
         // connected. The grace is enforced on the connection itself (see `incoming`).
         server = server.max_connection_age(age);
     }
+    let budget = limits.budget.clone();
     server
         .layer(tower::layer::layer_fn(limits::ResourceExhausted))
+        .layer(tower::layer::layer_fn(move |inner| limits::Budget {
+            inner,
+            budget: budget.clone(),
+        }))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

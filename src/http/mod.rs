@@ -8,6 +8,9 @@
 
 mod envoy_json;
 mod native_json;
+mod serve;
+
+pub use serve::{HttpLimits, serve};
 
 use std::sync::Arc;
 

@@ -8,5 +8,7 @@ pub mod health;
 pub mod otlp;
 mod process;
 pub mod prometheus;
+
+pub use process::open_file_limit;
 pub mod telemetry;
 pub mod trace_context;

@@ -50,6 +50,13 @@ pub(super) fn render(out: &mut String) {
     }
 }
 
+/// The process's soft limit on open files, from `/proc/self/limits` (`None` where there is none, or
+/// when it is unlimited).
+pub fn open_file_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    max_open_files(&limits).map(|files| files as u64)
+}
+
 /// One reading of `/proc/self`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Process {

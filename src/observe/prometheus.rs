@@ -20,7 +20,7 @@ use tollgate_core::store::StoreCounters;
 pub fn render(metrics: &Metrics, store: StoreCounters) -> String {
     let mut out = String::with_capacity(4096);
     render_rules(metrics, &mut out);
-    let counters: [(&str, &str, u64); 24] = [
+    let counters: [(&str, &str, u64); 29] = [
         (
             "ratelimit_service_config_load_success",
             "Rule sets loaded.",
@@ -115,6 +115,31 @@ pub fn render(metrics: &Metrics, store: StoreCounters) -> String {
             "tollgate_grpc_tls_handshake_failures_total",
             "TLS handshakes refused or timed out on the gRPC listener.",
             metrics.tls_handshake_failures.get(),
+        ),
+        (
+            "tollgate_request_bytes_over_budget_total",
+            "Requests failed because unfinished requests held their connection's or the process's budget of bytes (TOLLGATE_MAX_CONNECTION_BYTES_IN_FLIGHT, TOLLGATE_MAX_REQUEST_BYTES_IN_FLIGHT).",
+            metrics.request_bytes_over_budget.get(),
+        ),
+        (
+            "tollgate_request_read_timeouts_total",
+            "Requests failed because their body did not arrive whole within TOLLGATE_READ_TIMEOUT.",
+            metrics.request_read_timeouts.get(),
+        ),
+        (
+            "tollgate_connections_refused_total",
+            "Connections closed at once because their listener held as many as it may (TOLLGATE_MAX_CONNECTIONS, TOLLGATE_HTTP_MAX_CONNECTIONS).",
+            metrics.connections_refused.get(),
+        ),
+        (
+            "tollgate_connections_evicted_total",
+            "Connections that had sent no request yet, closed to make room for a new connection at their listener's cap.",
+            metrics.connections_evicted.get(),
+        ),
+        (
+            "tollgate_connections_timed_out_total",
+            "Connections closed because they sent no request (gRPC preface, HTTP headers) within TOLLGATE_READ_TIMEOUT.",
+            metrics.connections_timed_out.get(),
         ),
         (
             "tollgate_service_errors_total",

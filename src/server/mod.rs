@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use arc_swap::ArcSwapOption;
-use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -29,7 +28,7 @@ mod options;
 mod rules_source;
 mod store;
 
-use options::{envoy_options, grpc_limits, limiter_options, refund_keys, server_tls};
+use options::{envoy_options, limiter_options, refund_keys, request_budget, server_tls, transport_limits};
 use rules_source::RulesSource;
 use store::{build_store, pinged};
 
@@ -161,28 +160,31 @@ pub async fn run(
         listeners.debug.local_addr()?,
     );
     let envoy = envoy_options(&answers);
-    let stopped = stop.clone();
     let admin = crate::http::Admin {
         health: health.clone(),
         limiter: Arc::clone(&limiter),
         options: envoy.clone(),
         max_body_bytes: listen.max_request_bytes,
     };
-    // TCP_NODELAY, as on the gRPC port: `/json` and `/v1/*` answers must not wait for a delayed ACK.
-    let http_listener = listeners.http.tap_io(|tcp| {
-        if let Err(error) = tcp.set_nodelay(true) {
-            tracing::debug!(%error, "cannot set TCP_NODELAY on an HTTP connection");
-        }
-    });
-    let http = axum::serve(http_listener, crate::http::admin_router(admin))
-        .with_graceful_shutdown(async move { stopped.cancelled().await });
-    let stopped = stop.clone();
-    let debug = axum::serve(listeners.debug, crate::http::debug_router(Arc::clone(&limiter)))
-        .with_graceful_shutdown(async move { stopped.cancelled().await });
+    let budget = request_budget(&listen, Arc::clone(limiter.metrics()));
+    let (grpc_limits, http_limits) = transport_limits(&listen, &budget);
+    let serve_http = |listener, router, what| {
+        let (limits, metrics) = (http_limits.clone(), Arc::clone(limiter.metrics()));
+        crate::http::serve(listener, router, limits, what, metrics, stop.clone())
+    };
+    let http = serve_http(
+        listeners.http,
+        crate::http::admin_router(admin),
+        "HTTP (TOLLGATE_HTTP_MAX_CONNECTIONS)",
+    );
+    let debug = serve_http(
+        listeners.debug,
+        crate::http::debug_router(Arc::clone(&limiter)),
+        "debug (TOLLGATE_HTTP_MAX_CONNECTIONS)",
+    );
     let prometheus = listeners.prometheus.map(|listener| {
-        let stopped = stop.clone();
         let router = crate::http::prometheus_router(Arc::clone(&limiter), &listen.prometheus_path);
-        axum::serve(listener, router).with_graceful_shutdown(async move { stopped.cancelled().await })
+        serve_http(listener, router, "Prometheus (TOLLGATE_HTTP_MAX_CONNECTIONS)")
     });
     let stopped = stop.clone();
     let grpc = crate::grpc::serve(
@@ -190,7 +192,7 @@ pub async fn run(
         tls,
         limiter,
         envoy,
-        grpc_limits(&listen),
+        grpc_limits,
         health_service,
         async move { stopped.cancelled().await },
     );
@@ -212,20 +214,16 @@ pub async fn run(
         rules = %origin, store = %store_name, "tollgate serving"
     );
     let prometheus = async move {
-        match prometheus {
-            Some(serving) => serving.await,
-            None => Ok(()),
+        if let Some(serving) = prometheus {
+            serving.await;
         }
     };
     let (grpc, http, debug, prometheus) = tokio::join!(grpc, http, debug, prometheus);
     stop.cancel();
     tasks.close();
     tasks.wait().await;
-    grpc.context("gRPC server failed")?;
-    http.context("HTTP server failed")?;
-    debug.context("debug server failed")?;
-    prometheus.context("Prometheus server failed")?;
-    Ok(())
+    let ((), (), ()) = (http, debug, prometheus);
+    grpc.context("gRPC server failed")
 }
 
 /// The limiter over `store` and `rules`: its options, the store `failure_mode: local` counts in while

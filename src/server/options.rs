@@ -10,10 +10,13 @@ use crate::api::envoy::EnvoyOptions;
 use crate::api::headers::{HeaderNames, HeaderOptions};
 use crate::grpc::GrpcLimits;
 use crate::grpc::tls::{ServerTls, TlsFiles};
+use crate::http::HttpLimits;
+use crate::inflight::RequestBudget;
 use crate::settings::{
     AnswerSettings, DecisionSettings, HeaderStyle, ListenSettings, SettingsError, TelemetrySettings,
 };
 use tollgate_core::limiter::{LimiterOptions, RefundKeys};
+use tollgate_core::observe::metrics::Metrics;
 
 /// The gRPC listener's TLS (`GRPC_SERVER_USE_TLS`), read from its files; `None` for plaintext.
 pub(super) fn server_tls(settings: &ListenSettings) -> anyhow::Result<Option<Arc<ServerTls>>> {
@@ -108,14 +111,43 @@ pub(super) fn envoy_options(settings: &AnswerSettings) -> EnvoyOptions {
     }
 }
 
-/// The gRPC transport's bounds.
-pub(super) fn grpc_limits(settings: &ListenSettings) -> GrpcLimits {
+/// The process's request-bytes budget and read timeout, one for every listener.
+pub(super) fn request_budget(settings: &ListenSettings, metrics: Arc<Metrics>) -> RequestBudget {
+    let (process, per_connection) = settings.bytes_in_flight();
+    RequestBudget::new(process, per_connection, settings.read_timeout, metrics)
+}
+
+/// The gRPC transport's bounds, and each HTTP listener's: connections capped at the settings or at
+/// shares of the open-file limit (see [`ListenSettings::connection_caps`]).
+pub(super) fn transport_limits(
+    settings: &ListenSettings,
+    budget: &RequestBudget,
+) -> (GrpcLimits, HttpLimits) {
+    let open_files = crate::observe::open_file_limit();
+    let (grpc, http) = settings.connection_caps(open_files);
+    tracing::info!(
+        open_files,
+        grpc_connections = grpc,
+        http_connections = http,
+        "connection caps"
+    );
+    let http = HttpLimits {
+        max_connections: http,
+        budget: budget.clone(),
+    };
+    (grpc_limits(settings, grpc, budget), http)
+}
+
+fn grpc_limits(settings: &ListenSettings, max_connections: usize, budget: &RequestBudget) -> GrpcLimits {
     GrpcLimits {
         max_message_bytes: settings.max_request_bytes,
         max_concurrent_streams: settings.grpc_max_concurrent_streams,
         // Zero is never, as in grpc-go.
         max_connection_age: Some(settings.grpc_max_connection_age).filter(|age| !age.is_zero()),
         max_connection_age_grace: settings.grpc_max_connection_age_grace,
+        max_connections,
+        handshakes_per_client: settings.tls_handshakes_per_client,
+        budget: budget.clone(),
     }
 }
 

@@ -14,6 +14,10 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
 /// connection under load, low enough that one client cannot make the server hold unbounded state.
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1024;
 
+/// Descriptors kept out of the connection caps' shares of the open-file limit: listeners, Redis
+/// connections, rule files, logs.
+pub const RESERVED_FILES: usize = 64;
+
 /// The listeners and their transport.
 #[derive(Debug, Clone)]
 pub struct ListenSettings {
@@ -52,6 +56,21 @@ pub struct ListenSettings {
     pub prometheus_addr: String,
     /// `PROMETHEUS_PATH`.
     pub prometheus_path: String,
+    /// Most connections the gRPC listener holds at once; 0: derived from the open-file limit (see
+    /// [`ListenSettings::connection_caps`]).
+    pub max_connections: usize,
+    /// Most connections the HTTP listener (and the debug one, and Prometheus') holds at once; 0:
+    /// derived from the open-file limit.
+    pub http_max_connections: usize,
+    /// Most TLS handshakes in progress on the gRPC listener from one client address.
+    pub tls_handshakes_per_client: usize,
+    /// Longest a request may take to arrive whole once it started (a gRPC message, HTTP headers and
+    /// body), and a new gRPC connection to send its first bytes.
+    pub read_timeout: Duration,
+    /// Bytes of unfinished requests the whole process may hold; 0: 64 × `max_request_bytes`.
+    pub max_request_bytes_in_flight: usize,
+    /// Bytes of unfinished requests one connection may hold; 0: 4 × `max_request_bytes`.
+    pub max_connection_bytes_in_flight: usize,
     /// Runtime worker threads; 0 means one per CPU minus one, at least one (see
     /// [`ListenSettings::workers`]).
     pub worker_threads: usize,
@@ -98,6 +117,12 @@ impl ListenSettings {
             use_prometheus: r.get("use_prometheus", Go::Same, false)?,
             prometheus_addr: r.get("prometheus_addr", Go::Same, ":9090".into())?,
             prometheus_path: r.get("prometheus_path", Go::Same, "/metrics".into())?,
+            max_connections: r.get("max_connections", Go::None, 0)?,
+            http_max_connections: r.get("http_max_connections", Go::None, 0)?,
+            tls_handshakes_per_client: r.get("tls_handshakes_per_client", Go::None, 8)?,
+            read_timeout: r.get("read_timeout", Go::None, Duration::from_secs(10))?,
+            max_request_bytes_in_flight: r.get("max_request_bytes_in_flight", Go::None, 0)?,
+            max_connection_bytes_in_flight: r.get("max_connection_bytes_in_flight", Go::None, 0)?,
             worker_threads: r.get("worker_threads", Go::None, 0)?,
             drain_period: r.get("drain_period", Go::None, Duration::ZERO)?,
         };
@@ -135,7 +160,58 @@ impl ListenSettings {
                 return Err(origins.bad(key, "0", "a limit of zero would refuse every request"));
             }
         }
+        if self.tls_handshakes_per_client == 0 {
+            return Err(origins.bad(
+                "tls_handshakes_per_client",
+                "0",
+                "a limit of zero would refuse every TLS client",
+            ));
+        }
+        if self.read_timeout.is_zero() {
+            return Err(origins.bad("read_timeout", "0s", "every request would time out"));
+        }
+        // A budget below one whole request would refuse the largest request allowed.
+        for (key, value) in [
+            ("max_request_bytes_in_flight", self.max_request_bytes_in_flight),
+            (
+                "max_connection_bytes_in_flight",
+                self.max_connection_bytes_in_flight,
+            ),
+        ] {
+            if value != 0 && value < self.max_request_bytes {
+                return Err(origins.bad(
+                    key,
+                    &value.to_string(),
+                    "smaller than max_request_bytes, so the largest request allowed would be refused",
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Bytes of unfinished requests the process, and one connection, may hold (the settings, or their
+    /// defaults: 64 and 4 of the largest requests).
+    pub fn bytes_in_flight(&self) -> (usize, usize) {
+        let or = |value: usize, requests: usize| match value {
+            0 => self.max_request_bytes.saturating_mul(requests),
+            set => set,
+        };
+        (
+            or(self.max_request_bytes_in_flight, 64),
+            or(self.max_connection_bytes_in_flight, 4),
+        )
+    }
+
+    /// Most connections the gRPC listener, and each HTTP listener, hold at once: the settings, or
+    /// shares of the open-file limit `open_files` (`None`: unknown, taken as 1,024) after
+    /// [`RESERVED_FILES`]: half for gRPC, an eighth for each HTTP listener (HTTP, debug, Prometheus'),
+    /// the rest left to Redis connections, rule files and the unexpected. With the common limit of 1,024
+    /// that is 480 gRPC connections and 120 on each HTTP listener.
+    pub fn connection_caps(&self, open_files: Option<u64>) -> (usize, usize) {
+        let files = usize::try_from(open_files.unwrap_or(1024)).unwrap_or(usize::MAX);
+        let spare = files.saturating_sub(RESERVED_FILES).max(16);
+        let or = |value: usize, share: usize| if value == 0 { spare / share } else { value };
+        (or(self.max_connections, 2), or(self.http_max_connections, 8))
     }
 
     /// Settings given that nothing reads, as warnings (the Go service ignores them the same way).

@@ -27,7 +27,7 @@ mod values;
 
 pub use answers::AnswerSettings;
 pub use decisions::DecisionSettings;
-pub use listen::{DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_REQUEST_BYTES, ListenSettings};
+pub use listen::{DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_REQUEST_BYTES, ListenSettings, RESERVED_FILES};
 pub use rules::{DEFAULT_CONFIG_DIR, RulesSettings, XdsSettings};
 pub use store::{RedisEndpoint, StoreSettings};
 pub use telemetry::TelemetrySettings;

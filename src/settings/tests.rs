@@ -162,7 +162,11 @@ fn typed_values_are_read_once_and_refused_by_name() {
 
 #[test]
 fn zero_durations_of_tollgates_own_settings_are_refused_by_name() {
-    for name in ["TOLLGATE_RELOAD_INTERVAL", "TOLLGATE_REDIS_DEADLINE"] {
+    for name in [
+        "TOLLGATE_RELOAD_INTERVAL",
+        "TOLLGATE_REDIS_DEADLINE",
+        "TOLLGATE_READ_TIMEOUT",
+    ] {
         let err = Settings::load_from(None, &env(&[(name, "0s")]), &[]).expect_err(name);
         assert!(err.to_string().contains(&format!("{name}=")), "{name}: {err}");
     }
@@ -170,6 +174,37 @@ fn zero_durations_of_tollgates_own_settings_are_refused_by_name() {
     assert!(err.is_err(), "negative durations do not parse");
     let ok = Settings::load_from(None, &env(&[("TOLLGATE_DRAIN_PERIOD", "0s")]), &[]);
     assert!(ok.is_ok(), "no drain is a choice");
+}
+
+#[test]
+fn transport_bounds_default_from_the_request_size_and_the_open_file_limit() {
+    let listen = Settings::load_from(None, &env(&[("TOLLGATE_MAX_REQUEST_BYTES", "1000")]), &[])
+        .expect("loads")
+        .listen;
+    assert_eq!(listen.bytes_in_flight(), (64_000, 4_000));
+    assert_eq!(listen.connection_caps(Some(1024)), (480, 120));
+    assert_eq!(
+        listen.connection_caps(None),
+        (480, 120),
+        "unknown: the common limit"
+    );
+    assert_eq!(listen.connection_caps(Some(10)), (8, 2), "never zero");
+    let set = env(&[
+        ("TOLLGATE_MAX_CONNECTIONS", "7"),
+        ("TOLLGATE_HTTP_MAX_CONNECTIONS", "5"),
+    ]);
+    let listen = Settings::load_from(None, &set, &[]).expect("loads").listen;
+    assert_eq!(listen.connection_caps(Some(1024)), (7, 5));
+    // A budget below one whole request would refuse the largest request allowed.
+    for name in [
+        "TOLLGATE_MAX_REQUEST_BYTES_IN_FLIGHT",
+        "TOLLGATE_MAX_CONNECTION_BYTES_IN_FLIGHT",
+    ] {
+        let err = Settings::load_from(None, &env(&[(name, "1000")]), &[]).expect_err(name);
+        assert!(err.to_string().contains(name), "{err}");
+    }
+    let err = Settings::load_from(None, &env(&[("TOLLGATE_TLS_HANDSHAKES_PER_CLIENT", "0")]), &[]);
+    assert!(err.is_err());
 }
 
 #[test]

@@ -224,14 +224,6 @@ where
     all
 }
 
-/// A metric's value from `/metrics`.
-async fn metric(server: &TestServer, name: &str) -> u64 {
-    let (_, text) = http(server.http, "GET", "/metrics", "").await;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("{name} in /metrics"))
-}
-
 /// The sum of the `open`/`closed` counters the Redis nodes at `ports` hold (only of values asked
 /// after the fault if `after`).
 fn redis_counted(ports: &[u16], after: bool) -> u64 {
@@ -270,8 +262,8 @@ async fn report(
     // Let calls still in flight finish and their replies land.
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let counted = redis_counted(redis_ports, restarted);
-    let abandoned = metric(server, "tollgate_redis_abandoned_total").await;
-    let queue_full = metric(server, "tollgate_redis_queue_full_total").await;
+    let abandoned = server.metric("tollgate_redis_abandoned_total").await;
+    let queue_full = server.metric("tollgate_redis_queue_full_total").await;
     let healed = seen.healed.expect("the fault ended");
     let recovery = seen.recovered_at.map(|r| r.saturating_duration_since(healed));
     let from_redis = if restarted {
@@ -562,11 +554,11 @@ async fn failure_mode_local_counts_a_share_while_redis_is_away() {
         }
     }
     assert_eq!(admitted, 5, "the share, counted locally");
-    assert_eq!(metric(&server, "tollgate_failure_mode_local_total").await, 8);
+    assert_eq!(server.metric("tollgate_failure_mode_local_total").await, 8);
     proxy.heal();
     // The requests sent into the blackhole run when it heals; the others were never sent.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let sent = 8 - metric(&server, "tollgate_redis_abandoned_total").await;
+    let sent = 8 - server.metric("tollgate_redis_abandoned_total").await;
     let answer = ask().await;
     let status = &answer.statuses[0];
     assert_eq!(

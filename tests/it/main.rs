@@ -27,4 +27,5 @@ mod reload;
 mod rules_file;
 mod store_contract;
 mod tls;
+mod transport_bounds;
 mod xds;

@@ -345,14 +345,6 @@ fn calls_between(before: &HashMap<String, u64>, after: &HashMap<String, u64>, co
     calls(after) - calls(before)
 }
 
-/// A series of the server's `/metrics`.
-async fn metric(server: &TestServer, name: &str) -> u64 {
-    let (_, text) = http(server.debug, "GET", "/metrics", "").await;
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} in /metrics"))
-}
-
 /// Concurrent independent requests share script calls (coalescing), and each still gets its own exact
 /// answer: fewer calls than requests, every remaining exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -370,9 +362,9 @@ async fn concurrent_requests_share_script_calls_and_keep_their_answers() {
     // About 150 here; one per request would be 640.
     assert!(calls < 480, "{calls} script calls for 640 concurrent requests");
     // /metrics tells operators the same.
-    assert_eq!(metric(&server, "tollgate_redis_batches_total ").await, 641);
+    assert_eq!(server.metric("tollgate_redis_batches_total ").await, 641);
     assert_eq!(
-        metric(&server, "tollgate_redis_script_calls_total ").await,
+        server.metric("tollgate_redis_script_calls_total ").await,
         calls + 1
     );
     Arc::into_inner(server).expect("clients done").stop().await;
@@ -393,13 +385,13 @@ async fn concurrent_fixed_windows_share_pipelines_of_incrby_without_a_script() {
     assert_eq!(delta("fcall"), 0, "no script for fixed windows");
     assert_eq!(delta("incrby"), 1280, "one INCRBY per descriptor");
     assert_eq!(delta("expire"), 1280, "and one EXPIRE NX");
-    let pipelines = metric(&server, "tollgate_redis_pipelines_total ").await;
+    let pipelines = server.metric("tollgate_redis_pipelines_total ").await;
     assert_eq!(delta("time"), pipelines, "one TIME per pipeline");
     assert!(
         pipelines < 480,
         "{pipelines} pipelines for 640 concurrent requests"
     );
-    assert_eq!(metric(&server, "tollgate_redis_script_calls_total ").await, 0);
+    assert_eq!(server.metric("tollgate_redis_script_calls_total ").await, 0);
     // Every counter has its TTL: the hour's window plus the default jitter of up to 300 s.
     let key = redis.cli(&["KEYS", "rd_k_c0-0_*"]);
     let ttl: i64 = redis.cli(&["TTL", key.trim()]).trim().parse().expect("ttl");
@@ -451,12 +443,12 @@ async fn a_pipeline_window_gathers_requests_into_one_call_up_to_the_limit() {
         let server = Arc::new(start(&env, &rules(algorithm, 100)).await);
         // Loads the library (and reads the server's version) before counting calls.
         ask(&server, &[&[("k", "warm-up")]]).await.expect("answer");
-        let before = metric(&server, series).await;
+        let before = server.metric(series).await;
         let (answers, took) = eight_staggered_requests(&server).await;
         let remaining: Vec<u32> = answers.iter().map(|a| a.statuses[0].limit_remaining).collect();
         assert_eq!(remaining, [99; 8], "{algorithm:?}, limit {limit}");
         assert_eq!(
-            metric(&server, series).await - before,
+            server.metric(series).await - before,
             calls,
             "{algorithm:?}, limit {limit}: calls for 8 requests arriving within 14 ms"
         );
@@ -492,8 +484,8 @@ async fn a_counter_known_to_carry_a_ttl_is_counted_without_expire_and_repaired_w
         (5, 1),
         "EXPIRE on the first hit only"
     );
-    assert_eq!(metric(&server, "tollgate_redis_expires_sent_total ").await, 1);
-    assert_eq!(metric(&server, "tollgate_redis_expires_skipped_total ").await, 4);
+    assert_eq!(server.metric("tollgate_redis_expires_sent_total ").await, 1);
+    assert_eq!(server.metric("tollgate_redis_expires_skipped_total ").await, 4);
 
     let keys = redis.cli(&["KEYS", "rd_k_hot_*"]);
     let key = keys.trim();
@@ -521,7 +513,7 @@ async fn a_counter_known_to_carry_a_ttl_is_counted_without_expire_and_repaired_w
             .any(|c| c.starts_with("\"EXPIRE\"") && c.ends_with("\"NX\"")),
         "repaired with EXPIRE NX, which cannot shorten a TTL another replica set: {commands:?}"
     );
-    assert_eq!(metric(&server, "tollgate_redis_ttl_repairs_total ").await, 1);
+    assert_eq!(server.metric("tollgate_redis_ttl_repairs_total ").await, 1);
     server.stop().await;
 }
 
@@ -893,8 +885,8 @@ async fn redis_cluster_counts_exactly_across_slots() {
         // Until the slot map is read, every call goes alone through the cluster connection.
         first_ask_reads_the_slot_map(&cluster, &server, "warm").await;
         let calls = async || {
-            let scripts = metric(&server, "tollgate_redis_script_calls_total ").await;
-            (scripts, metric(&server, "tollgate_redis_pipelines_total ").await)
+            let scripts = server.metric("tollgate_redis_script_calls_total ").await;
+            (scripts, server.metric("tollgate_redis_pipelines_total ").await)
         };
         let (scripts_before, pipelines_before) = calls().await;
         for expected in [2, 1, 0] {
@@ -945,8 +937,8 @@ async fn first_ask_reads_the_slot_map(cluster: &RedisCluster, server: &TestServe
     }
     // The links to the masters are opened after the map is read: once they are, requests go out as
     // pipelines per master (before, each call goes alone through the cluster connection).
-    let before = metric(server, "tollgate_redis_pipelines_total ").await;
-    while metric(server, "tollgate_redis_pipelines_total ").await == before {
+    let before = server.metric("tollgate_redis_pipelines_total ").await;
+    while server.metric("tollgate_redis_pipelines_total ").await == before {
         assert!(Instant::now() < deadline, "the links to the masters never opened");
         ask(server, &[&[("k", "links-ready")]]).await.expect("answer");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1126,9 +1118,9 @@ async fn a_cluster_shares_pipelines_per_master_and_follows_a_slot_that_moved() {
     let env = [("REDIS_URL", addrs.as_str()), ("REDIS_TYPE", "cluster")];
     let server = Arc::new(start(&env, &rules(Algorithm::FixedWindow, 100)).await);
     first_ask_reads_the_slot_map(&cluster, &server, "moved").await;
-    let pipelines_before = metric(&server, "tollgate_redis_pipelines_total ").await;
+    let pipelines_before = server.metric("tollgate_redis_pipelines_total ").await;
     sixty_four_clients_ten_pairs_each(&server).await;
-    let pipelines = metric(&server, "tollgate_redis_pipelines_total ").await - pipelines_before;
+    let pipelines = server.metric("tollgate_redis_pipelines_total ").await - pipelines_before;
     // One per request (and slot) without coalescing.
     assert!(
         pipelines < 480,
@@ -1165,7 +1157,7 @@ async fn a_cluster_shares_pipelines_per_master_and_follows_a_slot_that_moved() {
         })
         .find(|(_, key)| !source.cli(&["GET", key]).contains("MOVED"))
         .expect("a key the old master serves");
-    let scripts_before = metric(&server, "tollgate_redis_script_calls_total ").await;
+    let scripts_before = server.metric("tollgate_redis_script_calls_total ").await;
     for expected in [[98, 99], [97, 98]] {
         let answer = ask(&server, &[&[("k", "moved")], &[("k", &stayed)]])
             .await
@@ -1184,7 +1176,7 @@ async fn a_cluster_shares_pipelines_per_master_and_follows_a_slot_that_moved() {
         "the counter sharing the pipeline counted once a request"
     );
     assert!(
-        metric(&server, "tollgate_redis_script_calls_total ").await > scripts_before,
+        server.metric("tollgate_redis_script_calls_total ").await > scripts_before,
         "the old master answered MOVED, and the script counted the counter"
     );
     Arc::into_inner(server).expect("clients done").stop().await;

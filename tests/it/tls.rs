@@ -14,7 +14,7 @@ use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
 use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
-use crate::common::certs::{Ca, CertDir, Leaf, tls_channel};
+use crate::common::certs::{Ca, CertDir, Leaf, borrowed, tls_channel};
 use crate::common::{TestServer, http, wire_request};
 
 const RULES: &str =
@@ -41,21 +41,12 @@ async fn served(server: &TestServer, trust: &Ca, identity: Option<&Leaf>) -> boo
 }
 
 async fn start_tls(certs: &CertDir, san: Option<&str>) -> TestServer {
-    let (cert, key, ca) = (
-        certs.path_str("tls.crt"),
-        certs.path_str("tls.key"),
-        certs.path_str("ca.crt"),
-    );
-    let mut env = vec![
-        ("GRPC_SERVER_USE_TLS", "true"),
-        ("GRPC_SERVER_TLS_CERT", cert.as_str()),
-        ("GRPC_SERVER_TLS_KEY", key.as_str()),
-        ("GRPC_CLIENT_TLS_CACERT", ca.as_str()),
-    ];
+    let mut env = certs.tls_env();
+    env.push(("GRPC_CLIENT_TLS_CACERT", certs.path_str("ca.crt")));
     if let Some(san) = san {
-        env.push(("GRPC_CLIENT_TLS_SAN", san));
+        env.push(("GRPC_CLIENT_TLS_SAN", san.to_owned()));
     }
-    TestServer::start(&[("edge.yaml", RULES)], &env).await
+    TestServer::start(&[("edge.yaml", RULES)], &borrowed(&env)).await
 }
 
 #[tokio::test]
@@ -139,13 +130,7 @@ async fn mtls_serves_the_right_client_and_refuses_every_other() {
 async fn tls_without_client_certificates_serves_any_client() {
     let (server_ca, client_ca) = (Ca::new("server CA"), Ca::new("client CA"));
     let certs = CertDir::new(&server_ca.server(&["localhost"]), &client_ca);
-    let (cert, key) = (certs.path_str("tls.crt"), certs.path_str("tls.key"));
-    let env = [
-        ("GRPC_SERVER_USE_TLS", "true"),
-        ("GRPC_SERVER_TLS_CERT", cert.as_str()),
-        ("GRPC_SERVER_TLS_KEY", key.as_str()),
-    ];
-    let server = TestServer::start(&[("edge.yaml", RULES)], &env).await;
+    let server = TestServer::start(&[("edge.yaml", RULES)], &borrowed(&certs.tls_env())).await;
     assert!(served(&server, &server_ca, None).await);
     server.stop().await;
 }
@@ -238,20 +223,10 @@ async fn tls_applies_on_a_unix_socket_too() {
     let certs = CertDir::new(&ca.server(&["localhost"]), &client_ca);
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("tls.sock");
-    let (cert, key, client) = (
-        certs.path_str("tls.crt"),
-        certs.path_str("tls.key"),
-        certs.path_str("ca.crt"),
-    );
-    let path = socket.to_string_lossy().into_owned();
-    let env = [
-        ("GRPC_UDS", path.as_str()),
-        ("GRPC_SERVER_USE_TLS", "true"),
-        ("GRPC_SERVER_TLS_CERT", cert.as_str()),
-        ("GRPC_SERVER_TLS_KEY", key.as_str()),
-        ("GRPC_CLIENT_TLS_CACERT", client.as_str()),
-    ];
-    let server = TestServer::start(&[("edge.yaml", RULES)], &env).await;
+    let mut env = certs.tls_env();
+    env.push(("GRPC_UDS", socket.to_string_lossy().into_owned()));
+    env.push(("GRPC_CLIENT_TLS_CACERT", certs.path_str("ca.crt")));
+    let server = TestServer::start(&[("edge.yaml", RULES)], &borrowed(&env)).await;
     let plain = match unix_channel(&socket, None).await {
         Ok(channel) => decide(channel).await.is_ok(),
         Err(_) => false,

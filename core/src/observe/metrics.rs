@@ -212,6 +212,17 @@ pub struct Metrics {
     /// TLS handshakes on the gRPC listener that failed or timed out (a plaintext client, an unknown
     /// client certificate, a wrong SAN).
     pub tls_handshake_failures: Counter,
+    /// Requests failed because unfinished requests held their connection's or the process's budget of
+    /// bytes.
+    pub request_bytes_over_budget: Counter,
+    /// Requests failed because they did not arrive whole within the read timeout.
+    pub request_read_timeouts: Counter,
+    /// Connections closed at once because their listener held as many as it may.
+    pub connections_refused: Counter,
+    /// Connections closed because they sent no request within the read timeout.
+    pub connections_timed_out: Counter,
+    /// Connections that had sent no request yet, closed to make room for a new one at the cap.
+    pub connections_evicted: Counter,
     /// Time to answer a request, store included, per [`Method`].
     response_time: [Histogram; Method::ALL.len()],
     /// Time of the store call alone, per [`StoreOperation`].

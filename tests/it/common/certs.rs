@@ -112,6 +112,20 @@ impl CertDir {
     pub fn path_str(&self, name: &str) -> String {
         self.path(name).to_string_lossy().into_owned()
     }
+
+    /// The settings that serve gRPC over TLS with this directory's certificate and key.
+    pub fn tls_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("GRPC_SERVER_USE_TLS", "true".to_owned()),
+            ("GRPC_SERVER_TLS_CERT", self.path_str("tls.crt")),
+            ("GRPC_SERVER_TLS_KEY", self.path_str("tls.key")),
+        ]
+    }
+}
+
+/// `env` as [`crate::common::TestServer::start`] takes it.
+pub fn borrowed<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    env.iter().map(|(name, value)| (*name, value.as_str())).collect()
 }
 
 /// Writes `text` to `dir/name` and returns the path.

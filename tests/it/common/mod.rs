@@ -304,6 +304,15 @@ impl TestServer {
             .expect("connect")
     }
 
+    /// A counter or gauge from the debug port's `/metrics` (the debug port, so it can be read while
+    /// a test holds the HTTP port's connections).
+    pub async fn metric(&self, name: &str) -> u64 {
+        let (_, text) = http(self.debug, "GET", "/metrics", "").await;
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in /metrics"))
+    }
+
     /// Stops the server and waits for it to finish; fails the test if it failed.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
