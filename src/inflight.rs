@@ -71,7 +71,8 @@ impl RequestBudget {
             process: Arc::clone(&self.process),
             connection: Arc::clone(&connection.0),
             held: 0,
-            deadline: Box::pin(tokio::time::sleep(self.read_timeout)),
+            started: tokio::time::Instant::now(),
+            deadline: None,
             read_timeout: self.read_timeout,
             metrics: Arc::clone(&self.metrics),
             complete: false,
@@ -87,7 +88,11 @@ pub struct Budgeted<B> {
     connection: Arc<Semaphore>,
     /// Bytes received and not yet given back.
     held: u32,
-    deadline: Pin<Box<Sleep>>,
+    /// When the request's headers arrived: the read timeout counts from here.
+    started: tokio::time::Instant,
+    /// The timer, made only once the body has to be waited for: most bodies are there at the first
+    /// poll, and a timer per request would be an allocation and a timer-wheel entry on the hot path.
+    deadline: Option<Pin<Box<Sleep>>>,
     read_timeout: Duration,
     metrics: Arc<Metrics>,
     complete: bool,
@@ -177,7 +182,11 @@ where
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                if this.deadline.as_mut().poll(cx).is_ready() {
+                let (started, timeout) = (this.started, this.read_timeout);
+                let deadline = this
+                    .deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(started + timeout)));
+                if deadline.as_mut().poll(cx).is_ready() {
                     this.metrics.request_read_timeouts.add(1);
                     this.release();
                     this.complete = true;
