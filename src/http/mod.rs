@@ -1,7 +1,8 @@
 //! The HTTP listeners' routes, over the limiter through [`crate::api`] (never through gRPC):
 //!
 //! - the admin port: `/healthcheck` and `POST /json` (`envoy_json.rs`) as envoyproxy/ratelimit,
-//!   `/metrics`, and the native API's `POST /v1/*` (`native_json.rs`);
+//!   `/metrics`, and the native API's `POST /v1/*` (`native_json.rs`), unless the native API has a
+//!   listener of its own (`TOLLGATE_NATIVE_HTTP_ADDR`, [`native_router`]);
 //! - the debug port: `/rlconfig` (the loaded rules one per line, as envoyproxy/ratelimit), `/metrics`,
 //!   `/top` and `/config`;
 //! - with `USE_PROMETHEUS`, the Go service's metrics listener (`PROMETHEUS_ADDR`, `PROMETHEUS_PATH`).
@@ -37,6 +38,8 @@ pub struct Admin {
     pub options: EnvoyOptions,
     /// Largest request body read (`/json`, `/v1/*`); a larger one is refused with 413 unread.
     pub max_body_bytes: usize,
+    /// Whether the native API's `/v1/*` is served here (not when it has a listener of its own).
+    pub with_native: bool,
 }
 
 /// The admin port's routes.
@@ -44,19 +47,35 @@ pub fn admin_router(admin: Admin) -> Router {
     let metrics = Router::new()
         .route("/metrics", get(metrics))
         .with_state(Arc::clone(&admin.limiter));
-    let native = native_json::router(Arc::new(NativeApi::new(
-        Arc::clone(&admin.limiter),
-        admin.options.headers.clone(),
-    )));
+    let native = admin
+        .with_native
+        .then(|| native_router(&admin.limiter, &admin.options, admin.max_body_bytes));
     let body_limit = DefaultBodyLimit::max(admin.max_body_bytes);
-    Router::new()
+    let router = Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/readyz", get(readyz))
         .route("/json", post(envoy_json::json))
         .with_state(Arc::new(admin))
         .merge(metrics)
-        .merge(native)
-        .layer(body_limit)
+        .layer(body_limit);
+    match native {
+        Some(native) => router.merge(native),
+        None => router,
+    }
+}
+
+/// The native API as JSON (`POST /v1/check`, `/v1/refund`, `/v1/acquire`, `/v1/release`), bodies up to
+/// `max_body_bytes`.
+pub fn native_router(
+    limiter: &Arc<Limiter<AnyStore>>,
+    options: &EnvoyOptions,
+    max_body_bytes: usize,
+) -> Router {
+    native_json::router(Arc::new(NativeApi::new(
+        Arc::clone(limiter),
+        options.headers.clone(),
+    )))
+    .layer(DefaultBodyLimit::max(max_body_bytes))
 }
 
 /// The debug port's routes.

@@ -46,6 +46,8 @@ pub struct Listeners {
     pub debug: TcpListener,
     /// The Go service's metrics listener, with `USE_PROMETHEUS`.
     pub prometheus: Option<TcpListener>,
+    /// The native API's own listener, with `TOLLGATE_NATIVE_HTTP_ADDR`.
+    pub native_http: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -68,11 +70,16 @@ impl Listeners {
             true => Some(bind(listen_addr(&settings.prometheus_addr), "Prometheus").await?),
             false => None,
         };
+        let native_http = match settings.native_http_addr.as_str() {
+            "" => None,
+            addr => Some(bind(addr.to_owned(), "native API").await?),
+        };
         Ok(Self {
             grpc,
             http: bind(settings.http_addr.clone(), "HTTP").await?,
             debug: bind(settings.debug_addr.clone(), "debug").await?,
             prometheus,
+            native_http,
         })
     }
 }
@@ -158,6 +165,11 @@ pub async fn run(
         grpc_address(&listeners.grpc),
         listeners.http.local_addr()?,
         listeners.debug.local_addr()?,
+        listeners
+            .native_http
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()?,
     );
     let envoy = envoy_options(&answers);
     let admin = crate::http::Admin {
@@ -165,6 +177,7 @@ pub async fn run(
         limiter: Arc::clone(&limiter),
         options: envoy.clone(),
         max_body_bytes: listen.max_request_bytes,
+        with_native: listeners.native_http.is_none(),
     };
     let budget = request_budget(&listen, Arc::clone(limiter.metrics()));
     let (grpc_limits, http_limits) = transport_limits(&listen, &budget);
@@ -186,6 +199,10 @@ pub async fn run(
         let router = crate::http::prometheus_router(Arc::clone(&limiter), &listen.prometheus_path);
         serve_http(listener, router, "Prometheus (TOLLGATE_HTTP_MAX_CONNECTIONS)")
     });
+    let native_http = listeners.native_http.map(|listener| {
+        let router = crate::http::native_router(&limiter, &envoy, listen.max_request_bytes);
+        serve_http(listener, router, "native API (TOLLGATE_HTTP_MAX_CONNECTIONS)")
+    });
     let stopped = stop.clone();
     let grpc = crate::grpc::serve(
         listeners.grpc,
@@ -206,23 +223,25 @@ pub async fn run(
         tokio::time::sleep(drain).await;
         trigger.cancel();
     });
-    let (grpc_addr, http_addr, debug_addr) = addresses;
+    let (grpc_addr, http_addr, debug_addr, native_addr) = addresses;
+    let native_addr = native_addr.map_or_else(|| "the HTTP port".to_owned(), |addr| addr.to_string());
     // Logged with the real ports so a caller that bound port 0 can find them; at WARN, as the Go service
     // logs its "Listening for ..." lines, so the default level (WARN) still shows where it serves.
     tracing::warn!(
-        grpc = %grpc_addr, http = %http_addr, debug = %debug_addr,
+        grpc = %grpc_addr, http = %http_addr, debug = %debug_addr, native_http = %native_addr,
         rules = %origin, store = %store_name, "tollgate serving"
     );
-    let prometheus = async move {
-        if let Some(serving) = prometheus {
+    let optional = |serving: Option<_>| async move {
+        if let Some(serving) = serving {
             serving.await;
         }
     };
-    let (grpc, http, debug, prometheus) = tokio::join!(grpc, http, debug, prometheus);
+    let (grpc, http, debug, prometheus, native_http) =
+        tokio::join!(grpc, http, debug, optional(prometheus), optional(native_http));
     stop.cancel();
     tasks.close();
     tasks.wait().await;
-    let ((), (), ()) = (http, debug, prometheus);
+    let ((), (), (), ()) = (http, debug, prometheus, native_http);
     grpc.context("gRPC server failed")
 }
 

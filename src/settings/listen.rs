@@ -27,6 +27,9 @@ pub struct ListenSettings {
     pub http_addr: String,
     /// Debug listener (`DEBUG_HOST:DEBUG_PORT`): `/rlconfig`, `/metrics`, `/top`, `/config`.
     pub debug_addr: String,
+    /// A listener of its own for the native API's `/v1/*`, which then leaves the HTTP port; empty: the
+    /// native API is on the HTTP port.
+    pub native_http_addr: String,
     /// `GRPC_UDS`: serve gRPC on this unix socket instead of `grpc_addr`.
     pub grpc_uds: String,
     /// `GRPC_MAX_CONNECTION_AGE`: a gRPC connection older than this is sent GOAWAY, so clients
@@ -92,6 +95,7 @@ impl ListenSettings {
                 Go::HostPort("DEBUG_HOST", "DEBUG_PORT"),
                 "0.0.0.0:6070".into(),
             )?,
+            native_http_addr: r.get("native_http_addr", Go::None, String::new())?,
             grpc_uds: r.get("grpc_uds", Go::Same, String::new())?,
             grpc_max_connection_age: r.get(
                 "grpc_max_connection_age",

@@ -1074,3 +1074,20 @@ async fn absurd_costs_and_sizes_are_answered() {
     assert_eq!(error.code(), tonic::Code::InvalidArgument);
     server.stop().await;
 }
+
+/// With `TOLLGATE_NATIVE_HTTP_ADDR`, `/v1/*` moves to a listener of its own: whoever may scrape the HTTP
+/// port's `/metrics` can no longer spend budgets there (Envoy's `/json` stays, as the Go service has it).
+#[tokio::test]
+async fn the_native_api_can_have_a_listener_of_its_own() {
+    let env = [("TOLLGATE_NATIVE_HTTP_ADDR", "127.0.0.1:0")];
+    let server = TestServer::start(&[("app.yaml", RULES)], &env).await;
+    let native = server.native_http.expect("a native listener");
+    let check = r#"{"domain":"app","descriptors":[{"entries":[{"key":"tokens","value":"u"}]}]}"#;
+    let (status, body) = http(native, "POST", "/v1/check", check).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(http(server.http, "POST", "/v1/check", check).await.0, 404);
+    assert_eq!(http(native, "GET", "/metrics", "").await.0, 404);
+    let json = r#"{"domain":"app","descriptors":[{"entries":[{"key":"tokens","value":"u"}]}]}"#;
+    assert_eq!(http(server.http, "POST", "/json", json).await.0, 200);
+    server.stop().await;
+}

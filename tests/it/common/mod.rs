@@ -192,6 +192,8 @@ pub struct TestServer {
     pub ads: Option<ads::AdsServer>,
     pub grpc: SocketAddr,
     pub http: SocketAddr,
+    /// The native API's own listener, when `TOLLGATE_NATIVE_HTTP_ADDR` is set.
+    pub native_http: Option<SocketAddr>,
     pub debug: SocketAddr,
     pub dir: TempDir,
     stop: Option<oneshot::Sender<()>>,
@@ -258,6 +260,10 @@ impl TestServer {
             .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
         let http = listeners.http.local_addr().expect("addr");
         let debug = listeners.debug.local_addr().expect("addr");
+        let native_http = listeners
+            .native_http
+            .as_ref()
+            .map(|l| l.local_addr().expect("addr"));
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(run(settings, listeners, clock, async move {
             let _ = stopped.await;
@@ -267,6 +273,7 @@ impl TestServer {
             ads,
             grpc,
             http,
+            native_http,
             debug,
             dir,
             stop: Some(stop),
