@@ -4,6 +4,7 @@
 //! (`process`). None of it decides anything; the limiter and the listeners report into it.
 
 pub mod go_json;
+pub mod go_stats;
 pub mod health;
 pub mod otlp;
 mod process;

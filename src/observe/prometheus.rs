@@ -3,24 +3,28 @@
 //!
 //! envoyproxy/ratelimit's names are kept so its dashboards carry over: per rule
 //! `ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}` labelled
-//! `domain`, `key1`, `key2` (the rule's path, as the Go service's default statsd mapping labels it), and
+//! `domain`, `key1`, `key2` (from the Go stat names of [`go_stats`], as the Go service's default
+//! mapping labels them, see `render_rules`), and
 //! `ratelimit_service_config_load_{success,error}`, `ratelimit_service_total_requests{grpc_method}`,
 //! `ratelimit_service_should_rate_limit_error{err_type}`,
 //! `ratelimit_service_response_time_seconds{grpc_method}` (the method a request came in through, see
 //! [`Method`]). Tollgate adds `tollgate_*` series for the store, failure modes, the local cache and the
 //! loaded rules.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use tollgate_core::observe::metrics::{BUCKETS, Histogram, Method, Metrics, RULE_SERIES, StoreOperation};
 use tollgate_core::store::StoreCounters;
+
+use super::go_stats;
 
 /// The Prometheus text exposition of every series of `metrics`, with the store's own counters and the
 /// process' (`process_*`).
 pub fn render(metrics: &Metrics, store: StoreCounters) -> String {
     let mut out = String::with_capacity(4096);
     render_rules(metrics, &mut out);
-    let counters: [(&str, &str, u64); 29] = [
+    let counters: [(&str, &str, u64); 30] = [
         (
             "ratelimit_service_config_load_success",
             "Rule sets loaded.",
@@ -142,6 +146,11 @@ pub fn render(metrics: &Metrics, store: StoreCounters) -> String {
             metrics.connections_timed_out.get(),
         ),
         (
+            "tollgate_stats_folded_total",
+            "Values counted together under one series by a cardinality cap (unknown domains beyond 100).",
+            metrics.stats_folded.get(),
+        ),
+        (
             "tollgate_service_errors_total",
             "Requests refused as malformed or with no rules.",
             metrics.service_errors.get(),
@@ -256,23 +265,91 @@ pub fn render(metrics: &Metrics, store: StoreCounters) -> String {
     out
 }
 
+/// The Go series of rules and domains, as envoyproxy/ratelimit's default Prometheus mapping makes them
+/// from the Go stat names ([`go_stats`]): a rule one level deep is `{domain, key1}`, a deeper one
+/// `{domain, key1, key2}` with its levels past the second dropped, so rules that differ only there, or
+/// whose values hold dots, add into one series, as they do there. What that mapping does not match keeps
+/// its Go name with every character Prometheus cannot take turned to `_`
+/// (`ratelimit_service_rate_limit_api_user_over_limit_with_local_cache`), and appears once it counted
+/// something. (The Go mapping also adds `over_limit_with_local_cache` into `over_limit` for rules two
+/// levels deep, a side effect of an unanchored expression; the hits are in `over_limit` already, so
+/// Tollgate does not count them twice.)
 fn render_rules(metrics: &Metrics, out: &mut String) {
-    let rules = metrics.rules();
+    let mut mapped: BTreeMap<String, [u64; RULE_SERIES.len()]> = BTreeMap::new();
+    let mut unmapped: Vec<(String, u64)> = Vec::new();
+    for ((_, path), stats) in metrics.rules() {
+        let key = go_stats::rule_key(&path);
+        let sums = mapped.entry(default_rule_labels(&key)).or_default();
+        for (sum, counter) in sums.iter_mut().zip(stats.in_order()) {
+            *sum = sum.saturating_add(counter.get());
+        }
+        let cached = stats.over_limit_with_local_cache.get();
+        if cached > 0 {
+            let name = format!("{}.{key}.over_limit_with_local_cache", go_stats::RULE_SCOPE);
+            unmapped.push((metric_name(&name), cached));
+        }
+    }
     for (at, suffix) in RULE_SERIES.iter().enumerate() {
         let name = format!("ratelimit_service_rate_limit_{suffix}");
         let _ = writeln!(
             out,
             "# HELP {name} Hits per rule ({suffix}).\n# TYPE {name} counter"
         );
-        for ((domain, path), stats) in &rules {
-            let _ = writeln!(
-                out,
-                "{name}{{{}}} {}",
-                rule_labels(domain, path),
-                stats.in_order()[at].get()
-            );
+        for (labels, sums) in &mapped {
+            let _ = writeln!(out, "{name}{{{labels}}} {}", sums[at]);
         }
     }
+    for (domain, count) in metrics.unknown_domains() {
+        let name = format!(
+            "{}.{}.domain_not_found",
+            go_stats::RULE_SCOPE,
+            go_stats::sanitize(&domain)
+        );
+        unmapped.push((metric_name(&name), count));
+    }
+    unmapped.push((
+        "ratelimit_service_global_shadow_mode".into(),
+        metrics.global_shadow_mode.get(),
+    ));
+    for (name, value) in unmapped {
+        let _ = writeln!(
+            out,
+            "# HELP {name} envoyproxy/ratelimit's {name}.\n# TYPE {name} counter\n{name} {value}"
+        );
+    }
+}
+
+/// `domain`, `key1` and (two levels deep or more) `key2` from a rule's sanitized key, as the Go
+/// service's default mapping takes them from the stat name's dot-separated components.
+fn default_rule_labels(key: &str) -> String {
+    let mut parts = key.split('.');
+    let domain = parts.next().unwrap_or_default();
+    let key1 = parts.next().unwrap_or_default();
+    let mut labels = format!("domain=\"{}\",key1=\"{}\"", escape(domain), escape(key1));
+    if let Some(key2) = parts.next() {
+        let _ = write!(labels, ",key2=\"{}\"", escape(key2));
+    }
+    labels
+}
+
+/// A statsd name as a Prometheus metric name, as statsd_exporter names what its mapping does not
+/// match: every character but ASCII letters, digits and `_` becomes `_`, and a leading digit gets a `_`
+/// before it.
+fn metric_name(statsd: &str) -> String {
+    let mut name: String = statsd
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if name.starts_with(|c: char| c.is_ascii_digit()) {
+        name.insert(0, '_');
+    }
+    name
 }
 
 /// One histogram's `_bucket`, `_sum` and `_count` lines; `labels` ends with a comma when not empty.
@@ -290,21 +367,6 @@ fn render_histogram(histogram: &Histogram, out: &mut String, name: &str, labels:
     };
     let _ = writeln!(out, "{name}_sum{labels} {sum}");
     let _ = writeln!(out, "{name}_count{labels} {count}");
-}
-
-/// `domain`, `key1` and `key2` from a rule path, as envoyproxy/ratelimit's statsd mapping splits it
-/// (deeper levels stay in `key2`, joined by `.`).
-fn rule_labels(domain: &str, path: &str) -> String {
-    let keys = path
-        .strip_prefix(domain)
-        .and_then(|rest| rest.strip_prefix('.'))
-        .unwrap_or(path);
-    let (key1, key2) = keys.split_once('.').unwrap_or((keys, ""));
-    let mut labels = format!("domain=\"{}\",key1=\"{}\"", escape(domain), escape(key1));
-    if !key2.is_empty() {
-        let _ = write!(labels, ",key2=\"{}\"", escape(key2));
-    }
-    labels
 }
 
 fn escape(value: &str) -> String {
@@ -425,6 +487,36 @@ mod tests {
 
     #[test]
     fn label_values_are_escaped() {
-        assert_eq!(rule_labels("d", "d.k_a\"b"), "domain=\"d\",key1=\"k_a\\\"b\"");
+        assert_eq!(default_rule_labels("d.k_a\"b"), "domain=\"d\",key1=\"k_a\\\"b\"");
+    }
+
+    /// The labels envoyproxy/ratelimit's default mapping gives, for the shapes its users have: one
+    /// level, two, three (the third is dropped, and rules that differ only there add up), an IPv4 value
+    /// (one component once sanitized), and a value with other dots (which split it, as in Go).
+    #[test]
+    fn rules_are_labelled_and_summed_as_the_go_default_mapping_does() {
+        let metrics = Metrics::new();
+        metrics.rule("d", "d.a").total_hits.add(1);
+        metrics.rule("d", "d.a.b").total_hits.add(2);
+        metrics.rule("d", "d.a.b.c").total_hits.add(3);
+        metrics.rule("d", "d.a.b.e").total_hits.add(4);
+        metrics.rule("d", "d.remote_address_10.0.0.1").total_hits.add(5);
+        metrics.rule("d", "d.path_/a.b").total_hits.add(6);
+        metrics.rule("d", "d.k").over_limit_with_local_cache.add(7);
+        metrics.unknown_domain("nope");
+        let mut out = String::new();
+        render_rules(&metrics, &mut out);
+        for line in [
+            "ratelimit_service_rate_limit_total_hits{domain=\"d\",key1=\"a\"} 1",
+            "ratelimit_service_rate_limit_total_hits{domain=\"d\",key1=\"a\",key2=\"b\"} 9",
+            "ratelimit_service_rate_limit_total_hits{domain=\"d\",key1=\"remote_address_10_0_0_1\"} 5",
+            "ratelimit_service_rate_limit_total_hits{domain=\"d\",key1=\"path_/a\",key2=\"b\"} 6",
+            "ratelimit_service_rate_limit_d_k_over_limit_with_local_cache 7",
+            "ratelimit_service_rate_limit_nope_domain_not_found 1",
+            "ratelimit_service_global_shadow_mode 0",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} in\n{out}");
+        }
+        assert!(!out.contains("key2=\"b.c\""), "{out}");
     }
 }

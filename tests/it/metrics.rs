@@ -346,3 +346,58 @@ async fn leases_and_store_calls_are_counted_per_operation() {
     }
     server.stop().await;
 }
+
+/// The Go series a Go user's dashboards read beyond the per-rule ones: hits the over-limit cache refused
+/// (on Redis, where that cache sits), requests global shadow mode let through, and unknown domains by
+/// name, each under the name the Go service's default Prometheus mapping gives it.
+#[tokio::test]
+async fn local_cache_refusals_global_shadow_and_unknown_domains_are_go_series() {
+    crate::require_redis!();
+    let redis = crate::common::redis::RedisServer::start();
+    let url = redis.url();
+    let env = [("REDIS_URL", url.as_str()), ("SHADOW_MODE", "true")];
+    let server = TestServer::start(&[("m.yaml", RULES)], &env).await;
+    let mut client = server.client().await;
+    for _ in 0..12 {
+        let answer = client
+            .should_rate_limit(wire_request("m", &[&[("user", "alice")]]))
+            .await
+            .expect("answer");
+        assert_eq!(answer.into_inner().overall_code, 1, "OK under global shadow mode");
+    }
+    client
+        .should_rate_limit(wire_request("nope", &[&[("user", "u")]]))
+        .await
+        .expect("answer");
+    let text = server_metrics(&server).await;
+    let user = "{domain=\"m\",key1=\"user\"}";
+    assert_eq!(
+        series_value(&text, &format!("ratelimit_service_rate_limit_over_limit{user}")),
+        Some(2),
+        "{text}"
+    );
+    // The 11th hit was refused by Redis; the 12th, by the cache.
+    assert_eq!(
+        series_value(
+            &text,
+            "ratelimit_service_rate_limit_m_user_over_limit_with_local_cache "
+        ),
+        Some(1),
+        "{text}"
+    );
+    assert_eq!(
+        series_value(&text, "ratelimit_service_global_shadow_mode "),
+        Some(2)
+    );
+    assert_eq!(
+        series_value(&text, "ratelimit_service_rate_limit_nope_domain_not_found "),
+        Some(1)
+    );
+    server.stop().await;
+}
+
+async fn server_metrics(server: &TestServer) -> String {
+    let (status, text) = http(server.http, "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    text
+}

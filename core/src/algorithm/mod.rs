@@ -197,6 +197,9 @@ pub struct Decision {
     /// never be allowed (cost > `requests`, or > `burst` for the bucket algorithms), the
     /// time until the state is fully reset, which may be 0 when it already is.
     pub retry_after_us: u64,
+    /// The denial came from the over-limit cache in front of the store, which the request never
+    /// reached (envoyproxy/ratelimit's `over_limit_with_local_cache`).
+    pub from_local_cache: bool,
 }
 
 impl Decision {
@@ -207,6 +210,7 @@ impl Decision {
             remaining,
             reset_after_us,
             retry_after_us: 0,
+            from_local_cache: false,
         }
     }
 
@@ -217,6 +221,7 @@ impl Decision {
             remaining: 0,
             reset_after_us,
             retry_after_us,
+            from_local_cache: false,
         }
     }
 }

@@ -370,14 +370,18 @@ impl<S: Store> Limiter<S> {
 
 impl<S> Limiter<S> {
     /// envoyproxy/ratelimit's per-rule stats: every hit counts in `total_hits`, then in `over_limit`
-    /// (plus `shadow_mode` for shadow rules) or `within_limit`; allowed hits above `NEAR_LIMIT_RATIO` of
-    /// the limit also count in `near_limit`.
+    /// (plus `shadow_mode` for shadow rules, and `over_limit_with_local_cache` when the over-limit cache
+    /// answered) or `within_limit`; allowed hits above `NEAR_LIMIT_RATIO` of the limit also count in
+    /// `near_limit`.
     /// Returns whether the caller is worth a place among the top offenders (refused or near the limit).
     fn count_hits(&self, rule: &Rule, rate: &Rate, decision: &Decision, hits: u64) -> bool {
         let stats = &rule.stats;
         stats.total_hits.add(hits);
         if !decision.allowed {
             stats.over_limit.add(hits);
+            if decision.from_local_cache {
+                stats.over_limit_with_local_cache.add(hits);
+            }
             if rule.shadow_mode {
                 stats.shadow_mode.add(hits);
             }

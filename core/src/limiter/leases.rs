@@ -231,7 +231,7 @@ impl<S: Store> Limiter<S> {
         self.validate(domain, descriptors)?;
         let rules = self.rules.load_full().ok_or(LimiterError::NoConfig)?;
         let Some(domain_rules) = rules.domain(domain) else {
-            self.metrics.domain_not_found.add(1);
+            self.metrics.unknown_domain(domain);
             return Err(LimiterError::UnknownDomain(domain.to_owned()));
         };
         Ok(descriptors

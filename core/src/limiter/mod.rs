@@ -307,7 +307,7 @@ impl<S: Store> Limiter<S> {
         self.validate(domain, descriptors)?;
         let rules = self.rules.load_full().ok_or(LimiterError::NoConfig)?;
         let Some(domain_rules) = rules.domain(domain) else {
-            self.metrics.domain_not_found.add(1);
+            self.metrics.unknown_domain(domain);
             // The native API names the mistake: for an application a domain no rules define is a typo
             // that would silently disable its limits.
             if !matches!(call, Call::Envoy { .. }) {
@@ -386,6 +386,9 @@ impl<S: Store> Limiter<S> {
         // Peeks and refunds are not hits: they neither count in the rule's stats nor make offenders.
         let counted = matches!(mode, Some(Mode::Consume | Mode::AllOrNothing));
         let mut verdict = self.verdict(domain, descriptors, targets, decisions, counted);
+        if counted && self.options.global_shadow_mode && overall_code(&verdict.statuses) == Code::OverLimit {
+            self.metrics.global_shadow_mode.add(1);
+        }
         if let Some(impossible) = impossible {
             self.refuse_impossible(&mut verdict, &impossible);
         }

@@ -90,6 +90,9 @@ pub struct RuleStats {
     pub within_limit: Counter,
     /// Hits over the limit on a shadow-mode rule (reported OK).
     pub shadow_mode: Counter,
+    /// Hits refused by the over-limit cache in front of the store, without reaching it (also counted
+    /// in `over_limit`).
+    pub over_limit_with_local_cache: Counter,
 }
 
 /// The per-rule series' names, in the order of [`RuleStats::in_order`].
@@ -186,6 +189,13 @@ impl StoreOperation {
     }
 }
 
+/// Most unknown domains counted by name: any caller can name any domain, so beyond these they count
+/// together under [`OTHER_DOMAINS`] (and in [`Metrics::stats_folded`]).
+pub const MAX_UNKNOWN_DOMAINS: usize = 100;
+
+/// The name unknown domains beyond [`MAX_UNKNOWN_DOMAINS`] are counted under.
+pub const OTHER_DOMAINS: &str = "_other_domains";
+
 /// Every metric of one server.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -200,8 +210,16 @@ pub struct Metrics {
     pub service_errors: Counter,
     /// Requests failed because the store failed (no `failure_mode` to answer with).
     pub store_errors: Counter,
-    /// Requests for a domain no rules file defines.
+    /// Requests for a domain no rules file defines (all of them; per domain in [`Metrics::unknown_domains`]).
     pub domain_not_found: Counter,
+    /// Unknown domains counted one by one, at most [`MAX_UNKNOWN_DOMAINS`] of them.
+    unknown_domains: Mutex<BTreeMap<String, u64>>,
+    /// Requests answered OK only because of global shadow mode (`SHADOW_MODE`): every rule counted,
+    /// some said OVER_LIMIT.
+    pub global_shadow_mode: Counter,
+    /// Values folded into another series by a cardinality cap (unknown domains beyond
+    /// [`MAX_UNKNOWN_DOMAINS`]).
+    pub stats_folded: Counter,
     /// Descriptors allowed because the store failed and the rule says `failure_mode: open`.
     pub failure_mode_allowed: Counter,
     /// Descriptors refused because the store failed and the rule says `failure_mode: closed`.
@@ -249,6 +267,39 @@ impl Metrics {
     pub fn rule(&self, domain: &str, path: &str) -> Arc<RuleStats> {
         let mut rules = self.rules.lock().unwrap_or_else(PoisonError::into_inner);
         Arc::clone(rules.entry((domain.to_owned(), path.to_owned())).or_default())
+    }
+
+    /// Records a request for `domain`, which no rules define.
+    pub fn unknown_domain(&self, domain: &str) {
+        self.domain_not_found.add(1);
+        let mut domains = self
+            .unknown_domains
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = domains.get_mut(domain) {
+            *count = count.saturating_add(1);
+            return;
+        }
+        let name = if domains.len() < MAX_UNKNOWN_DOMAINS {
+            domain
+        } else {
+            self.stats_folded.add(1);
+            OTHER_DOMAINS
+        };
+        let count = domains.entry(name.to_owned()).or_default();
+        *count = count.saturating_add(1);
+    }
+
+    /// Requests per unknown domain, by name (see [`Metrics::unknown_domain`]).
+    pub fn unknown_domains(&self) -> Vec<(String, u64)> {
+        let domains = self
+            .unknown_domains
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        domains
+            .iter()
+            .map(|(name, count)| (name.clone(), *count))
+            .collect()
     }
 
     /// Records one request of `method`, answered or failed, and the time it took.
@@ -342,6 +393,22 @@ mod tests {
         assert_eq!(buckets[BUCKETS.len() - 1], 2, "1");
         assert_eq!(count, 3, "+Inf");
         assert!((sum - 5.00304).abs() < 1e-9, "{sum}");
+    }
+
+    #[test]
+    fn unknown_domains_are_counted_by_name_up_to_a_cap() {
+        let metrics = Metrics::new();
+        metrics.unknown_domain("typo");
+        metrics.unknown_domain("typo");
+        for i in 0..MAX_UNKNOWN_DOMAINS + 5 {
+            metrics.unknown_domain(&format!("random-{i}"));
+        }
+        let domains = metrics.unknown_domains();
+        assert_eq!(domains.len(), MAX_UNKNOWN_DOMAINS + 1, "the cap, and the fold");
+        assert!(domains.contains(&("typo".to_owned(), 2)));
+        assert!(domains.contains(&(OTHER_DOMAINS.to_owned(), 6)));
+        assert_eq!(metrics.stats_folded.get(), 6);
+        assert_eq!(metrics.domain_not_found.get(), MAX_UNKNOWN_DOMAINS as u64 + 7);
     }
 
     #[test]

@@ -115,10 +115,8 @@ impl<S: Store> LocalCache<S> {
         (blocked.until_us > now_us && item.cost >= blocked.cost).then(|| {
             let wait = blocked.until_us - now_us;
             Decision {
-                allowed: false,
-                remaining: 0,
-                reset_after_us: wait,
-                retry_after_us: wait,
+                from_local_cache: true,
+                ..Decision::deny(wait, wait)
             }
         })
     }

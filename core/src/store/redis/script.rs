@@ -369,6 +369,7 @@ impl BatchScript {
                 remaining: double_at(item, 1),
                 reset_after_us: double_at(item, 9),
                 retry_after_us: double_at(item, 17),
+                from_local_cache: false,
             });
         }
         Ok(ScriptReply {
@@ -485,14 +486,16 @@ mod tests {
                     allowed: true,
                     remaining: 4,
                     reset_after_us: u64::MAX,
-                    retry_after_us: 0
+                    retry_after_us: 0,
+                    from_local_cache: false,
                 },
                 Decision {
                     allowed: false,
                     remaining: 0,
                     // The double nearest 2^53 + 1, as Lua holds it.
                     reset_after_us: 9_007_199_254_740_992,
-                    retry_after_us: 3
+                    retry_after_us: 3,
+                    from_local_cache: false,
                 }
             ]
         );

@@ -1,0 +1,208 @@
+//! envoyproxy/ratelimit's stats, named exactly as the Go service names them: the one source the statsd
+//! sink and the Prometheus exposition of the Go series both read, so what a Go user's dashboards and
+//! alerts query arrives under the same names wherever they collect it.
+//!
+//! Names are gostats' dotted statsd names (`ratelimit.service.rate_limit.<domain>.<rule path>.total_hits`).
+//! A rule's part is sanitized as the Go service sanitizes it ([`sanitize`]): `:` and `|` become `_`,
+//! and so do the dots inside anything shaped like an IPv4 address, so `remote_address_10.0.0.1` is one
+//! name component, not four.
+//!
+//! Not (yet) emitted: the Redis pool's `cx_active`, `cx_total` and `cx_local_close` (Tollgate's
+//! multiplexed connections are not a pool), the local cache's and the Go runtime's gauges, and
+//! `detailed_metric`'s per-value names (rules are counted per rule).
+
+use tollgate_core::observe::metrics::{Method, Metrics};
+
+/// A statsd stat's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Monotonic; statsd is sent the increase since the last flush.
+    Counter,
+    /// A level; statsd is sent its value at every flush.
+    Gauge,
+}
+
+/// One stat as the Go service names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GoStat {
+    /// The dotted name.
+    pub name: String,
+    /// Counter or gauge.
+    pub kind: Kind,
+    /// The counter's total, or the gauge's value.
+    pub value: u64,
+}
+
+/// The per-rule counters' suffixes, in gostats' order.
+pub const RULE_STATS: [&str; 6] = [
+    "total_hits",
+    "over_limit",
+    "near_limit",
+    "over_limit_with_local_cache",
+    "within_limit",
+    "shadow_mode",
+];
+
+/// The scope every per-rule and per-domain stat lives under.
+pub const RULE_SCOPE: &str = "ratelimit.service.rate_limit";
+
+/// The Go service's stat-name sanitizer: `:` and `|` become `_`, then in every run shaped like an IPv4
+/// address (`[0-9]{1,3}` four times, joined by dots, leftmost first, not overlapping) the dots become
+/// `_`. Other dots stay: they separate the name's components.
+pub fn sanitize(name: &str) -> String {
+    let mut out: Vec<u8> = name
+        .bytes()
+        .map(|b| if b == b':' || b == b'|' { b'_' } else { b })
+        .collect();
+    let mut at = 0;
+    while at < out.len() {
+        match dotted_quad_at(&out, at) {
+            Some(end) => {
+                for byte in &mut out[at..end] {
+                    if *byte == b'.' {
+                        *byte = b'_';
+                    }
+                }
+                at = end;
+            }
+            None => at += 1,
+        }
+    }
+    // Only ASCII bytes were changed, and only into ASCII: still UTF-8.
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// The end of the longest match of `[0-9]{1,3}(\.[0-9]{1,3}){3}` starting at `at`, as a regex engine's
+/// leftmost-first match takes it: each run of digits as long as it may be, up to three.
+fn dotted_quad_at(bytes: &[u8], at: usize) -> Option<usize> {
+    let mut end = at;
+    for part in 0..4 {
+        if part > 0 {
+            if bytes.get(end) != Some(&b'.') {
+                return None;
+            }
+            end += 1;
+        }
+        let digits = bytes[end..]
+            .iter()
+            .take(3)
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        if digits == 0 {
+            return None;
+        }
+        end += digits;
+    }
+    Some(end)
+}
+
+/// A rule's key in stat names: its path (`domain.key_value.key`), sanitized.
+pub fn rule_key(path: &str) -> String {
+    sanitize(path)
+}
+
+/// Every Go stat of `metrics`, counters at their totals.
+pub fn collect(metrics: &Metrics) -> Vec<GoStat> {
+    let counter = |name: String, value: u64| GoStat {
+        name,
+        kind: Kind::Counter,
+        value,
+    };
+    let mut stats = Vec::new();
+    for ((_, path), rule) in metrics.rules() {
+        let key = rule_key(&path);
+        let values = [
+            rule.total_hits.get(),
+            rule.over_limit.get(),
+            rule.near_limit.get(),
+            rule.over_limit_with_local_cache.get(),
+            rule.within_limit.get(),
+            rule.shadow_mode.get(),
+        ];
+        for (suffix, value) in RULE_STATS.iter().zip(values) {
+            stats.push(counter(format!("{RULE_SCOPE}.{key}.{suffix}"), value));
+        }
+    }
+    for (domain, count) in metrics.unknown_domains() {
+        let domain = sanitize(&domain);
+        stats.push(counter(format!("{RULE_SCOPE}.{domain}.domain_not_found"), count));
+    }
+    let service = [
+        ("config_load_success", metrics.config_load_success.get()),
+        ("config_load_error", metrics.config_load_error.get()),
+        ("global_shadow_mode", metrics.global_shadow_mode.get()),
+        ("call.should_rate_limit.redis_error", metrics.store_errors.get()),
+        (
+            "call.should_rate_limit.service_error",
+            metrics.service_errors.get(),
+        ),
+    ];
+    for (name, value) in service {
+        stats.push(counter(format!("ratelimit.service.{name}"), value));
+    }
+    for method in Method::ALL {
+        let name = format!("ratelimit_server.{}.total_requests", method.name());
+        stats.push(counter(name, metrics.requests(method)));
+    }
+    stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_sanitized_as_the_go_service_does() {
+        for (given, sanitized) in [
+            ("api.remote_address_10.0.0.1", "api.remote_address_10_0_0_1"),
+            ("path_/foo:*:bar", "path_/foo_*_bar"),
+            ("foo|bar", "foo_bar"),
+            ("1.2.3.4.5", "1_2_3_4.5"),
+            ("1.2.3.4.5.6.7.8", "1_2_3_4.5_6_7_8"),
+            ("1234.5.6.7", "1234_5_6_7"),
+            ("10.0.0.1:8080", "10_0_0_1_8080"),
+            ("2001:db8::1", "2001_db8__1"),
+            ("1.2.3", "1.2.3"),
+            ("api.path_/a.b", "api.path_/a.b"),
+            ("api.k_٣.٣.٣.٣", "api.k_٣.٣.٣.٣"),
+        ] {
+            assert_eq!(sanitize(given), sanitized, "{given}");
+        }
+    }
+
+    #[test]
+    fn rules_domains_and_the_service_are_named_as_in_go() {
+        let metrics = Metrics::new();
+        metrics
+            .rule("api", "api.remote_address_10.0.0.1")
+            .total_hits
+            .add(3);
+        metrics
+            .rule("api", "api.a.b.c")
+            .over_limit_with_local_cache
+            .add(2);
+        metrics.unknown_domain("ap:i");
+        metrics.global_shadow_mode.add(1);
+        metrics.request(Method::ShouldRateLimit, std::time::Duration::from_millis(1));
+        let stats = collect(&metrics);
+        let value = |name: &str| {
+            stats
+                .iter()
+                .find(|s| s.name == name)
+                .unwrap_or_else(|| panic!("{name} in {stats:?}"))
+                .value
+        };
+        assert_eq!(
+            value("ratelimit.service.rate_limit.api.remote_address_10_0_0_1.total_hits"),
+            3
+        );
+        assert_eq!(
+            value("ratelimit.service.rate_limit.api.a.b.c.over_limit_with_local_cache"),
+            2
+        );
+        assert_eq!(value("ratelimit.service.rate_limit.ap_i.domain_not_found"), 1);
+        assert_eq!(value("ratelimit.service.global_shadow_mode"), 1);
+        assert_eq!(value("ratelimit_server.ShouldRateLimit.total_requests"), 1);
+        assert_eq!(value("ratelimit.service.config_load_success"), 0);
+    }
+}
