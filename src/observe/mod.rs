@@ -9,6 +9,7 @@ pub mod health;
 pub mod otlp;
 mod process;
 pub mod prometheus;
+pub mod statsd;
 
 pub use process::open_file_limit;
 pub mod telemetry;

@@ -24,7 +24,7 @@ use super::go_stats;
 pub fn render(metrics: &Metrics, store: StoreCounters) -> String {
     let mut out = String::with_capacity(4096);
     render_rules(metrics, &mut out);
-    let counters: [(&str, &str, u64); 30] = [
+    let counters: [(&str, &str, u64); 31] = [
         (
             "ratelimit_service_config_load_success",
             "Rule sets loaded.",
@@ -144,6 +144,11 @@ pub fn render(metrics: &Metrics, store: StoreCounters) -> String {
             "tollgate_connections_timed_out_total",
             "Connections closed because they sent no request (gRPC preface, HTTP headers) within TOLLGATE_READ_TIMEOUT.",
             metrics.connections_timed_out.get(),
+        ),
+        (
+            "tollgate_statsd_lines_dropped_total",
+            "Stat lines the statsd sink could not send (USE_STATSD); their increases go with the next flush.",
+            metrics.statsd_lines_dropped.get(),
         ),
         (
             "tollgate_stats_folded_total",

@@ -112,6 +112,7 @@ pub async fn run(
         decisions,
         answers,
         telemetry,
+        stats,
         origins,
         ..
     } = settings;
@@ -156,6 +157,16 @@ pub async fn run(
     let limiter = build_limiter(&decisions, &telemetry, store, fallback, &rules, metrics, &clock)?;
     let origin = source.follow(&tasks, &rules, &health, &stop);
     tasks.spawn(sweep(Arc::clone(&limiter), stop.clone()));
+    if stats.statsd() {
+        let options = crate::observe::statsd::StatsdOptions {
+            addr: stats.statsd_addr(),
+            protocol: stats.statsd_protocol,
+            interval: stats.stats_flush_interval,
+            tags: stats.extra_tags.clone(),
+        };
+        let metrics = Arc::clone(limiter.metrics());
+        tasks.spawn(crate::observe::statsd::run(options, metrics, stop.clone()));
+    }
     tasks.spawn(log_offenders(Arc::clone(&limiter), stop.clone()));
     if let Some(tls) = &tls {
         tasks.spawn(Arc::clone(tls).watch(rules_settings.reload_interval, stop.clone()));

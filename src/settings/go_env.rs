@@ -15,14 +15,9 @@ pub const GO_IGNORED: &[(&str, &str)] = &[
         "envoyproxy/ratelimit does not read it either (Envoy Gateway sets it); set GRPC_CLIENT_TLS_CACERT to require client certificates",
     ),
     (
-        "USE_STATSD",
-        "no statsd: metrics are Prometheus text at /metrics on the HTTP and debug ports",
+        "USE_DOG_STATSD",
+        "no DogStatsD yet: set USE_STATSD=true for plain statsd, or scrape /metrics",
     ),
-    ("STATSD_", "no statsd: metrics are at /metrics"),
-    ("USE_DOG_STATSD", "no statsd: metrics are at /metrics"),
-    ("EXTRA_TAGS", "no statsd: metrics are at /metrics"),
-    ("STATS_FLUSH_INTERVAL", "metrics are read when scraped"),
-    ("DISABLE_STATS", "metrics are always served at /metrics"),
     (
         "PROMETHEUS_MAPPER_YAML",
         "series have fixed Prometheus names (envoyproxy/ratelimit's default mapping), no statsd mapping applies",

@@ -21,6 +21,7 @@ pub mod go_env;
 mod listen;
 mod rules;
 pub mod source;
+mod stats;
 mod store;
 mod telemetry;
 mod values;
@@ -29,9 +30,13 @@ pub use answers::AnswerSettings;
 pub use decisions::DecisionSettings;
 pub use listen::{DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_REQUEST_BYTES, ListenSettings, RESERVED_FILES};
 pub use rules::{DEFAULT_CONFIG_DIR, RulesSettings, XdsSettings};
+pub use stats::StatsSettings;
 pub use store::{RedisEndpoint, StoreSettings};
 pub use telemetry::TelemetrySettings;
-pub use values::{ConfigType, HeaderStyle, HeaderStyles, LogFormat, OtlpProtocol, Secret, TraceSampler};
+pub use values::{
+    ConfigType, ExtraTags, HeaderStyle, HeaderStyles, LogFormat, OtlpProtocol, Secret, StatsdProtocol,
+    TraceSampler,
+};
 
 use source::{Entry, Reader, Sources};
 
@@ -50,6 +55,8 @@ pub struct Settings {
     pub answers: AnswerSettings,
     /// Logs and traces.
     pub telemetry: TelemetrySettings,
+    /// The Go stats pushed to statsd.
+    pub stats: StatsSettings,
     /// What loading noticed and did not refuse (ignored variables and the like), to be logged once the
     /// logger runs: settings are read before it starts.
     pub warnings: Vec<String>,
@@ -171,6 +178,7 @@ impl Settings {
             decisions: DecisionSettings::read(r)?,
             answers: AnswerSettings::read(r)?,
             telemetry: TelemetrySettings::read(r)?,
+            stats: StatsSettings::read(r)?,
             warnings: Vec::new(),
             origins: Origins::default(),
         })
@@ -183,6 +191,7 @@ impl Settings {
         self.store.validate(origins)?;
         self.decisions.validate(origins)?;
         self.telemetry.validate(origins)?;
+        self.stats.validate(origins)?;
         Ok(())
     }
 

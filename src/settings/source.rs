@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use tollgate_core::algorithm::Algorithm;
 
-use super::{ConfigType, HeaderStyles, LogFormat, Secret, SettingsError, TraceSampler};
+use super::{
+    ConfigType, ExtraTags, HeaderStyles, LogFormat, Secret, SettingsError, StatsdProtocol, TraceSampler,
+};
 
 /// envoyproxy/ratelimit's name for a setting, if it has one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,6 +237,7 @@ macro_rules! text_values {
 }
 
 text_values!(
+    u16,
     u32,
     u64,
     usize,
@@ -242,7 +245,9 @@ text_values!(
     LogFormat,
     TraceSampler,
     HeaderStyles,
-    ConfigType
+    ConfigType,
+    StatsdProtocol,
+    ExtraTags
 );
 
 impl Value for String {

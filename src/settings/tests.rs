@@ -230,7 +230,7 @@ fn unimplemented_go_settings_are_refused_or_warned_never_silent() {
     let s = Settings::load_from(
         None,
         &env(&[
-            ("USE_STATSD", "true"),
+            ("USE_DOG_STATSD", "true"),
             ("REDIS_PERSECOND_URL", "r2:6379"),
             ("TOLLGATE_NOT_A_SETTING", "x"),
             ("GRPC_PORT", "tcp://10.0.0.1:8081"),
@@ -242,7 +242,7 @@ fn unimplemented_go_settings_are_refused_or_warned_never_silent() {
     )
     .expect("loads");
     for expected in [
-        "USE_STATSD",
+        "USE_DOG_STATSD",
         "REDIS_PERSECOND_URL",
         "TOLLGATE_NOT_A_SETTING",
         "GRPC_PORT",
@@ -255,6 +255,48 @@ fn unimplemented_go_settings_are_refused_or_warned_never_silent() {
             "{expected} not in {:?}",
             s.warnings
         );
+    }
+}
+
+#[test]
+fn statsd_settings_read_as_the_go_service_and_gostats_read_them() {
+    let s = Settings::load_from(None, &env(&[]), &[]).expect("defaults").stats;
+    assert!(!s.statsd(), "off unless asked for");
+    assert_eq!(
+        (s.statsd_addr(), s.statsd_protocol),
+        ("localhost:8125".into(), StatsdProtocol::Tcp)
+    );
+    let given = env(&[
+        ("USE_STATSD", "true"),
+        ("STATSD_HOST", "statsd.monitoring"),
+        ("STATSD_PORT", "9125"),
+        ("STATSD_PROTOCOL", "udp"),
+        ("STATS_FLUSH_INTERVAL", "1s"),
+        ("EXTRA_TAGS", "env:prod,team:edge"),
+    ]);
+    let s = Settings::load_from(None, &given, &[]).expect("loads").stats;
+    assert!(s.statsd());
+    assert_eq!(s.statsd_addr(), "statsd.monitoring:9125");
+    assert_eq!(s.statsd_protocol, StatsdProtocol::Udp);
+    assert_eq!(s.stats_flush_interval, Duration::from_secs(1));
+    assert_eq!(
+        s.extra_tags.0,
+        vec![("env".into(), "prod".into()), ("team".into(), "edge".into())]
+    );
+    let disabled = env(&[("USE_STATSD", "true"), ("DISABLE_STATS", "true")]);
+    assert!(
+        !Settings::load_from(None, &disabled, &[])
+            .expect("loads")
+            .stats
+            .statsd()
+    );
+    for (name, value) in [
+        ("EXTRA_TAGS", "env"),
+        ("EXTRA_TAGS", "a:b:c"),
+        ("STATSD_PROTOCOL", "sctp"),
+    ] {
+        let err = Settings::load_from(None, &env(&[(name, value)]), &[]).expect_err(value);
+        assert!(err.to_string().contains(name), "{err}");
     }
 }
 

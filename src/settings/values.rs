@@ -267,3 +267,62 @@ impl OtlpProtocol {
         }
     }
 }
+
+/// `STATSD_PROTOCOL`: how stats reach statsd (gostats reads it; the Go service's default is TCP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatsdProtocol {
+    /// One stream, lines batched up to 64 KiB per write.
+    Tcp,
+    /// Datagrams of at most 1,432 bytes (one Ethernet frame's payload).
+    Udp,
+}
+
+impl FromStr for StatsdProtocol {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.to_ascii_lowercase().as_str() {
+            "tcp" | "tcp4" | "tcp6" => Ok(StatsdProtocol::Tcp),
+            "udp" | "udp4" | "udp6" => Ok(StatsdProtocol::Udp),
+            _ => Err(format!("statsd protocol '{text}': expected tcp or udp")),
+        }
+    }
+}
+
+impl fmt::Display for StatsdProtocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StatsdProtocol::Tcp => "tcp",
+            StatsdProtocol::Udp => "udp",
+        })
+    }
+}
+
+/// `EXTRA_TAGS`: tags on every stat, written `key:value,key:value` as the Go service reads them (each
+/// pair exactly one `:`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExtraTags(pub Vec<(String, String)>);
+
+impl FromStr for ExtraTags {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.is_empty() {
+            return Ok(Self::default());
+        }
+        text.split(',')
+            .map(|pair| match pair.split(':').collect::<Vec<_>>()[..] {
+                [key, value] => Ok((key.to_owned(), value.to_owned())),
+                _ => Err(format!("tag '{pair}': expected key:value")),
+            })
+            .collect::<Result<_, _>>()
+            .map(Self)
+    }
+}
+
+impl fmt::Display for ExtraTags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let pairs: Vec<String> = self.0.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+        f.write_str(&pairs.join(","))
+    }
+}

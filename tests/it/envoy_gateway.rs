@@ -113,7 +113,6 @@ async fn envoy_gateways_container_starts_tollgate_in_xds_and_tls_mode() {
     assert_eq!(status, 200);
     for said in [
         "ignoring GRPC_SERVER_TLS_CA_CERT",
-        "ignoring USE_STATSD",
         "ignoring RUNTIME_WATCH_ROOT",
     ] {
         assert!(

@@ -401,3 +401,128 @@ async fn server_metrics(server: &TestServer) -> String {
     assert_eq!(status, 200);
     text
 }
+
+/// Sums each statsd line's value by name (`name:value|c`), failing on a line of value 0 (gostats
+/// sends no counter that did not grow) or of another shape.
+fn add_lines(text: &str, sums: &mut std::collections::HashMap<String, u64>) {
+    for line in text.lines() {
+        let (name, rest) = line
+            .rsplit_once(':')
+            .unwrap_or_else(|| panic!("statsd line {line:?}"));
+        let value: u64 = rest
+            .strip_suffix("|c")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("statsd counter {line:?}"));
+        assert!(value > 0, "a counter that did not grow was sent: {line}");
+        *sums.entry(name.to_owned()).or_default() += value;
+    }
+}
+
+/// Waits until the lines received add up to at least `expected` for every name given.
+async fn statsd_sums(
+    expected: &[(&str, u64)],
+    received: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+) -> std::collections::HashMap<String, u64> {
+    let mut sums = std::collections::HashMap::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !expected
+        .iter()
+        .all(|(name, value)| sums.get(*name).copied().unwrap_or(0) >= *value)
+    {
+        let text = tokio::time::timeout_at(deadline, received.recv())
+            .await
+            .unwrap_or_else(|_| panic!("statsd never received {expected:?}; got {sums:?}"))
+            .expect("the listener runs");
+        add_lines(&text, &mut sums);
+    }
+    sums
+}
+
+/// The Go service's statsd lines, over UDP with `EXTRA_TAGS`, then over TCP (gostats' default): what a
+/// statsd_exporter sidecar received from the Go service it receives from Tollgate.
+#[tokio::test]
+async fn statsd_receives_the_go_services_lines_over_udp_and_tcp() {
+    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+    let port = udp.local_addr().expect("addr").port().to_string();
+    let env = [
+        ("USE_STATSD", "true"),
+        ("STATSD_HOST", "127.0.0.1"),
+        ("STATSD_PORT", port.as_str()),
+        ("STATSD_PROTOCOL", "udp"),
+        ("STATS_FLUSH_INTERVAL", "100ms"),
+        ("EXTRA_TAGS", "env:prod.eu"),
+    ];
+    let server = TestServer::start(&[("m.yaml", RULES)], &env).await;
+    let mut client = server.client().await;
+    for _ in 0..12 {
+        client
+            .should_rate_limit(wire_request("m", &[&[("user", "alice")]]))
+            .await
+            .expect("answer");
+    }
+    client
+        .should_rate_limit(wire_request("nope", &[&[("user", "u")]]))
+        .await
+        .expect("answer");
+    let expected = [
+        ("ratelimit.service.rate_limit.m.user.total_hits.__env=prod_eu", 12),
+        (
+            "ratelimit.service.rate_limit.m.user.within_limit.__env=prod_eu",
+            10,
+        ),
+        ("ratelimit.service.rate_limit.m.user.near_limit.__env=prod_eu", 2),
+        ("ratelimit.service.rate_limit.m.user.over_limit.__env=prod_eu", 2),
+        (
+            "ratelimit.service.rate_limit.nope.domain_not_found.__env=prod_eu",
+            1,
+        ),
+        (
+            "ratelimit_server.ShouldRateLimit.total_requests.__env=prod_eu",
+            13,
+        ),
+        ("ratelimit.service.config_load_success.__env=prod_eu", 1),
+    ];
+    let (sender, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let listener = tokio::spawn(async move {
+        let mut datagram = vec![0u8; 2048];
+        while let Ok(n) = udp.recv(&mut datagram).await {
+            assert!(n <= 1432, "a datagram of {n} bytes");
+            let _ = sender.send(String::from_utf8(datagram[..n].to_vec()).expect("text"));
+        }
+    });
+    let sums = statsd_sums(&expected, &mut received).await;
+    listener.abort();
+    for (name, value) in expected {
+        assert_eq!(sums.get(name), Some(&value), "{name}: {sums:?}");
+    }
+    server.stop().await;
+
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = tcp.local_addr().expect("addr").port().to_string();
+    let env = [
+        ("USE_STATSD", "true"),
+        ("STATSD_HOST", "127.0.0.1"),
+        ("STATSD_PORT", port.as_str()),
+        ("STATS_FLUSH_INTERVAL", "100ms"),
+    ];
+    let server = TestServer::start(&[("m.yaml", RULES)], &env).await;
+    let mut client = server.client().await;
+    for _ in 0..3 {
+        client
+            .should_rate_limit(wire_request("m", &[&[("user", "bob")]]))
+            .await
+            .expect("answer");
+    }
+    let (sender, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let listener = tokio::spawn(async move {
+        let (stream, _) = tcp.accept().await.expect("the sink connects");
+        let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stream));
+        while let Ok(Some(line)) = lines.next_line().await {
+            let _ = sender.send(line);
+        }
+    });
+    let expected = [("ratelimit.service.rate_limit.m.user.total_hits", 3)];
+    statsd_sums(&expected, &mut received).await;
+    listener.abort();
+    server.stop().await;
+}

@@ -217,6 +217,8 @@ pub struct Metrics {
     /// Requests answered OK only because of global shadow mode (`SHADOW_MODE`): every rule counted,
     /// some said OVER_LIMIT.
     pub global_shadow_mode: Counter,
+    /// Stat lines the statsd sink could not send (they are sent again with the next flush).
+    pub statsd_lines_dropped: Counter,
     /// Values folded into another series by a cardinality cap (unknown domains beyond
     /// [`MAX_UNKNOWN_DOMAINS`]).
     pub stats_folded: Counter,

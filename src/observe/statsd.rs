@@ -1,0 +1,297 @@
+//! The statsd sink (`USE_STATSD`): every `STATS_FLUSH_INTERVAL`, the Go stats ([`super::go_stats`]) are
+//! sent to `STATSD_HOST:STATSD_PORT` as gostats sends them, so a statsd_exporter sidecar or a statsd
+//! server keeps the series it had from the Go service.
+//!
+//! The wire format is gostats': one `name:value|c` line per counter that grew since the last flush
+//! (its increase; counters that did not grow are not sent), `name:value|g` for gauges, each line ended
+//! by `\n`. `EXTRA_TAGS` are part of the name, as gostats writes them: `.__key=value` per tag, sorted by
+//! key, with `.`, `:` and `|` in values turned to `_`. Lines are batched, never split, into writes of at
+//! most 64 KiB over TCP (the default, as gostats' `STATSD_PROTOCOL`) or datagrams of at most 1,432 bytes
+//! over UDP.
+//!
+//! The sink runs in a task of its own and reads the counters the limiter already keeps: no decision
+//! waits on it. A batch that cannot be sent (statsd down, a write that does not finish within
+//! [`WRITE_TIMEOUT`]) is dropped with the rest of its flush, counted in
+//! `tollgate_statsd_lines_dropped_total` and logged at most once a minute, and its counters' increases
+//! are sent again with the next flush (gostats loses them):
+//! what statsd receives adds up to the counters however long it was away. The last value sent of each
+//! counter is kept, one entry per Go stat name: bounded by the rules and the capped unknown domains.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::{TcpStream, UdpSocket};
+use tokio_util::sync::CancellationToken;
+use tollgate_core::observe::metrics::Metrics;
+
+use super::go_stats::{self, GoStat, Kind};
+use crate::connections::RateLimitedLog;
+use crate::settings::{ExtraTags, StatsdProtocol};
+
+/// Largest write over TCP, as gostats buffers it.
+const TCP_BATCH: usize = 64 * 1024;
+
+/// Largest datagram over UDP: an Ethernet frame's payload less IP and UDP headers, as gostats sends.
+const UDP_BATCH: usize = 1432;
+
+/// Longest a connect or a write to statsd may take before the batch is dropped.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Where and how often to send.
+#[derive(Debug, Clone)]
+pub struct StatsdOptions {
+    /// `host:port`, resolved at every connect (so a statsd that moves is followed).
+    pub addr: String,
+    /// TCP or UDP.
+    pub protocol: StatsdProtocol,
+    /// Time between flushes.
+    pub interval: Duration,
+    /// Tags on every stat.
+    pub tags: ExtraTags,
+}
+
+/// Sends the Go stats of `metrics` until `stop`, then once more (so the last increases are not lost).
+pub async fn run(options: StatsdOptions, metrics: Arc<Metrics>, stop: CancellationToken) {
+    let mut sink = Sink::new(options, metrics);
+    tracing::info!(addr = %sink.options.addr, protocol = %sink.options.protocol, "sending stats to statsd");
+    let mut ticker = tokio::time::interval(sink.options.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        let stopping = tokio::select! {
+            () = stop.cancelled() => true,
+            _ = ticker.tick() => false,
+        };
+        sink.flush().await;
+        if stopping {
+            return;
+        }
+    }
+}
+
+/// The sink's state between flushes.
+struct Sink {
+    options: StatsdOptions,
+    metrics: Arc<Metrics>,
+    /// `.__key=value…`, appended to every name.
+    suffix: String,
+    /// Each counter's total as last sent.
+    sent: HashMap<String, u64>,
+    tcp: Option<TcpStream>,
+    udp: Option<UdpSocket>,
+    failures: RateLimitedLog,
+}
+
+/// A batch's lines and, per counter it carries, the total it brings statsd to.
+#[derive(Default)]
+struct Batch {
+    text: String,
+    totals: Vec<(String, u64)>,
+}
+
+impl Sink {
+    fn new(options: StatsdOptions, metrics: Arc<Metrics>) -> Self {
+        Self {
+            suffix: tag_suffix(&options.tags),
+            options,
+            metrics,
+            sent: HashMap::new(),
+            tcp: None,
+            udp: None,
+            failures: RateLimitedLog::default(),
+        }
+    }
+
+    /// Sends what changed since the last flush.
+    async fn flush(&mut self) {
+        let limit = match self.options.protocol {
+            StatsdProtocol::Tcp => TCP_BATCH,
+            StatsdProtocol::Udp => UDP_BATCH,
+        };
+        let mut batches = self.batches(go_stats::collect(&self.metrics), limit).into_iter();
+        while let Some(batch) = batches.next() {
+            if let Err(error) = self.send(batch.text.as_bytes()).await {
+                // The rest of this flush would fail the same way: it waits for the next one.
+                let lines =
+                    batch.text.lines().count() + batches.map(|b| b.text.lines().count()).sum::<usize>();
+                self.metrics.statsd_lines_dropped.add(lines as u64);
+                let addr = self.options.addr.clone();
+                self.failures.warn("cannot send stats to statsd", &addr, error);
+                return;
+            }
+            self.sent.extend(batch.totals);
+        }
+    }
+
+    /// The lines of `stats` that statsd needs, in batches of at most `limit` bytes (a longer line
+    /// alone).
+    fn batches(&self, stats: Vec<GoStat>, limit: usize) -> Vec<Batch> {
+        let mut batches = vec![Batch::default()];
+        for stat in stats {
+            let (value, kind) = match stat.kind {
+                Kind::Counter => {
+                    let before = self.sent.get(&stat.name).copied().unwrap_or(0);
+                    // A counter never goes back; if one did (a restart of the registry), send it whole.
+                    let increase = stat.value.checked_sub(before).unwrap_or(stat.value);
+                    if increase == 0 {
+                        continue;
+                    }
+                    (increase, "c")
+                }
+                Kind::Gauge => (stat.value, "g"),
+            };
+            let mut line = String::with_capacity(stat.name.len() + self.suffix.len() + 24);
+            let _ = writeln!(line, "{}{}:{value}|{kind}", stat.name, self.suffix);
+            let last = batches.last_mut().expect("one batch at least");
+            if !last.text.is_empty() && last.text.len() + line.len() > limit {
+                batches.push(Batch::default());
+            }
+            let last = batches.last_mut().expect("one batch at least");
+            last.text.push_str(&line);
+            if stat.kind == Kind::Counter {
+                last.totals.push((stat.name, stat.value));
+            }
+        }
+        batches.retain(|b| !b.text.is_empty());
+        batches
+    }
+
+    /// One write (TCP) or datagram (UDP), within [`WRITE_TIMEOUT`].
+    async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let sent = tokio::time::timeout(WRITE_TIMEOUT, async {
+            match self.options.protocol {
+                StatsdProtocol::Tcp => {
+                    if self.tcp.is_none() {
+                        let stream = TcpStream::connect(&self.options.addr).await?;
+                        stream.set_nodelay(true)?;
+                        self.tcp = Some(stream);
+                    }
+                    let stream = self.tcp.as_mut().expect("connected above");
+                    stream.write_all(bytes).await
+                }
+                StatsdProtocol::Udp => {
+                    if self.udp.is_none() {
+                        let target = tokio::net::lookup_host(&self.options.addr)
+                            .await?
+                            .next()
+                            .ok_or_else(|| io::Error::other("the statsd host has no address"))?;
+                        let local = if target.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+                        let socket = UdpSocket::bind(local).await?;
+                        socket.connect(target).await?;
+                        self.udp = Some(socket);
+                    }
+                    let socket = self.udp.as_ref().expect("bound above");
+                    socket.send(bytes).await.map(|_| ())
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "statsd did not take the batch in time",
+            ))
+        });
+        if sent.is_err() {
+            // Start afresh next time: a new connection, or a new lookup of the host.
+            self.tcp = None;
+            self.udp = None;
+        }
+        sent
+    }
+}
+
+/// gostats' tag suffix: `.__key=value` per tag, sorted by key, pairs with an empty key or value left
+/// out, and `.`, `:`, `|` in values turned to `_`.
+fn tag_suffix(tags: &ExtraTags) -> String {
+    let mut pairs: Vec<&(String, String)> = tags
+        .0
+        .iter()
+        .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+        .collect();
+    pairs.sort();
+    let mut suffix = String::new();
+    for (key, value) in pairs {
+        let value: String = value
+            .chars()
+            .map(|c| if matches!(c, '.' | ':' | '|') { '_' } else { c })
+            .collect();
+        let _ = write!(suffix, ".__{key}={value}");
+    }
+    suffix
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sink(tags: &[(&str, &str)]) -> Sink {
+        let tags = ExtraTags(tags.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect());
+        let options = StatsdOptions {
+            addr: "127.0.0.1:1".into(),
+            protocol: StatsdProtocol::Udp,
+            interval: Duration::from_secs(10),
+            tags,
+        };
+        Sink::new(options, Metrics::new())
+    }
+
+    fn counter(name: &str, value: u64) -> GoStat {
+        GoStat {
+            name: name.into(),
+            kind: Kind::Counter,
+            value,
+        }
+    }
+
+    #[test]
+    fn tags_are_sorted_and_cleaned_as_gostats_writes_them() {
+        let tags = [("region", "eu.west:1"), ("env", "prod"), ("empty", "")];
+        assert_eq!(sink(&tags).suffix, ".__env=prod.__region=eu_west_1");
+    }
+
+    #[test]
+    fn counters_send_their_increase_and_nothing_when_it_is_zero() {
+        let mut sink = sink(&[("env", "prod")]);
+        let batches = sink.batches(
+            vec![counter("a.total_hits", 5), counter("a.over_limit", 0)],
+            UDP_BATCH,
+        );
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].text, "a.total_hits.__env=prod:5|c\n");
+        sink.sent.extend(batches.into_iter().flat_map(|b| b.totals));
+        let batches = sink.batches(
+            vec![counter("a.total_hits", 8), counter("a.over_limit", 0)],
+            UDP_BATCH,
+        );
+        assert_eq!(batches[0].text, "a.total_hits.__env=prod:3|c\n");
+        // That batch was never sent (not recorded): the next flush carries its increase too.
+        let batches = sink.batches(vec![counter("a.total_hits", 9)], UDP_BATCH);
+        assert_eq!(batches[0].text, "a.total_hits.__env=prod:4|c\n");
+        assert!(
+            sink.batches(vec![counter("a.total_hits", 5)], UDP_BATCH)
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn batches_never_split_a_line_nor_pass_the_limit() {
+        let sink = sink(&[]);
+        let stats: Vec<GoStat> = (0..200)
+            .map(|i| counter(&format!("ratelimit.service.rate_limit.d.k_{i}.total_hits"), 1))
+            .collect();
+        let batches = sink.batches(stats, UDP_BATCH);
+        assert!(batches.len() > 1);
+        let mut lines = 0;
+        for batch in &batches {
+            assert!(batch.text.len() <= UDP_BATCH, "{}", batch.text.len());
+            assert!(batch.text.ends_with('\n'));
+            lines += batch.text.lines().count();
+        }
+        assert_eq!(lines, 200);
+    }
+}
