@@ -23,6 +23,7 @@ use axum::routing::{get, post};
 
 use crate::api::envoy::EnvoyOptions;
 use crate::api::native::NativeApi;
+use crate::observe::go_series::GoSeries;
 use crate::observe::health::Health;
 use tollgate_core::limiter::Limiter;
 use tollgate_core::store::AnyStore;
@@ -40,13 +41,19 @@ pub struct Admin {
     pub max_body_bytes: usize,
     /// Whether the native API's `/v1/*` is served here (not when it has a listener of its own).
     pub with_native: bool,
+    /// How `/metrics` names the Go series.
+    pub go: GoSeries,
 }
 
 /// The admin port's routes.
 pub fn admin_router(admin: Admin) -> Router {
-    let metrics = Router::new()
-        .route("/metrics", get(metrics))
-        .with_state(Arc::clone(&admin.limiter));
+    let metrics = metrics_router(
+        "/metrics",
+        Exposition {
+            limiter: Arc::clone(&admin.limiter),
+            go: admin.go.clone(),
+        },
+    );
     let native = admin
         .with_native
         .then(|| native_router(&admin.limiter, &admin.options, admin.max_body_bytes));
@@ -79,20 +86,36 @@ pub fn native_router(
 }
 
 /// The debug port's routes.
-pub fn debug_router(limiter: Arc<Limiter<AnyStore>>) -> Router {
+pub fn debug_router(exposition: Exposition) -> Router {
+    let metrics = metrics_router("/metrics", exposition.clone());
     Router::new()
         .route("/", get(index))
         .route("/rlconfig", get(rlconfig))
-        .route("/metrics", get(metrics))
         .route("/top", get(top))
         .route("/config", get(config_version))
-        .with_state(limiter)
+        .with_state(exposition.limiter)
+        .merge(metrics)
 }
 
 /// The Go service's Prometheus listener (`USE_PROMETHEUS`): the metrics alone, at `path`, so existing
 /// scrape configs keep working.
-pub fn prometheus_router(limiter: Arc<Limiter<AnyStore>>, path: &str) -> Router {
-    Router::new().route(path, get(metrics)).with_state(limiter)
+pub fn prometheus_router(exposition: Exposition, path: &str) -> Router {
+    metrics_router(path, exposition)
+}
+
+/// What `/metrics` reads: the limiter's counters, and how the Go series are named.
+#[derive(Debug, Clone)]
+pub struct Exposition {
+    /// The limiter, whose metrics and store counters are exposed.
+    pub limiter: Arc<Limiter<AnyStore>>,
+    /// The Go series' names: the Go service's default mapping, or `PROMETHEUS_MAPPER_YAML`'s.
+    pub go: GoSeries,
+}
+
+fn metrics_router(path: &str, exposition: Exposition) -> Router {
+    Router::new()
+        .route(path, get(metrics))
+        .with_state(Arc::new(exposition))
 }
 
 /// envoyproxy/ratelimit's health check: 200 `OK` when ready, else 500 (see [`Health::is_ready`]).
@@ -145,8 +168,10 @@ async fn top(State(limiter): State<Arc<Limiter<AnyStore>>>) -> Response {
 }
 
 /// Prometheus text exposition format 0.0.4.
-async fn metrics(State(limiter): State<Arc<Limiter<AnyStore>>>) -> Response {
-    let body = crate::observe::prometheus::render(limiter.metrics(), limiter.store_counters());
+async fn metrics(State(exposition): State<Arc<Exposition>>) -> Response {
+    let limiter = &exposition.limiter;
+    let body =
+        crate::observe::prometheus::render(limiter.metrics(), limiter.store_counters(), &exposition.go);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         body,

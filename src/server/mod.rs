@@ -28,7 +28,9 @@ mod options;
 mod rules_source;
 mod store;
 
-use options::{envoy_options, limiter_options, refund_keys, request_budget, server_tls, transport_limits};
+use options::{
+    envoy_options, go_series, limiter_options, refund_keys, request_budget, server_tls, transport_limits,
+};
 use rules_source::RulesSource;
 use store::{build_store, pinged};
 
@@ -119,6 +121,7 @@ pub async fn run(
     // Before anything is spawned: a certificate that does not load stops startup with nothing left
     // running.
     let tls = server_tls(&listen)?;
+    let go_series = go_series(&stats)?;
     let metrics = Metrics::new();
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let policy = HealthPolicy {
@@ -183,12 +186,17 @@ pub async fn run(
             .transpose()?,
     );
     let envoy = envoy_options(&answers);
+    let exposition = crate::http::Exposition {
+        limiter: Arc::clone(&limiter),
+        go: go_series.clone(),
+    };
     let admin = crate::http::Admin {
         health: health.clone(),
         limiter: Arc::clone(&limiter),
         options: envoy.clone(),
         max_body_bytes: listen.max_request_bytes,
         with_native: listeners.native_http.is_none(),
+        go: go_series.clone(),
     };
     let budget = request_budget(&listen, Arc::clone(limiter.metrics()));
     let (grpc_limits, http_limits) = transport_limits(&listen, &budget);
@@ -203,11 +211,11 @@ pub async fn run(
     );
     let debug = serve_http(
         listeners.debug,
-        crate::http::debug_router(Arc::clone(&limiter)),
+        crate::http::debug_router(exposition.clone()),
         "debug (TOLLGATE_HTTP_MAX_CONNECTIONS)",
     );
     let prometheus = listeners.prometheus.map(|listener| {
-        let router = crate::http::prometheus_router(Arc::clone(&limiter), &listen.prometheus_path);
+        let router = crate::http::prometheus_router(exposition.clone(), &listen.prometheus_path);
         serve_http(listener, router, "Prometheus (TOLLGATE_HTTP_MAX_CONNECTIONS)")
     });
     let native_http = listeners.native_http.map(|listener| {

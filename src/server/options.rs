@@ -1,7 +1,7 @@
 //! Settings sections turned into the options of the parts the server wires: the limiter's, the Envoy
 //! API's answers, the refund keys, and the gRPC listener's TLS and bounds.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -12,8 +12,11 @@ use crate::grpc::GrpcLimits;
 use crate::grpc::tls::{ServerTls, TlsFiles};
 use crate::http::HttpLimits;
 use crate::inflight::RequestBudget;
+use crate::observe::go_series::GoSeries;
+use crate::observe::mapping::Mapping;
 use crate::settings::{
-    AnswerSettings, DecisionSettings, HeaderStyle, ListenSettings, SettingsError, TelemetrySettings,
+    AnswerSettings, DecisionSettings, HeaderStyle, ListenSettings, SettingsError, StatsSettings,
+    TelemetrySettings,
 };
 use tollgate_core::limiter::{LimiterOptions, RefundKeys};
 use tollgate_core::observe::metrics::Metrics;
@@ -86,6 +89,25 @@ pub(super) fn refund_keys(settings: &DecisionSettings) -> anyhow::Result<Option<
         .context("the operating system gave no randomness for refund token ids")?;
     tracing::info!(keys = secrets.len(), "refund tokens signed with the fleet's key");
     Ok(Some(keys))
+}
+
+/// How `/metrics` names the Go series: the mapping file of `PROMETHEUS_MAPPER_YAML` (its fields that
+/// change nothing warned about), else the Go service's default mapping.
+pub(super) fn go_series(settings: &StatsSettings) -> anyhow::Result<GoSeries> {
+    if settings.prometheus_mapper_yaml.is_empty() {
+        return Ok(GoSeries::Default {
+            response_time_ms: settings.prometheus_response_time_as_milliseconds,
+        });
+    }
+    let (mapping, unused) = Mapping::load(Path::new(&settings.prometheus_mapper_yaml))?;
+    if !unused.is_empty() {
+        tracing::warn!(
+            file = %settings.prometheus_mapper_yaml,
+            fields = %unused.join("; "),
+            "PROMETHEUS_MAPPER_YAML: these fields change nothing here (Tollgate's histograms have fixed buckets)"
+        );
+    }
+    Ok(GoSeries::Mapped(Arc::new(mapping)))
 }
 
 /// The limiter's options; `keep_domains_together` is the store's to decide (see `super::build_limiter`).

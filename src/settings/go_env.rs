@@ -19,14 +19,6 @@ pub const GO_IGNORED: &[(&str, &str)] = &[
         "no DogStatsD yet: set USE_STATSD=true for plain statsd, or scrape /metrics",
     ),
     (
-        "PROMETHEUS_MAPPER_YAML",
-        "series have fixed Prometheus names (envoyproxy/ratelimit's default mapping), no statsd mapping applies",
-    ),
-    (
-        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
-        "the response time histogram is in seconds (ratelimit_service_response_time_seconds)",
-    ),
-    (
         "RUNTIME_WATCH_ROOT",
         "every change to the rules directory reloads",
     ),

@@ -207,6 +207,7 @@ impl Settings {
             );
         }
         self.listen.unused(warnings);
+        self.stats.unused(warnings);
         self.rules.unused(warnings);
         self.store.unused(warnings);
     }

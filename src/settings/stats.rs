@@ -1,5 +1,6 @@
 //! The Go service's stats sinks: statsd (`USE_STATSD`), fed from the Go stat names
-//! (`crate::observe::go_stats`). Prometheus text at `/metrics` is always served besides.
+//! (`crate::observe::go_stats`), and how `/metrics` (always served) names them
+//! (`PROMETHEUS_MAPPER_YAML`, `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`).
 
 use std::time::Duration;
 
@@ -24,6 +25,12 @@ pub struct StatsSettings {
     pub extra_tags: ExtraTags,
     /// `DISABLE_STATS`: no statsd, whatever `USE_STATSD` says (`/metrics` stays).
     pub disable_stats: bool,
+    /// `PROMETHEUS_MAPPER_YAML`: a statsd_exporter mapping file naming the Go series in `/metrics`
+    /// (empty: the Go service's default mapping).
+    pub prometheus_mapper_yaml: String,
+    /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`: with the default mapping, the response-time
+    /// histogram in milliseconds (its name unchanged, as in Go).
+    pub prometheus_response_time_as_milliseconds: bool,
 }
 
 impl StatsSettings {
@@ -36,6 +43,12 @@ impl StatsSettings {
             stats_flush_interval: r.get("stats_flush_interval", Go::Same, Duration::from_secs(10))?,
             extra_tags: r.get("extra_tags", Go::Same, ExtraTags::default())?,
             disable_stats: r.get("disable_stats", Go::Same, false)?,
+            prometheus_mapper_yaml: r.get("prometheus_mapper_yaml", Go::Same, String::new())?,
+            prometheus_response_time_as_milliseconds: r.get(
+                "prometheus_response_time_as_milliseconds",
+                Go::Same,
+                false,
+            )?,
         })
     }
 
@@ -48,6 +61,17 @@ impl StatsSettings {
             ));
         }
         Ok(())
+    }
+
+    /// Settings given that change nothing, as warnings.
+    pub(super) fn unused(&self, warnings: &mut Vec<String>) {
+        if !self.prometheus_mapper_yaml.is_empty() && self.prometheus_response_time_as_milliseconds {
+            warnings.push(
+                "ignoring PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS: PROMETHEUS_MAPPER_YAML is given, and its \
+                 `scale` decides the unit (as in the Go service)"
+                    .into(),
+            );
+        }
     }
 
     /// Whether stats are pushed to statsd.

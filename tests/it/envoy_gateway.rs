@@ -111,10 +111,7 @@ async fn envoy_gateways_container_starts_tollgate_in_xds_and_tls_mode() {
     // FORCE_START_WITHOUT_INITIAL_CONFIG=true: ready at once, before any rules.
     let (status, _) = http(served.http, "GET", "/healthcheck", "").await;
     assert_eq!(status, 200);
-    for said in [
-        "ignoring GRPC_SERVER_TLS_CA_CERT",
-        "ignoring RUNTIME_WATCH_ROOT",
-    ] {
+    for said in ["ignoring GRPC_SERVER_TLS_CA_CERT", "ignoring RUNTIME_WATCH_ROOT"] {
         assert!(
             served.log.iter().any(|line| line.contains(said)),
             "{said} not in the log:\n{}",

@@ -16,6 +16,10 @@ use crate::common::{T0_US, TestServer, d, http, wire_request};
 
 const RULES: &str = "domain: m\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: path\n    value: /login\n    descriptors:\n      - key: ip\n        shadow_mode: true\n        rate_limit: {unit: hour, requests_per_unit: 1}\n";
 
+const GO_DEFAULT: tollgate::observe::go_series::GoSeries = tollgate::observe::go_series::GoSeries::Default {
+    response_time_ms: false,
+};
+
 fn series_value(text: &str, series: &str) -> Option<u64> {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
@@ -143,6 +147,7 @@ async fn a_million_distinct_values_add_no_series() {
     let before = series(&tollgate::observe::prometheus::render(
         &metrics,
         Default::default(),
+        &GO_DEFAULT,
     ));
     for i in 0..1_000_000u32 {
         let user = d(&[("user", &i.to_string())]);
@@ -151,7 +156,7 @@ async fn a_million_distinct_values_add_no_series() {
             .await
             .expect("decided");
     }
-    let text = tollgate::observe::prometheus::render(&metrics, Default::default());
+    let text = tollgate::observe::prometheus::render(&metrics, Default::default(), &GO_DEFAULT);
     assert_eq!(series(&text), before, "distinct values must not create series");
     assert_eq!(
         series_value(
@@ -525,4 +530,128 @@ async fn statsd_receives_the_go_services_lines_over_udp_and_tcp() {
     statsd_sums(&expected, &mut received).await;
     listener.abort();
     server.stop().await;
+}
+
+/// A statsd_exporter mapping file shaped like Envoy Gateway's (globs for rules one level deep, regexes
+/// for deeper ones, the service counters, the response-time histogram), written for this test from the
+/// format's documentation.
+const GATEWAY_MAPPING: &str = r#"
+mappings:
+  - match: "ratelimit.service.rate_limit.*.*.near_limit"
+    name: "ratelimit_service_rate_limit_near_limit"
+    timer_type: "histogram"
+    labels: {domain: "$1", key1: "$2"}
+  - match: "ratelimit.service.rate_limit.*.*.over_limit"
+    name: "ratelimit_service_rate_limit_over_limit"
+    timer_type: "histogram"
+    labels: {domain: "$1", key1: "$2"}
+  - match: "ratelimit.service.rate_limit.*.*.total_hits"
+    name: "ratelimit_service_rate_limit_total_hits"
+    timer_type: "histogram"
+    labels: {domain: "$1", key1: "$2"}
+  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)\\.total_hits"
+    match_type: "regex"
+    name: "ratelimit_service_rate_limit_total_hits"
+    labels: {domain: "$1", key1: "$2", key2: "$3"}
+  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)\\.over_limit"
+    match_type: "regex"
+    name: "ratelimit_service_rate_limit_over_limit"
+    labels: {domain: "$1", key1: "$2", key2: "$3"}
+  - match: "ratelimit.service.call.should_rate_limit.*"
+    name: "ratelimit_service_should_rate_limit_error"
+    match_metric_type: counter
+    labels: {err_type: "$1"}
+  - match: "ratelimit_server.*.total_requests"
+    name: "ratelimit_service_total_requests"
+    match_metric_type: counter
+    labels: {grpc_method: "$1"}
+  - match: "ratelimit_server.*.response_time"
+    name: "ratelimit_service_response_time_seconds"
+    timer_type: "histogram"
+    scale: 0.001
+    labels: {grpc_method: "$1"}
+  - match: "ratelimit.service.config_load_success"
+    name: "ratelimit_service_config_load_success"
+    match_metric_type: counter
+"#;
+
+/// With `PROMETHEUS_MAPPER_YAML`, `/metrics` serves what the mapping names: the series Envoy Gateway's
+/// dashboard queries, deeper rules with `key2`, and the response time under the mapped name. A mapping
+/// that cannot be used stops startup naming the file and the reason.
+#[tokio::test]
+async fn a_mapping_file_names_the_go_series_as_envoy_gateway_configures_them() {
+    let rules = "domain: m\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: path\n    value: /login\n    descriptors:\n      - key: ip\n        rate_limit: {unit: hour, requests_per_unit: 10}\n";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("conf.yaml");
+    std::fs::write(&file, GATEWAY_MAPPING).expect("write");
+    let path = file.to_string_lossy().into_owned();
+    let server = TestServer::start(&[("m.yaml", rules)], &[("PROMETHEUS_MAPPER_YAML", path.as_str())]).await;
+    let mut client = server.client().await;
+    for _ in 0..2 {
+        client
+            .should_rate_limit(wire_request("m", &[&[("user", "alice")]]))
+            .await
+            .expect("answer");
+    }
+    client
+        .should_rate_limit(wire_request("m", &[&[("path", "/login"), ("ip", "10.0.0.1")]]))
+        .await
+        .expect("answer");
+    let text = server_metrics(&server).await;
+    for (series, value) in [
+        (
+            "ratelimit_service_rate_limit_total_hits{domain=\"m\",key1=\"user\"} ",
+            2,
+        ),
+        (
+            "ratelimit_service_rate_limit_over_limit{domain=\"m\",key1=\"user\"} ",
+            1,
+        ),
+        (
+            "ratelimit_service_rate_limit_total_hits{domain=\"m\",key1=\"path_/login\",key2=\"ip\"} ",
+            1,
+        ),
+        (
+            "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"} ",
+            3,
+        ),
+        (
+            "ratelimit_service_response_time_seconds_count{grpc_method=\"ShouldRateLimit\"} ",
+            3,
+        ),
+        ("ratelimit_service_config_load_success ", 1),
+        // Unmatched: the Go name made Prometheus-safe.
+        ("ratelimit_service_rate_limit_m_user_within_limit ", 1),
+    ] {
+        assert_eq!(series_value(&text, series), Some(value), "{series} in\n{text}");
+    }
+    server.stop().await;
+
+    std::fs::write(&file, "mappings:\n  - match: \"ratelimit..x\"\n    name: x\n").expect("write");
+    let settings = tollgate::settings::Settings::load_from(
+        None,
+        &[("PROMETHEUS_MAPPER_YAML".to_owned(), path.clone())]
+            .into_iter()
+            .collect(),
+        &[("config_dir", dir.path().to_string_lossy().into_owned())],
+    )
+    .expect("settings load; the file is read at startup");
+    let listeners = tollgate::server::Listeners::bind(&tollgate::settings::ListenSettings {
+        grpc_addr: "127.0.0.1:0".into(),
+        http_addr: "127.0.0.1:0".into(),
+        debug_addr: "127.0.0.1:0".into(),
+        ..settings.listen.clone()
+    })
+    .await
+    .expect("bind");
+    let clock: std::sync::Arc<dyn tollgate_core::clock::Clock> =
+        std::sync::Arc::new(tollgate_core::clock::SystemClock);
+    let error = tollgate::server::run(settings, listeners, clock, std::future::pending())
+        .await
+        .expect_err("an unusable mapping stops startup");
+    let said = format!("{error:#}");
+    assert!(
+        said.contains("PROMETHEUS_MAPPER_YAML") && said.contains("invalid glob"),
+        "{said}"
+    );
 }
