@@ -12,7 +12,8 @@ Values that must fail the render are tried too.
 The PrometheusRule and the Grafana dashboard are checked for shape (kubernetes-validate has no schema for
 the PrometheusRule's CRD; the dashboard is JSON inside a ConfigMap), and every PromQL expression in them
 may name only series and labels Tollgate's /metrics writes. Those are read from the Rust source that
-writes them (src/observe/prometheus.rs and process.rs, and the core's observe/metrics.rs), not from a
+writes them (src/observe/prometheus.rs, go_series.rs, text_format.rs and process.rs, and the core's
+observe/metrics.rs), not from a
 list kept here, so a renamed metric fails the check instead of leaving a dashboard panel silently empty.
 """
 
@@ -259,7 +260,8 @@ def rules_check(args, render, expect_ok, quiet=False):
 
 
 # Where Tollgate writes its metrics; every name a dashboard panel or an alert may use is read from them.
-METRIC_SOURCES = ["src/observe/prometheus.rs", "core/src/observe/metrics.rs", "src/observe/process.rs"]
+METRIC_SOURCES = ["src/observe/prometheus.rs", "src/observe/go_series.rs", "src/observe/text_format.rs",
+                  "core/src/observe/metrics.rs", "src/observe/process.rs"]
 METRIC_NAME = re.compile(r"(?:tollgate|ratelimit_service|process)_[a-z0-9_]*[a-z0-9]")
 # The one series Prometheus writes for every target itself, and the labels it gives every sample (the
 # Prometheus Operator adds namespace, pod, service, container and endpoint).
