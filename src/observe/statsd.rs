@@ -1,6 +1,8 @@
-//! The statsd sink (`USE_STATSD`): every `STATS_FLUSH_INTERVAL`, the Go stats ([`super::go_stats`]) are
-//! sent to `STATSD_HOST:STATSD_PORT` as gostats sends them, so a statsd_exporter sidecar or a statsd
-//! server keeps the series it had from the Go service.
+//! The statsd sink (`USE_STATSD`, or `USE_DOG_STATSD`): every `STATS_FLUSH_INTERVAL`, the Go stats
+//! ([`super::go_stats`]) are sent to `STATSD_HOST:STATSD_PORT` as gostats sends them, or as the Go
+//! service's DogStatsD sink does ([`super::dogstatsd`]: tags instead of name suffixes, always over
+//! UDP), so a statsd_exporter sidecar, a statsd server or a Datadog agent keeps the series it had from
+//! the Go service.
 //!
 //! The wire format is gostats': one `name:value|c` line per counter that grew since the last flush
 //! (its increase; counters that did not grow are not sent), `name:value|g` for gauges, each line ended
@@ -15,7 +17,8 @@
 //! `tollgate_statsd_lines_dropped_total` and logged at most once a minute, and its counters' increases
 //! are sent again with the next flush (gostats loses them):
 //! what statsd receives adds up to the counters however long it was away. The last value sent of each
-//! counter is kept, one entry per Go stat name: bounded by the rules and the capped unknown domains.
+//! counter is kept, and each name's wire form, one entry per Go stat name the last flush saw: bounded by
+//! the rules and the capped unknown domains.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -28,9 +31,10 @@ use tokio::net::{TcpStream, UdpSocket};
 use tokio_util::sync::CancellationToken;
 use tollgate_core::observe::metrics::Metrics;
 
+use super::dogstatsd::Namer;
 use super::go_stats::{self, GoStat, Kind};
 use crate::connections::RateLimitedLog;
-use crate::settings::{ExtraTags, StatsdProtocol};
+use crate::settings::{ExtraTags, Mogrifier, StatsdProtocol};
 
 /// Largest write over TCP, as gostats buffers it.
 const TCP_BATCH: usize = 64 * 1024;
@@ -46,18 +50,61 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct StatsdOptions {
     /// `host:port`, resolved at every connect (so a statsd that moves is followed).
     pub addr: String,
-    /// TCP or UDP.
+    /// TCP or UDP (DogStatsD: UDP whatever this says).
     pub protocol: StatsdProtocol,
     /// Time between flushes.
     pub interval: Duration,
     /// Tags on every stat.
     pub tags: ExtraTags,
+    /// Which statsd the lines are written for.
+    pub dialect: Dialect,
+}
+
+/// The two statsd dialects the Go service speaks.
+#[derive(Debug, Clone)]
+pub enum Dialect {
+    /// gostats' plain statsd: tags as name suffixes.
+    Statsd,
+    /// DogStatsD, with the mogrifiers to apply.
+    DogStatsd(Vec<Mogrifier>),
+}
+
+/// How a Go stat name becomes the start and end of its line.
+enum Naming {
+    /// gostats: the name and the tag suffix, nothing after the type.
+    Statsd { suffix: String },
+    /// DogStatsD: a name and tags of its own.
+    Dog(Namer),
+}
+
+impl Naming {
+    fn new(options: &StatsdOptions) -> Self {
+        match &options.dialect {
+            Dialect::Statsd => Self::Statsd {
+                suffix: tag_suffix(&options.tags),
+            },
+            Dialect::DogStatsd(mogrifiers) => Self::Dog(Namer::new(&options.tags, mogrifiers.clone())),
+        }
+    }
+
+    /// `(before the value, after the type)` for the Go stat `name`.
+    fn parts(&self, name: &str) -> (String, String) {
+        match self {
+            Self::Statsd { suffix } => (format!("{name}{suffix}"), String::new()),
+            Self::Dog(namer) => namer.name(name),
+        }
+    }
 }
 
 /// Sends the Go stats of `metrics` until `stop`, then once more (so the last increases are not lost).
 pub async fn run(options: StatsdOptions, metrics: Arc<Metrics>, stop: CancellationToken) {
     let mut sink = Sink::new(options, metrics);
-    tracing::info!(addr = %sink.options.addr, protocol = %sink.options.protocol, "sending stats to statsd");
+    match sink.naming {
+        Naming::Statsd { .. } => {
+            tracing::info!(addr = %sink.options.addr, protocol = %sink.options.protocol, "sending stats to statsd");
+        }
+        Naming::Dog(_) => tracing::info!(addr = %sink.options.addr, "sending stats to DogStatsD over UDP"),
+    }
     let mut ticker = tokio::time::interval(sink.options.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
@@ -77,8 +124,9 @@ pub async fn run(options: StatsdOptions, metrics: Arc<Metrics>, stop: Cancellati
 struct Sink {
     options: StatsdOptions,
     metrics: Arc<Metrics>,
-    /// `.__key=value…`, appended to every name.
-    suffix: String,
+    naming: Naming,
+    /// Each Go stat name's [`Naming::parts`], as the last flush used them.
+    parts: HashMap<String, (String, String)>,
     /// Each counter's total as last sent.
     sent: HashMap<String, u64>,
     tcp: Option<TcpStream>,
@@ -94,11 +142,15 @@ struct Batch {
 }
 
 impl Sink {
-    fn new(options: StatsdOptions, metrics: Arc<Metrics>) -> Self {
+    fn new(mut options: StatsdOptions, metrics: Arc<Metrics>) -> Self {
+        if matches!(options.dialect, Dialect::DogStatsd(_)) {
+            options.protocol = StatsdProtocol::Udp;
+        }
         Self {
-            suffix: tag_suffix(&options.tags),
+            naming: Naming::new(&options),
             options,
             metrics,
+            parts: HashMap::new(),
             sent: HashMap::new(),
             tcp: None,
             udp: None,
@@ -112,7 +164,9 @@ impl Sink {
             StatsdProtocol::Tcp => TCP_BATCH,
             StatsdProtocol::Udp => UDP_BATCH,
         };
-        let mut batches = self.batches(go_stats::collect(&self.metrics), limit).into_iter();
+        let stats = go_stats::collect(&self.metrics);
+        self.forget_all_but(&stats);
+        let mut batches = self.batches(stats, limit).into_iter();
         while let Some(batch) = batches.next() {
             if let Err(error) = self.send(batch.text.as_bytes()).await {
                 // The rest of this flush would fail the same way: it waits for the next one.
@@ -125,6 +179,22 @@ impl Sink {
             }
             self.sent.extend(batch.totals);
         }
+    }
+
+    /// Keeps what is remembered per name only for the names of `stats`: the rest went with a rule
+    /// reload.
+    fn forget_all_but(&mut self, stats: &[GoStat]) {
+        let mut parts = HashMap::with_capacity(stats.len());
+        for stat in stats {
+            let known = self.parts.remove(&stat.name);
+            parts.insert(
+                stat.name.clone(),
+                known.unwrap_or_else(|| self.naming.parts(&stat.name)),
+            );
+        }
+        self.parts = parts;
+        let parts = &self.parts;
+        self.sent.retain(|name, _| parts.contains_key(name));
     }
 
     /// The lines of `stats` that statsd needs, in batches of at most `limit` bytes (a longer line
@@ -144,8 +214,12 @@ impl Sink {
                 }
                 Kind::Gauge => (stat.value, "g"),
             };
-            let mut line = String::with_capacity(stat.name.len() + self.suffix.len() + 24);
-            let _ = writeln!(line, "{}{}:{value}|{kind}", stat.name, self.suffix);
+            let (head, tail) = match self.parts.get(&stat.name) {
+                Some(parts) => (parts.0.as_str().into(), parts.1.as_str().into()),
+                None => self.naming.parts(&stat.name),
+            };
+            let mut line = String::with_capacity(head.len() + tail.len() + 24);
+            let _ = writeln!(line, "{head}:{value}|{kind}{tail}");
             let last = batches.last_mut().expect("one batch at least");
             if !last.text.is_empty() && last.text.len() + line.len() > limit {
                 batches.push(Batch::default());
@@ -205,21 +279,29 @@ impl Sink {
     }
 }
 
-/// gostats' tag suffix: `.__key=value` per tag, sorted by key, pairs with an empty key or value left
-/// out, and `.`, `:`, `|` in values turned to `_`.
-fn tag_suffix(tags: &ExtraTags) -> String {
-    let mut pairs: Vec<&(String, String)> = tags
+/// The tags as gostats writes them: sorted by key, pairs with an empty key or value left out, and
+/// `.`, `:`, `|` in values turned to `_`.
+pub(super) fn clean_tags(tags: &ExtraTags) -> Vec<(&str, String)> {
+    let mut pairs: Vec<(&str, String)> = tags
         .0
         .iter()
         .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+        .map(|(key, value)| {
+            let value = value
+                .chars()
+                .map(|c| if matches!(c, '.' | ':' | '|') { '_' } else { c })
+                .collect();
+            (key.as_str(), value)
+        })
         .collect();
     pairs.sort();
+    pairs
+}
+
+/// gostats' tag suffix: `.__key=value` per tag of [`clean_tags`].
+fn tag_suffix(tags: &ExtraTags) -> String {
     let mut suffix = String::new();
-    for (key, value) in pairs {
-        let value: String = value
-            .chars()
-            .map(|c| if matches!(c, '.' | ':' | '|') { '_' } else { c })
-            .collect();
+    for (key, value) in clean_tags(tags) {
         let _ = write!(suffix, ".__{key}={value}");
     }
     suffix
@@ -236,6 +318,7 @@ mod tests {
             protocol: StatsdProtocol::Udp,
             interval: Duration::from_secs(10),
             tags,
+            dialect: Dialect::Statsd,
         };
         Sink::new(options, Metrics::new())
     }
@@ -251,7 +334,8 @@ mod tests {
     #[test]
     fn tags_are_sorted_and_cleaned_as_gostats_writes_them() {
         let tags = [("region", "eu.west:1"), ("env", "prod"), ("empty", "")];
-        assert_eq!(sink(&tags).suffix, ".__env=prod.__region=eu_west_1");
+        let tags = ExtraTags(tags.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect());
+        assert_eq!(tag_suffix(&tags), ".__env=prod.__region=eu_west_1");
     }
 
     #[test]

@@ -160,12 +160,18 @@ pub async fn run(
     let limiter = build_limiter(&decisions, &telemetry, store, fallback, &rules, metrics, &clock)?;
     let origin = source.follow(&tasks, &rules, &health, &stop);
     tasks.spawn(sweep(Arc::clone(&limiter), stop.clone()));
-    if stats.statsd() {
-        let options = crate::observe::statsd::StatsdOptions {
+    if stats.statsd() || stats.dog_statsd() {
+        use crate::observe::statsd::{Dialect, StatsdOptions};
+        let options = StatsdOptions {
             addr: stats.statsd_addr(),
             protocol: stats.statsd_protocol,
             interval: stats.stats_flush_interval,
             tags: stats.extra_tags.clone(),
+            dialect: if stats.dog_statsd() {
+                Dialect::DogStatsd(stats.dog_statsd_mogrifiers.clone())
+            } else {
+                Dialect::Statsd
+            },
         };
         let metrics = Arc::clone(limiter.metrics());
         tasks.spawn(crate::observe::statsd::run(options, metrics, stop.clone()));

@@ -15,10 +15,6 @@ pub const GO_IGNORED: &[(&str, &str)] = &[
         "envoyproxy/ratelimit does not read it either (Envoy Gateway sets it); set GRPC_CLIENT_TLS_CACERT to require client certificates",
     ),
     (
-        "USE_DOG_STATSD",
-        "no DogStatsD yet: set USE_STATSD=true for plain statsd, or scrape /metrics",
-    ),
-    (
         "RUNTIME_WATCH_ROOT",
         "every change to the rules directory reloads",
     ),

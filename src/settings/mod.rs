@@ -30,7 +30,7 @@ pub use answers::AnswerSettings;
 pub use decisions::DecisionSettings;
 pub use listen::{DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_REQUEST_BYTES, ListenSettings, RESERVED_FILES};
 pub use rules::{DEFAULT_CONFIG_DIR, RulesSettings, XdsSettings};
-pub use stats::StatsSettings;
+pub use stats::{Mogrifier, StatsSettings};
 pub use store::{RedisEndpoint, StoreSettings};
 pub use telemetry::TelemetrySettings;
 pub use values::{

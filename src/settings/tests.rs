@@ -230,7 +230,7 @@ fn unimplemented_go_settings_are_refused_or_warned_never_silent() {
     let s = Settings::load_from(
         None,
         &env(&[
-            ("USE_DOG_STATSD", "true"),
+            ("RUNTIME_WATCH_ROOT", "false"),
             ("REDIS_PERSECOND_URL", "r2:6379"),
             ("TOLLGATE_NOT_A_SETTING", "x"),
             ("GRPC_PORT", "tcp://10.0.0.1:8081"),
@@ -242,7 +242,7 @@ fn unimplemented_go_settings_are_refused_or_warned_never_silent() {
     )
     .expect("loads");
     for expected in [
-        "USE_DOG_STATSD",
+        "RUNTIME_WATCH_ROOT",
         "REDIS_PERSECOND_URL",
         "TOLLGATE_NOT_A_SETTING",
         "GRPC_PORT",
@@ -297,6 +297,75 @@ fn statsd_settings_read_as_the_go_service_and_gostats_read_them() {
     ] {
         let err = Settings::load_from(None, &env(&[(name, value)]), &[]).expect_err(value);
         assert!(err.to_string().contains(name), "{err}");
+    }
+}
+
+#[test]
+fn dog_statsd_and_its_mogrifiers_read_as_the_go_service_reads_them() {
+    let given = env(&[
+        ("USE_DOG_STATSD", "true"),
+        ("USE_DOG_STATSD_MOGRIFIERS", "TAG,other"),
+        (
+            "DOG_STATSD_MOGRIFIER_TAG_PATTERN",
+            r"^ratelimit\.service\.rate_limit\.(.*)\.(.*)\.(.*)$",
+        ),
+        ("DOG_STATSD_MOGRIFIER_TAG_NAME", "ratelimit.service.rate_limit.$3"),
+        ("DOG_STATSD_MOGRIFIER_TAG_TAGS", "domain:$1,descriptor:$2"),
+        ("DOG_STATSD_MOGRIFIER_OTHER_PATTERN", "^x$"),
+        ("DOG_STATSD_MOGRIFIER_OTHER_NAME", "y"),
+    ]);
+    let s = Settings::load_from(None, &given, &[]).expect("loads");
+    assert!(s.stats.dog_statsd() && !s.stats.statsd());
+    let names: Vec<&str> = s
+        .stats
+        .dog_statsd_mogrifiers
+        .iter()
+        .map(|m| m.name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["ratelimit.service.rate_limit.$3", "y"],
+        "in the listed order"
+    );
+    assert_eq!(
+        s.stats.dog_statsd_mogrifiers[0].tags.to_string(),
+        "domain:$1,descriptor:$2"
+    );
+    assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut pairs = vec![("USE_DOG_STATSD", "true"), ("USE_DOG_STATSD_MOGRIFIERS", "m")];
+        pairs.extend_from_slice(extra);
+        Settings::load_from(None, &env(&pairs), &[])
+    };
+    // The Go service refuses each of these at startup too.
+    for (extra, named) in [
+        (
+            &[("DOG_STATSD_MOGRIFIER_M_NAME", "n")][..],
+            "DOG_STATSD_MOGRIFIER_M_PATTERN",
+        ),
+        (
+            &[("DOG_STATSD_MOGRIFIER_M_PATTERN", "a")][..],
+            "DOG_STATSD_MOGRIFIER_M_NAME",
+        ),
+        (
+            &[
+                ("DOG_STATSD_MOGRIFIER_M_PATTERN", "(a"),
+                ("DOG_STATSD_MOGRIFIER_M_NAME", "n"),
+            ][..],
+            "DOG_STATSD_MOGRIFIER_M_PATTERN",
+        ),
+        (
+            &[
+                ("DOG_STATSD_MOGRIFIER_M_PATTERN", "a"),
+                ("DOG_STATSD_MOGRIFIER_M_NAME", "n"),
+                ("DOG_STATSD_MOGRIFIER_M_TAGS", "k:"),
+            ][..],
+            "DOG_STATSD_MOGRIFIER_M_TAGS",
+        ),
+        (&[("USE_STATSD", "true")][..], "USE_DOG_STATSD"),
+    ] {
+        let err = with(extra).expect_err(named);
+        assert!(err.to_string().contains(named), "{named}: {err}");
     }
 }
 

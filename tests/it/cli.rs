@@ -1366,10 +1366,10 @@ async fn ignored_settings_are_warned_about_in_the_log() {
         "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
     )]);
     let dir = rules.path().to_str().expect("utf-8 path");
-    let env = [("USE_DOG_STATSD", "true"), ("TOLLGATE_NOT_A_SETTING", "1")];
+    let env = [("RUNTIME_WATCH_ROOT", "false"), ("TOLLGATE_NOT_A_SETTING", "1")];
     let served = Served::start(&serve_on_free_ports(dir), &env).await;
     let log = served.log.join("\n");
-    for name in ["USE_DOG_STATSD", "TOLLGATE_NOT_A_SETTING"] {
+    for name in ["RUNTIME_WATCH_ROOT", "TOLLGATE_NOT_A_SETTING"] {
         assert!(
             log.contains(&format!("ignoring {name}")),
             "{name} not warned about:\n{log}"

@@ -409,17 +409,21 @@ async fn server_metrics(server: &TestServer) -> String {
 
 /// Sums each statsd line's value by name (`name:value|c`), failing on a line of value 0 (gostats
 /// sends no counter that did not grow) or of another shape.
+/// Adds the counters of `text`'s lines to `sums`, each under its name followed by its DogStatsD tags
+/// (`name|#tag,tag`) when it has any.
 fn add_lines(text: &str, sums: &mut std::collections::HashMap<String, u64>) {
     for line in text.lines() {
         let (name, rest) = line
-            .rsplit_once(':')
+            .split_once(':')
             .unwrap_or_else(|| panic!("statsd line {line:?}"));
-        let value: u64 = rest
-            .strip_suffix("|c")
-            .and_then(|v| v.parse().ok())
+        let (value, tags) = rest
+            .split_once("|c")
             .unwrap_or_else(|| panic!("statsd counter {line:?}"));
+        let value: u64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("statsd counter {line:?}"));
         assert!(value > 0, "a counter that did not grow was sent: {line}");
-        *sums.entry(name.to_owned()).or_default() += value;
+        *sums.entry(format!("{name}{tags}")).or_default() += value;
     }
 }
 
@@ -441,6 +445,24 @@ async fn statsd_sums(
         add_lines(&text, &mut sums);
     }
     sums
+}
+
+/// Receives datagrams on `udp` (none over 1,432 bytes) until their counters add up to `expected`, and
+/// checks that they add up to exactly that.
+async fn expect_datagrams(udp: tokio::net::UdpSocket, expected: &[(&str, u64)]) {
+    let (sender, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let listener = tokio::spawn(async move {
+        let mut datagram = vec![0u8; 2048];
+        while let Ok(n) = udp.recv(&mut datagram).await {
+            assert!(n <= 1432, "a datagram of {n} bytes");
+            let _ = sender.send(String::from_utf8(datagram[..n].to_vec()).expect("text"));
+        }
+    });
+    let sums = statsd_sums(expected, &mut received).await;
+    listener.abort();
+    for (name, value) in expected {
+        assert_eq!(sums.get(*name), Some(value), "{name}: {sums:?}");
+    }
 }
 
 /// The Go service's statsd lines, over UDP with `EXTRA_TAGS`, then over TCP (gostats' default): what a
@@ -487,19 +509,7 @@ async fn statsd_receives_the_go_services_lines_over_udp_and_tcp() {
         ),
         ("ratelimit.service.config_load_success.__env=prod_eu", 1),
     ];
-    let (sender, mut received) = tokio::sync::mpsc::unbounded_channel();
-    let listener = tokio::spawn(async move {
-        let mut datagram = vec![0u8; 2048];
-        while let Ok(n) = udp.recv(&mut datagram).await {
-            assert!(n <= 1432, "a datagram of {n} bytes");
-            let _ = sender.send(String::from_utf8(datagram[..n].to_vec()).expect("text"));
-        }
-    });
-    let sums = statsd_sums(&expected, &mut received).await;
-    listener.abort();
-    for (name, value) in expected {
-        assert_eq!(sums.get(name), Some(&value), "{name}: {sums:?}");
-    }
+    expect_datagrams(udp, &expected).await;
     server.stop().await;
 
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -529,6 +539,55 @@ async fn statsd_receives_the_go_services_lines_over_udp_and_tcp() {
     let expected = [("ratelimit.service.rate_limit.m.user.total_hits", 3)];
     statsd_sums(&expected, &mut received).await;
     listener.abort();
+    server.stop().await;
+}
+
+/// DogStatsD as the Go service's sink sends it: `EXTRA_TAGS` as tags, then a mogrifier's (the Go
+/// repository's own example: domain and descriptor out of the name into tags), and stats no mogrifier
+/// matches under their Go names.
+#[tokio::test]
+async fn dog_statsd_receives_tags_and_mogrified_names() {
+    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+    let port = udp.local_addr().expect("addr").port().to_string();
+    let env = [
+        ("USE_DOG_STATSD", "true"),
+        ("STATSD_HOST", "127.0.0.1"),
+        ("STATSD_PORT", port.as_str()),
+        ("STATS_FLUSH_INTERVAL", "100ms"),
+        ("EXTRA_TAGS", "env:prod.eu"),
+        ("USE_DOG_STATSD_MOGRIFIERS", "RULE"),
+        (
+            "DOG_STATSD_MOGRIFIER_RULE_PATTERN",
+            r"^ratelimit\.service\.rate_limit\.([^.]*)\.([^.]*)\.([^.]*)$",
+        ),
+        (
+            "DOG_STATSD_MOGRIFIER_RULE_NAME",
+            "ratelimit.service.rate_limit.$3",
+        ),
+        ("DOG_STATSD_MOGRIFIER_RULE_TAGS", "domain:$1,descriptor:$2"),
+    ];
+    let server = TestServer::start(&[("m.yaml", RULES)], &env).await;
+    let mut client = server.client().await;
+    for _ in 0..12 {
+        client
+            .should_rate_limit(wire_request("m", &[&[("user", "alice")]]))
+            .await
+            .expect("answer");
+    }
+    let tags = "|#env:prod_eu,domain:m,descriptor:user";
+    let expected = [
+        (format!("ratelimit.service.rate_limit.total_hits{tags}"), 12),
+        (format!("ratelimit.service.rate_limit.within_limit{tags}"), 10),
+        (format!("ratelimit.service.rate_limit.near_limit{tags}"), 2),
+        (format!("ratelimit.service.rate_limit.over_limit{tags}"), 2),
+        (
+            "ratelimit_server.ShouldRateLimit.total_requests|#env:prod_eu".into(),
+            12,
+        ),
+        ("ratelimit.service.config_load_success|#env:prod_eu".into(), 1),
+    ];
+    let expected: Vec<(&str, u64)> = expected.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    expect_datagrams(udp, &expected).await;
     server.stop().await;
 }
 
