@@ -8,6 +8,11 @@
 # `tollgate bench` (64 in flight, 10,000 keys, DURATION, default 10s; --api envoy and native) against
 # it. ROUNDS (default 2) rounds. Only the ratios between turns of one run mean much: on a shared 2-core
 # host run-to-run noise is several per cent. Needs redis-server, redis-cli and python3 on PATH.
+#
+# BEFORE_ENV and AFTER_ENV (space-separated NAME=VALUE words) are given to that side's server only, so
+# one binary can be measured against itself with a setting on and off (STORES, default
+# `memory redis`, narrows the run to one store):
+#   AFTER_ENV='USE_STATSD=true STATSD_PROTOCOL=udp' scripts/bench-ab.sh target/release/tollgate target/release/tollgate
 set -euo pipefail
 before="$1"
 after="$2"
@@ -18,13 +23,14 @@ cleanup_more() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }
 # shellcheck source=scripts/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 
-turn() { # name binary store api
-  local name="$1" binary="$2" store="$3" api="$4" port
+turn() { # name binary store api extra-env
+  local name="$1" binary="$2" store="$3" api="$4" extra="$5" port
   port="$(free_port)"
   redis-cli -p "$redis_port" flushall >/dev/null
   local redis_url=""
   [ "$store" = redis ] && redis_url="127.0.0.1:$redis_port"
-  REDIS_URL="$redis_url" "$binary" serve --config-dir "$work/rules" --grpc-addr "127.0.0.1:$port" \
+  # shellcheck disable=SC2086 # $extra is NAME=VALUE words
+  env $extra REDIS_URL="$redis_url" "$binary" serve --config-dir "$work/rules" --grpc-addr "127.0.0.1:$port" \
     --http-addr "127.0.0.1:$(free_port)" --debug-addr "127.0.0.1:$(free_port)" >"$work/server.log" 2>&1 &
   server=$!
   wait_ready "$binary" "$port"
@@ -34,10 +40,10 @@ turn() { # name binary store api
 }
 
 for round in $(seq "$rounds"); do
-  for store in memory redis; do
+  for store in ${STORES:-memory redis}; do
     for api in envoy native; do
-      turn before "$before" "$store" "$api"
-      turn after "$after" "$store" "$api"
+      turn before "$before" "$store" "$api" "${BEFORE_ENV:-}"
+      turn after "$after" "$store" "$api" "${AFTER_ENV:-}"
     done
   done
 done

@@ -62,7 +62,7 @@ struct Target {
     #[arg(long)]
     domain: String,
     /// A descriptor as `key=value[,key=value...]`; repeat for several descriptors. In `bench`, `{i}` in a
-    /// value becomes the key index.
+    /// key or value becomes the key index.
     #[arg(long = "descriptor", short = 'd', required = true, value_parser = parse_descriptor)]
     descriptors: Vec<Descriptor>,
 }
@@ -396,6 +396,7 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
         CompileOptions {
             default_algorithm: settings.decisions.default_algorithm,
             split_per_second: settings.store.redis_persecond,
+            max_file_bytes: settings.rules.rules_max_file_bytes,
         },
         &Metrics::default(),
     ) {

@@ -172,6 +172,7 @@ impl LimiterBuilder {
             split_per_second: store.per_second.is_some(),
             #[cfg(not(feature = "redis"))]
             split_per_second: false,
+            max_file_bytes: crate::rules::file::DEFAULT_MAX_FILE_BYTES,
         };
         let metrics = Metrics::new();
         let rules: RulesHandle = Arc::new(ArcSwapOption::empty());

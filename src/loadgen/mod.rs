@@ -43,7 +43,7 @@ pub(crate) struct LoadPlan {
     pub(crate) addr: String,
     /// Domain of every request.
     pub(crate) domain: String,
-    /// Descriptor templates: entries whose values may contain `{i}`.
+    /// Descriptor templates: entries whose keys and values may contain `{i}`.
     pub(crate) descriptors: Vec<Template>,
     /// Distinct values substituted for `{i}`.
     pub(crate) keys: u64,
@@ -165,7 +165,7 @@ impl Caller {
 fn substitute(template: &Template, index: &str) -> Vec<(String, String)> {
     template
         .iter()
-        .map(|(k, v)| (k.clone(), v.replace("{i}", index)))
+        .map(|(k, v)| (k.replace("{i}", index), v.replace("{i}", index)))
         .collect()
 }
 
@@ -313,7 +313,8 @@ struct Counts {
     errors: u64,
 }
 
-/// One descriptor's entries; `{i}` in a value is replaced by the key index.
+/// One descriptor's entries; `{i}` in a key or value is replaced by the key index (in a key, to reach
+/// many rules: Envoy Gateway names its top-level descriptors after routes).
 pub(crate) type Template = Vec<(String, String)>;
 
 /// One worker until the deadline: closed loop, requests back to back, each timed from its send;

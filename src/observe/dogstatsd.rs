@@ -22,7 +22,7 @@ pub struct Namer {
 impl Namer {
     /// A namer adding `tags` to every stat and applying `mogrifiers` in their order.
     pub fn new(tags: &ExtraTags, mogrifiers: Vec<Mogrifier>) -> Self {
-        let extra = super::statsd::clean_tags(tags)
+        let extra = super::go_stats::clean_tags(tags)
             .into_iter()
             .map(|(key, value)| format!("{key}:{value}"))
             .collect();

@@ -101,13 +101,17 @@ fn render_default(metrics: &Metrics, response_time_ms: bool, out: &mut String) {
 /// whose values hold dots, add into one series, as they do there. What that mapping does not match keeps
 /// its Go name with every character Prometheus cannot take turned to `_`
 /// (`ratelimit_service_rate_limit_api_user_over_limit_with_local_cache`), and appears once it counted
-/// something. (The Go mapping also adds `over_limit_with_local_cache` into `over_limit` for rules two
+/// something. A rule no request has reached yet has no series: 100,000 idle rules cost a scrape nothing,
+/// as with the Go service, whose stats reach Prometheus only once they are sent. (The Go mapping also adds `over_limit_with_local_cache` into `over_limit` for rules two
 /// levels deep, a side effect of an unanchored expression; the hits are in `over_limit` already, so
 /// Tollgate does not count them twice.)
 fn render_rules(metrics: &Metrics, out: &mut String) {
     let mut mapped: BTreeMap<String, [u64; RULE_SERIES.len()]> = BTreeMap::new();
     let mut unmapped: Vec<(String, u64)> = Vec::new();
     for ((_, path), stats) in metrics.rules() {
+        if stats.total_hits.get() == 0 {
+            continue;
+        }
         let key = go_stats::rule_key(&path);
         let sums = mapped.entry(default_rule_labels(&key)).or_default();
         for (sum, counter) in sums.iter_mut().zip(stats.in_order()) {
@@ -255,7 +259,10 @@ mod tests {
         metrics.rule("d", "d.a.b.e").total_hits.add(4);
         metrics.rule("d", "d.remote_address_10.0.0.1").total_hits.add(5);
         metrics.rule("d", "d.path_/a.b").total_hits.add(6);
-        metrics.rule("d", "d.k").over_limit_with_local_cache.add(7);
+        let cached = metrics.rule("d", "d.k");
+        cached.total_hits.add(7);
+        cached.over_limit_with_local_cache.add(7);
+        metrics.rule("d", "d.idle");
         metrics.unknown_domain("nope");
         let mut out = String::new();
         render_rules(&metrics, &mut out);
@@ -271,6 +278,10 @@ mod tests {
             assert!(out.lines().any(|l| l == line), "{line} in\n{out}");
         }
         assert!(!out.contains("key2=\"b.c\""), "{out}");
+        assert!(
+            !out.contains("idle"),
+            "a rule no request reached has no series:\n{out}"
+        );
     }
 
     #[test]

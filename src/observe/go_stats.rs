@@ -11,6 +11,7 @@
 //! multiplexed connections are not a pool), the local cache's and the Go runtime's gauges, and
 //! `detailed_metric`'s per-value names (rules are counted per rule).
 
+use crate::settings::ExtraTags;
 use tollgate_core::observe::metrics::{Method, Metrics};
 
 /// A statsd stat's kind.
@@ -101,7 +102,26 @@ pub fn rule_key(path: &str) -> String {
     sanitize(path)
 }
 
-/// Every Go stat of `metrics`, counters at their totals.
+/// The tags as gostats writes them: sorted by key, pairs with an empty key or value left out, and
+/// `.`, `:`, `|` in values turned to `_`.
+pub(super) fn clean_tags(tags: &ExtraTags) -> Vec<(&str, String)> {
+    let mut pairs: Vec<(&str, String)> = tags
+        .0
+        .iter()
+        .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+        .map(|(key, value)| {
+            let value = value
+                .chars()
+                .map(|c| if matches!(c, '.' | ':' | '|') { '_' } else { c })
+                .collect();
+            (key.as_str(), value)
+        })
+        .collect();
+    pairs.sort();
+    pairs
+}
+
+/// Every Go stat of `metrics`, counters at their totals; rules no request reached yet are left out.
 pub fn collect(metrics: &Metrics) -> Vec<GoStat> {
     let counter = |name: String, value: u64| GoStat {
         name,
@@ -110,6 +130,10 @@ pub fn collect(metrics: &Metrics) -> Vec<GoStat> {
     };
     let mut stats = Vec::new();
     for ((_, path), rule) in metrics.rules() {
+        // Every hit counts in total_hits: a rule without any has nothing to say yet.
+        if rule.total_hits.get() == 0 {
+            continue;
+        }
         let key = rule_key(&path);
         let values = [
             rule.total_hits.get(),
@@ -177,10 +201,10 @@ mod tests {
             .rule("api", "api.remote_address_10.0.0.1")
             .total_hits
             .add(3);
-        metrics
-            .rule("api", "api.a.b.c")
-            .over_limit_with_local_cache
-            .add(2);
+        let cached = metrics.rule("api", "api.a.b.c");
+        cached.total_hits.add(2);
+        cached.over_limit_with_local_cache.add(2);
+        metrics.rule("api", "api.idle");
         metrics.unknown_domain("ap:i");
         metrics.global_shadow_mode.add(1);
         metrics.request(Method::ShouldRateLimit, std::time::Duration::from_millis(1));
@@ -204,5 +228,9 @@ mod tests {
         assert_eq!(value("ratelimit.service.global_shadow_mode"), 1);
         assert_eq!(value("ratelimit_server.ShouldRateLimit.total_requests"), 1);
         assert_eq!(value("ratelimit.service.config_load_success"), 0);
+        assert!(
+            !stats.iter().any(|s| s.name.contains("idle")),
+            "an idle rule has no stats"
+        );
     }
 }

@@ -234,10 +234,9 @@ mod tests {
     fn rules_render_with_go_labels_and_survive_reloads() {
         let metrics = Metrics::new();
         metrics.rule("api", "api.user").total_hits.add(3);
-        metrics
-            .rule("api", "api.path_/login.remote_address")
-            .over_limit
-            .add(1);
+        let login = metrics.rule("api", "api.path_/login.remote_address");
+        login.total_hits.add(1);
+        login.over_limit.add(1);
         // A reload asks again for the same rule: same counters.
         metrics.rule("api", "api.user").total_hits.add(2);
         let text = render(

@@ -279,29 +279,10 @@ impl Sink {
     }
 }
 
-/// The tags as gostats writes them: sorted by key, pairs with an empty key or value left out, and
-/// `.`, `:`, `|` in values turned to `_`.
-pub(super) fn clean_tags(tags: &ExtraTags) -> Vec<(&str, String)> {
-    let mut pairs: Vec<(&str, String)> = tags
-        .0
-        .iter()
-        .filter(|(k, v)| !k.is_empty() && !v.is_empty())
-        .map(|(key, value)| {
-            let value = value
-                .chars()
-                .map(|c| if matches!(c, '.' | ':' | '|') { '_' } else { c })
-                .collect();
-            (key.as_str(), value)
-        })
-        .collect();
-    pairs.sort();
-    pairs
-}
-
-/// gostats' tag suffix: `.__key=value` per tag of [`clean_tags`].
+/// gostats' tag suffix: `.__key=value` per tag of [`go_stats::clean_tags`].
 fn tag_suffix(tags: &ExtraTags) -> String {
     let mut suffix = String::new();
-    for (key, value) in clean_tags(tags) {
+    for (key, value) in go_stats::clean_tags(tags) {
         let _ = write!(suffix, ".__{key}={value}");
     }
     suffix

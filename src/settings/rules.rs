@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use tollgate_core::rules::file::DEFAULT_MAX_FILE_BYTES;
+
 use super::source::{Go, Reader};
 use super::{ConfigType, Origins, SettingsError};
 
@@ -21,6 +23,8 @@ pub struct RulesSettings {
     pub reload_interval: Duration,
     /// `MERGE_DOMAIN_CONFIG`: several files (or xDS configs) may define one domain.
     pub merge_domain_config: bool,
+    /// The largest rules file read; a larger one fails the load, naming this setting.
+    pub rules_max_file_bytes: u64,
     /// `FORCE_START_WITHOUT_INITIAL_CONFIG`: with xDS, serve before the first rule set arrives.
     pub force_start_without_initial_config: bool,
     /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: not ready until the rules define a domain.
@@ -76,6 +80,7 @@ impl RulesSettings {
             config_dir: r.get("config_dir", Go::RuntimeDir, PathBuf::from(DEFAULT_CONFIG_DIR))?,
             reload_interval: r.get("reload_interval", Go::None, Duration::from_secs(1))?,
             merge_domain_config: r.get("merge_domain_config", Go::Same, false)?,
+            rules_max_file_bytes: r.get("rules_max_file_bytes", Go::None, DEFAULT_MAX_FILE_BYTES)?,
             force_start_without_initial_config: r.get(
                 "force_start_without_initial_config",
                 Go::Same,
@@ -98,6 +103,9 @@ impl RulesSettings {
         // An interval of zero would spin (and panics in the reload task).
         if self.reload_interval.is_zero() {
             return Err(origins.bad("reload_interval", "0s", "must be longer than zero"));
+        }
+        if self.rules_max_file_bytes == 0 {
+            return Err(origins.bad("rules_max_file_bytes", "0", "no rules file could be read"));
         }
         Ok(())
     }

@@ -433,6 +433,28 @@ async fn check_config_accepts_a_good_directory() {
     assert!(stdout.contains("OK"), "{stdout}");
 }
 
+/// A rules file over `TOLLGATE_RULES_MAX_FILE_BYTES` is refused with the setting to raise; at the
+/// default the same file loads.
+#[tokio::test]
+async fn check_config_refuses_a_file_over_the_size_cap_naming_the_setting() {
+    let dir = rules_dir(&[("cli.yaml", RULES)]);
+    let path = dir.path().to_str().expect("utf-8 path");
+    let out = run(
+        &["check-config", path],
+        &[("TOLLGATE_RULES_MAX_FILE_BYTES", "16")],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("cli.yaml") && stderr.contains("TOLLGATE_RULES_MAX_FILE_BYTES"),
+        "{stderr}"
+    );
+    assert!(run(&["check-config", path], &[]).await.status.success());
+    let out = run(&["check-config", path], &[("TOLLGATE_RULES_MAX_FILE_BYTES", "0")]).await;
+    assert!(!out.status.success());
+}
+
 #[tokio::test]
 async fn check_config_rejects_a_bad_directory_with_gos_message() {
     let cases: &[(&str, &str, &str)] = &[

@@ -10,12 +10,12 @@ use super::{Domain, MAX_LIMITS_PER_RULE, Rate, Rule, RuleLimit, RuleSet};
 use crate::algorithm::Algorithm;
 use crate::observe::metrics::Metrics;
 use crate::rules::file::{
-    ConfigError, DescriptorConfig, DomainConfig, LimitPolicy, RateLimitConfig, ValueMatch, final_key,
-    sliding_log_too_large,
+    ConfigError, DEFAULT_MAX_FILE_BYTES, DescriptorConfig, DomainConfig, LimitPolicy, RateLimitConfig,
+    ValueMatch, final_key, sliding_log_too_large,
 };
 
 /// Settings that shape compilation but live outside the rules files.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct CompileOptions {
     /// The algorithm of rules that do not name one (`TOLLGATE_DEFAULT_ALGORITHM`; fixed window, as
     /// envoyproxy/ratelimit, unless changed).
@@ -23,6 +23,19 @@ pub struct CompileOptions {
     /// `REDIS_PERSECOND`: per-second limits live in a Redis of their own, so an `all_or_nothing`
     /// domain may not mix them with longer ones (no request of it could be settled atomically).
     pub split_per_second: bool,
+    /// The largest rules file read (`TOLLGATE_RULES_MAX_FILE_BYTES`); the YAML parser's budgets grow
+    /// with each file's size, so a file within it is never refused for its number of rules.
+    pub max_file_bytes: u64,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        Self {
+            default_algorithm: Algorithm::default(),
+            split_per_second: false,
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+        }
+    }
 }
 
 impl RuleSet {

@@ -28,7 +28,12 @@ pub fn load_rules(
     options: CompileOptions,
     metrics: &Metrics,
 ) -> Result<RuleSet, ConfigError> {
-    compile(&Snapshot::read(dir)?, merge_domains, options, metrics)
+    compile(
+        &Snapshot::read(dir, options.max_file_bytes)?,
+        merge_domains,
+        options,
+        metrics,
+    )
 }
 
 fn compile(
@@ -68,7 +73,7 @@ impl Reloader {
 
     /// Reads the directory, saying which links it did not follow.
     fn read(&self) -> Result<Snapshot, ConfigError> {
-        let snapshot = Snapshot::read(&self.dir)?;
+        let snapshot = Snapshot::read(&self.dir, self.options.max_file_bytes)?;
         for link in snapshot.skipped() {
             tracing::warn!(
                 link = %link.display(),
@@ -103,7 +108,11 @@ impl Reloader {
                 _ = ticker.tick() => {}
             }
             let reading = Arc::clone(&reloader);
-            let snapshot = match tokio::task::spawn_blocking(move || Snapshot::read(&reading.dir)).await {
+            let snapshot = match tokio::task::spawn_blocking(move || {
+                Snapshot::read(&reading.dir, reading.options.max_file_bytes)
+            })
+            .await
+            {
                 Ok(Ok(snapshot)) => snapshot,
                 Ok(Err(error)) => {
                     tracing::error!(%error, "cannot read rules directory; keeping the loaded rules");

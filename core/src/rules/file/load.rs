@@ -4,6 +4,7 @@ use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
 use std::fs;
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use super::ConfigError;
@@ -24,11 +25,16 @@ pub struct Snapshot {
 /// misplaced mount cannot make every poll read a whole filesystem.
 pub(super) const MAX_RULES_FILES: usize = 10_000;
 
+/// Default for the largest rules file read (`TOLLGATE_RULES_MAX_FILE_BYTES`): 64 MiB holds some
+/// 400,000 Envoy Gateway routes, far above what one listener carries.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
+
 impl Snapshot {
-    /// Reads every rules file below `dir` (see [`super::load_dir`] for which). A link to a directory
-    /// outside `dir` is not followed (see [`Snapshot::skipped`]): a link to `/` must not make every
-    /// poll walk the filesystem. Links to files are followed wherever they point.
-    pub fn read(dir: &Path) -> Result<Self, ConfigError> {
+    /// Reads every rules file below `dir` (see [`super::load_dir`] for which), each of at most
+    /// `max_file_bytes`. A link to a directory outside `dir` is not followed (see
+    /// [`Snapshot::skipped`]): a link to `/` must not make every poll walk the filesystem. Links to
+    /// files are followed wherever they point.
+    pub fn read(dir: &Path, max_file_bytes: u64) -> Result<Self, ConfigError> {
         let mut paths = Vec::new();
         let mut seen = Seen {
             root: fs::canonicalize(dir).ok(),
@@ -37,11 +43,11 @@ impl Snapshot {
         collect(dir, &mut paths, &mut seen)?;
         let files = paths
             .into_iter()
-            .map(|path| match fs::read(&path) {
+            .map(|path| match read_at_most(&path, max_file_bytes) {
                 Ok(bytes) => Ok((path, bytes)),
-                Err(e) => Err(ConfigError::Invalid {
+                Err(message) => Err(ConfigError::Invalid {
                     file: path.display().to_string(),
-                    message: format!("cannot read file: {e}"),
+                    message,
                 }),
             })
             .collect::<Result<_, _>>()?;
@@ -83,6 +89,23 @@ impl Snapshot {
         });
         by_domain(configs, merge_domains)
     }
+}
+
+/// The bytes of the file at `path`, refused when there are more than `max` (read no further than
+/// that, so a file that grows while it is read cannot take more).
+fn read_at_most(path: &Path, max: u64) -> Result<Vec<u8>, String> {
+    let file = fs::File::open(path).map_err(|e| format!("cannot read file: {e}"))?;
+    let mut bytes = Vec::new();
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read file: {e}"))?;
+    if bytes.len() as u64 > max {
+        return Err(format!(
+            "the file is larger than the {max} bytes a rules file may hold: raise \
+             TOLLGATE_RULES_MAX_FILE_BYTES, or split the file"
+        ));
+    }
+    Ok(bytes)
 }
 
 /// One config per domain (sorted by domain) from validated configs in load order, each with the name
@@ -243,6 +266,25 @@ mod tests {
             Ok(c) => panic!("accepted: {c:?}"),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn a_file_over_the_size_cap_is_refused_naming_the_setting() {
+        let tmp = tempdir();
+        let text = rules("d", "k");
+        write(tmp.path(), "d.yaml", &text);
+        let len = text.len() as u64;
+        assert!(
+            super::Snapshot::read(tmp.path(), len).is_ok(),
+            "exactly at the cap"
+        );
+        let error = super::Snapshot::read(tmp.path(), len - 1)
+            .expect_err("over the cap")
+            .to_string();
+        assert!(
+            error.contains("d.yaml") && error.contains("TOLLGATE_RULES_MAX_FILE_BYTES"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -417,7 +459,7 @@ mod tests {
         symlink(outside.path(), root.join("away")).expect("symlink");
         // A link to a file is followed wherever it points.
         symlink(outside.path().join("shared.yaml"), root.join("shared.yaml")).expect("symlink");
-        let snapshot = super::Snapshot::read(&root).expect("reads");
+        let snapshot = super::Snapshot::read(&root, super::DEFAULT_MAX_FILE_BYTES).expect("reads");
         assert_eq!(snapshot.skipped(), [root.join("away"), root.join("slash")]);
         let domains: Vec<String> = snapshot
             .parse(false)

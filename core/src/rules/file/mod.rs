@@ -34,7 +34,7 @@
 mod decode;
 mod load;
 
-pub use load::Snapshot;
+pub use load::{DEFAULT_MAX_FILE_BYTES, Snapshot};
 mod model;
 mod validate;
 pub(crate) use validate::final_key;
@@ -91,8 +91,9 @@ pub fn parse_file(file: &str, text: &str) -> Result<DomainConfig, ConfigError> {
 /// reported on that file; with it, top-level descriptors are concatenated in file order and
 /// checked for duplicates across files. An empty directory yields `Ok(vec![])`; a missing one
 /// an [`ConfigError::Io`].
+/// Files larger than [`DEFAULT_MAX_FILE_BYTES`] are refused.
 pub fn load_dir(dir: &std::path::Path, merge_domains: bool) -> Result<Vec<DomainConfig>, ConfigError> {
-    Snapshot::read(dir)?.parse(merge_domains)
+    Snapshot::read(dir, DEFAULT_MAX_FILE_BYTES)?.parse(merge_domains)
 }
 
 /// Validates rules that did not come from a file (the server's xDS client builds [`RawRoot`]s from

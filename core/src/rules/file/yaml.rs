@@ -13,7 +13,7 @@ use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::granit_parser::{Event, Parser};
-use serde_saphyr::{DuplicateKeyPolicy, NonFiniteFloatPolicy, Spanned};
+use serde_saphyr::{Budget, DuplicateKeyPolicy, NonFiniteFloatPolicy, Spanned};
 
 /// Keys accepted anywhere in a rules file (outside `metadata`).
 ///
@@ -292,10 +292,44 @@ pub(crate) fn parse_document(text: &str) -> Result<Node, String> {
         // `.inf`/`.nan` must reach the validator as floats (Go rejects them there).
         non_finite_float_policy: NonFiniteFloatPolicy::PassThrough,
         duplicate_keys: DuplicateKeyPolicy::LastWins,
+        budget: Some(budget_for(doc.len())),
     };
-    let mut node: Node = serde_saphyr::from_str_with_options(doc, options).map_err(|e| e.to_string())?;
+    let mut node: Node =
+        serde_saphyr::from_str_with_options(doc, options).map_err(|e| explain(e, doc.len()))?;
     node.fill_raw(doc);
     Ok(node)
+}
+
+/// The parser's budget for a document of `len` bytes: serde-saphyr's defaults (250,000 nodes,
+/// 1,000,000 events, 64 MiB of scalars), raised to what `len` bytes can spell without aliases (a node
+/// takes a byte at least and makes at most two events; a scalar byte takes one), so the file-size cap
+/// (`TOLLGATE_RULES_MAX_FILE_BYTES`) is the only bound on how many rules a file holds. What stays fixed
+/// is what aliases may add: an alias bomb is refused whatever the file's size.
+fn budget_for(len: usize) -> Budget {
+    let mut budget = Budget::default();
+    budget.max_nodes = budget.max_nodes.max(len);
+    budget.max_events = budget.max_events.max(len.saturating_mul(2));
+    budget.max_total_scalar_bytes = budget.max_total_scalar_bytes.max(len);
+    budget
+}
+
+/// The parser's error as one line; a budget breach says which budget and what to do.
+fn explain(error: serde_saphyr::Error, len: usize) -> String {
+    let mut inner = &error;
+    while let serde_saphyr::Error::WithSnippet { error, .. } | serde_saphyr::Error::AliasError { error, .. } =
+        inner
+    {
+        inner = error;
+    }
+    match inner {
+        serde_saphyr::Error::Budget { breach, .. } => format!(
+            "the YAML parser's budget for a file of {len} bytes ran out ({breach:?}): budgets grow with \
+             the file's size, so only aliases that expand too far or nesting deeper than 64 exceed them; \
+             write the aliased parts out, or split the file (a file may hold up to \
+             TOLLGATE_RULES_MAX_FILE_BYTES)"
+        ),
+        _ => error.to_string(),
+    }
 }
 
 /// The text of the first document only: Go's `yaml.Unmarshal` reads one document and ignores
@@ -477,6 +511,33 @@ mod tests {
         assert_eq!(n.get("f").map(|n| &n.value), Some(&Value::Int(12)));
         assert_eq!(n.get("g").map(|n| &n.value), Some(&Value::Float(1.5)));
         assert_eq!(n.get("h").map(|n| &n.value), Some(&Value::Bool(false)));
+    }
+
+    /// The parser's node budget grows with the document: 300,000 nodes, past serde-saphyr's default of
+    /// 250,000 (a 20,000-route rules file was refused at it), parse.
+    #[test]
+    fn a_large_document_is_not_refused_for_its_number_of_nodes() {
+        let text = format!("[{}]", vec!["1"; 300_000].join(","));
+        assert_eq!(text.len(), 600_001);
+        match parse(&text).value {
+            Value::Seq(items) => assert_eq!(items.len(), 300_000),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// What aliases add stays bounded whatever the file's size, and the refusal says what to do.
+    #[test]
+    fn an_alias_bomb_is_refused_with_what_to_do() {
+        let mut text = String::from("a: &a [1,1,1,1,1,1,1,1,1,1]\n");
+        for (level, prev) in ["b", "c", "d", "e", "f", "g", "h"]
+            .iter()
+            .zip(["a", "b", "c", "d", "e", "f", "g"])
+        {
+            let refs = vec![format!("*{prev}"); 10].join(",");
+            text.push_str(&format!("{level}: &{level} [{refs}]\n"));
+        }
+        let error = parse_document(&text).expect_err("ten million nodes from a 400-byte file");
+        assert!(error.contains("budget") && error.contains("aliases"), "{error}");
     }
 
     #[test]
