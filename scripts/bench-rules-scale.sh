@@ -2,8 +2,9 @@
 # Rules at scale: for each number of routes, a rules file shaped as Envoy Gateway shapes its rules (one
 # domain per listener, one top-level descriptor per route rule, a client selector below it: three
 # levels) is loaded by `check-config` and by a server; printed per size: the file's size, check-config's
-# wall time, the server's time from start to ready, its RSS once ready and after a decision on every
-# route, the series in one scrape of /metrics, and the p50/p99 of one request in flight on route 0.
+# wall time, the server's time from start to ready, its RSS once ready, 5 s later (the allocator has by
+# then returned what parsing left) and after a decision on every route (which adds a stored counter and
+# the route's series), the series in one scrape of /metrics, and one request in flight on route 0.
 #
 #   scripts/bench-rules-scale.sh BINARY [ROUTES...]     (default: 1 8000 20000 100000)
 #
@@ -34,7 +35,7 @@ EOF
 
 millis() { date +%s%3N; }
 
-printf '%-8s %-10s %-12s %-12s %-12s %-14s %-9s %s\n' routes file check-config ready rss-ready rss-all-hit series 'one in flight'
+printf '%-8s %-10s %-12s %-12s %-12s %-12s %-14s %-9s %s\n' routes file check-config ready rss-ready rss-idle rss-all-hit series 'one in flight'
 for routes in "${sizes[@]}"; do
   rm -rf "$work/rules" && mkdir -p "$work/rules"
   rules_file "$routes" "$work/rules/eg.yaml"
@@ -50,6 +51,8 @@ for routes in "${sizes[@]}"; do
   wait_ready "$binary" "$port"
   ready=$(($(millis) - start))
   rss_ready="$(awk '/VmRSS/ {print $2 " kB"}' "/proc/$server/status")"
+  sleep 5
+  rss_idle="$(awk '/VmRSS/ {print $2 " kB"}' "/proc/$server/status")"
   latency="$("$binary" bench --addr "127.0.0.1:$port" --domain default/eg/http \
     -d 'httproute/default/route-0/rule/0/match/0=httproute/default/route-0/rule/0/match/0,rule-0-match-0=rule-0-match-0,x-user-id=u-{i}' \
     --keys 1000 --concurrency 1 --connections 1 --duration 5s 2>&1 | grep -oE 'p50 +[0-9.]+[mµu]?s +p90 +[0-9.]+[mµu]?s +p99 +[0-9.]+[mµu]?s' | tr -s ' ')"
@@ -59,6 +62,6 @@ for routes in "${sizes[@]}"; do
   rss_hit="$(awk '/VmRSS/ {print $2 " kB"}' "/proc/$server/status")"
   series="$(curl -s "http://127.0.0.1:$http/metrics" | grep -vc '^#')"
   stop_server
-  printf '%-8s %-10s %-12s %-12s %-12s %-14s %-9s %s\n' "$routes" "$size" "${check} ms" "${ready} ms" \
-    "$rss_ready" "$rss_hit" "$series" "$latency"
+  printf '%-8s %-10s %-12s %-12s %-12s %-12s %-14s %-9s %s\n' "$routes" "$size" "${check} ms" "${ready} ms" \
+    "$rss_ready" "$rss_idle" "$rss_hit" "$series" "$latency"
 done

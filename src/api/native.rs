@@ -147,7 +147,11 @@ fn check_result(status: &DescriptorStatus) -> CheckResult {
 fn wire_limit(status: &DescriptorStatus) -> Option<native::Limit> {
     let limit = status.current_limit()?;
     Some(native::Limit {
-        rule: status.rule.as_ref().map(|r| r.path.clone()).unwrap_or_default(),
+        rule: status
+            .rule
+            .as_ref()
+            .map(|r| r.path.to_string())
+            .unwrap_or_default(),
         name: limit.name.as_deref().unwrap_or_default().to_owned(),
         algorithm: limit.algorithm.as_str().to_owned(),
         requests_per_unit: limit.requests_per_unit,
@@ -160,7 +164,11 @@ fn wire_limit(status: &DescriptorStatus) -> Option<native::Limit> {
 fn lease_result(status: &LeaseStatus) -> LeaseResult {
     LeaseResult {
         acquired: status.acquired,
-        rule: status.rule.as_ref().map(|r| r.path.clone()).unwrap_or_default(),
+        rule: status
+            .rule
+            .as_ref()
+            .map(|r| r.path.to_string())
+            .unwrap_or_default(),
         max_in_flight: status.concurrency().map_or(0, |c| c.max_in_flight),
         in_flight: status.in_flight,
         retry_after: status.retry_after.map(wire_duration),

@@ -10,6 +10,7 @@
 //! callers add no series.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -35,6 +36,9 @@ impl Counter {
         self.0.load(Ordering::Relaxed)
     }
 }
+
+/// A rule's name in the registry: its domain and its path (`domain.key_value.subkey`).
+pub type RuleName = (Arc<str>, Arc<str>);
 
 /// Upper bounds (seconds) of the latency buckets: from 50 µs (an embedded-store decision) to 1 s,
 /// dense around Envoy's default 20 ms rate-limit timeout.
@@ -199,7 +203,9 @@ pub const OTHER_DOMAINS: &str = "_other_domains";
 /// Every metric of one server.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    rules: Mutex<BTreeMap<(String, String), Arc<RuleStats>>>,
+    /// Keyed by (domain, path), shared with the compiled rules (a path is held once however many
+    /// times it is named).
+    rules: Mutex<BTreeMap<RuleName, Arc<RuleStats>>>,
     /// Successful rule loads.
     pub config_load_success: Counter,
     /// Rejected rule loads (the previous rules stayed in force).
@@ -267,8 +273,20 @@ impl Metrics {
     /// The counters of the rule at `path` (`domain.key_value.subkey`), created on first use and kept
     /// across reloads so Prometheus counters never go backwards.
     pub fn rule(&self, domain: &str, path: &str) -> Arc<RuleStats> {
+        self.rule_and_path(&domain.into(), path).1
+    }
+
+    /// [`Metrics::rule`], with the registry's copy of `path` for the caller to keep instead of one of
+    /// its own (rules compiled again on a reload share the first load's).
+    pub fn rule_and_path(&self, domain: &Arc<str>, path: &str) -> (Arc<str>, Arc<RuleStats>) {
         let mut rules = self.rules.lock().unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(rules.entry((domain.to_owned(), path.to_owned())).or_default())
+        match rules.entry((Arc::clone(domain), path.into())) {
+            Entry::Occupied(known) => (Arc::clone(&known.key().1), Arc::clone(known.get())),
+            Entry::Vacant(new) => {
+                let path = Arc::clone(&new.key().1);
+                (path, Arc::clone(new.insert(Arc::default())))
+            }
+        }
     }
 
     /// Records a request for `domain`, which no rules define.
@@ -360,7 +378,7 @@ impl Metrics {
     }
 
     /// Every rule's counters, by (domain, rule path), in order.
-    pub fn rules(&self) -> Vec<((String, String), Arc<RuleStats>)> {
+    pub fn rules(&self) -> Vec<(RuleName, Arc<RuleStats>)> {
         let rules = self.rules.lock().unwrap_or_else(PoisonError::into_inner);
         rules
             .iter()

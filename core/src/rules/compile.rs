@@ -54,7 +54,7 @@ impl RuleSet {
         for config in domains {
             let mut ctx = Context {
                 file: &config.file,
-                domain: &config.domain,
+                domain_name: config.domain.as_str().into(),
                 options,
                 metrics,
                 rules: Vec::new(),
@@ -104,7 +104,8 @@ fn check_one_store(rules: &[Arc<Rule>]) -> Result<(), String> {
 
 struct Context<'a> {
     file: &'a str,
-    domain: &'a str,
+    /// The domain, shared by every rule's entry in the metrics registry.
+    domain_name: Arc<str>,
     options: CompileOptions,
     metrics: &'a Metrics,
     rules: Vec<Arc<Rule>>,
@@ -115,7 +116,7 @@ impl Context<'_> {
         let mut level = Level::default();
         // Normalisation is per key and level: settle it before inserting any value of that key.
         for d in descriptors {
-            let group = level.keys.entry(d.key.clone()).or_default();
+            let group = level.keys.get_or_default(&d.key);
             let normalizer = Normalizer::new(&d.normalize);
             if !normalizer.is_identity() {
                 group.normalizer = normalizer;
@@ -126,9 +127,10 @@ impl Context<'_> {
             // The path validation named the rule by (errors, `/rlconfig`, per-rule metrics).
             let path = format!("{parent}.{}", final_key(&d.key, d.value.as_deref()));
             let node = self.node(d, &path)?;
-            let group = level.keys.entry(d.key.clone()).or_default();
+            let group = level.keys.get_or_default(&d.key);
             self.insert(group, d, node, &path)?;
         }
+        level.shrink_to_fit();
         Ok(level)
     }
 
@@ -165,7 +167,7 @@ impl Context<'_> {
                 }
             }
             (Some(value), ValueMatch::Exact) => {
-                let value = group.normalizer.apply(value).into_owned();
+                let value = group.normalizer.apply(value).into();
                 if group.exact.insert(value, node).is_some() {
                     return Err(duplicate());
                 }
@@ -211,14 +213,15 @@ impl Context<'_> {
                 message: format!("rate_limits of '{path}' has two limits with the same algorithm and window"),
             });
         }
+        let (path, stats) = self.metrics.rule_and_path(&self.domain_name, path);
         let rule = Arc::new(Rule {
-            path: path.to_owned(),
+            path,
             limits,
             concurrency: d.concurrency,
             shadow_mode: d.shadow_mode,
             quota_mode: d.quota_mode,
             metadata: d.metadata.clone(),
-            stats: self.metrics.rule(self.domain, path),
+            stats,
         });
         self.rules.push(Arc::clone(&rule));
         Ok(Some(rule))

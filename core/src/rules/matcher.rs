@@ -6,11 +6,11 @@
 //! The walk also writes the storage key (envoyproxy/ratelimit's format minus the window suffix) into a
 //! caller-provided buffer, so matching a descriptor costs one allocation at most.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::normalize::{MAX_RAW_VALUE_IN_KEY, Normalizer, ValueHasher};
 use super::pattern::Pattern;
+use super::small_map::SmallMap;
 use super::{Domain, Rule};
 
 /// One key/value pair of a request descriptor, whatever type carries it (proto message, tuple...).
@@ -33,7 +33,7 @@ impl<K: AsRef<str>, V: AsRef<str>> DescriptorEntry for (K, V) {
 /// The children of one node, grouped by entry key.
 #[derive(Debug, Default)]
 pub(crate) struct Level {
-    pub(crate) keys: HashMap<String, KeyGroup>,
+    pub(crate) keys: SmallMap<KeyGroup>,
 }
 
 /// Every node of one key at one level.
@@ -42,7 +42,7 @@ pub(crate) struct KeyGroup {
     pub(crate) normalizer: Normalizer,
     /// `hash: true` on any node of this key: values enter storage keys hashed.
     pub(crate) hash: bool,
-    pub(crate) exact: HashMap<String, Node>,
+    pub(crate) exact: SmallMap<Node>,
     /// Wildcard and CIDR nodes in declaration order.
     pub(crate) patterns: Vec<(Pattern, Node)>,
     pub(crate) default: Option<Node>,
@@ -89,6 +89,16 @@ impl Domain {
 }
 
 impl Level {
+    /// Gives back the capacity that building this level left unused (its children did the same when
+    /// they were built): a compiled rule set lives until the next reload.
+    pub(crate) fn shrink_to_fit(&mut self) {
+        self.keys.shrink_to_fit();
+        for group in self.keys.values_mut() {
+            group.exact.shrink_to_fit();
+            group.patterns.shrink_to_fit();
+        }
+    }
+
     fn select<E: DescriptorEntry>(&self, entry: &E, hasher: &ValueHasher, key: &mut String) -> Option<&Node> {
         let group = self.keys.get(entry.key())?;
         let value = group.normalizer.apply(entry.value());

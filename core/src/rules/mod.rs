@@ -11,6 +11,7 @@ mod compile;
 mod matcher;
 mod normalize;
 mod pattern;
+mod small_map;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -93,7 +94,7 @@ impl Domain {
 #[derive(Debug)]
 pub struct Rule {
     /// The node's path as envoyproxy/ratelimit names it in stats: `domain.key_value.subkey`.
-    pub path: String,
+    pub path: Arc<str>,
     /// One entry from `rate_limit`, or several from Tollgate's `rate_limits` (all must pass). Empty for
     /// a node with only a `concurrency` rule.
     pub limits: Vec<RuleLimit>,
