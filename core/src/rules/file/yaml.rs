@@ -335,6 +335,9 @@ fn explain(error: serde_saphyr::Error, len: usize) -> String {
 /// The text of the first document only: Go's `yaml.Unmarshal` reads one document and ignores
 /// the rest, while serde-saphyr's single-document API rejects multi-document input.
 fn first_document(text: &str) -> &str {
+    if !may_hold_several_documents(text) {
+        return text;
+    }
     for event in Parser::new_from_str(text) {
         match event {
             Ok((Event::DocumentEnd, span)) => {
@@ -349,6 +352,21 @@ fn first_document(text: &str) -> &str {
         }
     }
     text
+}
+
+/// Whether the text may hold a second document: a document end (`...`), or a document start (`---`)
+/// after the first document began, at the start of a line (YAML allows them nowhere else). Only then is
+/// the text scanned for where the first ends: a scan is a whole parse, and doubled the time to load a
+/// large file.
+fn may_hold_several_documents(text: &str) -> bool {
+    let mut begun = false;
+    for line in text.lines() {
+        if line.starts_with("...") || (line.starts_with("---") && begun) {
+            return true;
+        }
+        begun |= line.starts_with("---") || !(line.trim().is_empty() || line.starts_with(['#', '%']));
+    }
+    false
 }
 
 /// Go's `validateYamlKeys` over the whole document, returning the Go message on failure.
@@ -554,6 +572,10 @@ mod tests {
         assert_eq!(n.get("domain").and_then(Node::scalar_text).as_deref(), Some("a"));
         // An empty first document is what Go sees, too.
         assert_eq!(parse("---\n---\ndomain: b\n").value, Value::Null);
+        assert!(!may_hold_several_documents(
+            "# c\n%YAML 1.1\n---\ndomain: a\nk: |\n  ---\n"
+        ));
+        assert!(may_hold_several_documents("domain: a\n--- # next\n"));
     }
 
     #[test]
