@@ -63,11 +63,12 @@ pub(crate) struct Node {
     pub(crate) value: Value,
     /// Source text of a non-string scalar (bool, int, float); `None` for strings, nulls and
     /// collections, whose string form does not depend on spelling.
-    pub(crate) raw: Option<String>,
+    pub(crate) raw: Option<Box<str>>,
     /// 1-based line where the node is used (0 if unknown).
-    pub(crate) line: u64,
-    /// Byte range of the node's definition in the parsed text; used to fill `raw`.
-    span: Option<(usize, usize)>,
+    pub(crate) line: u32,
+    /// Byte range of the node's definition in the parsed text; used to fill `raw`. (Narrow fields: a
+    /// large rules file is millions of nodes, and the whole tree is alive at once.)
+    span: Option<(u32, u32)>,
 }
 
 /// Resolved YAML value (YAML 1.1 resolution, as yaml.v2: `yes`/`no`/`on`/`off` are booleans,
@@ -106,9 +107,11 @@ impl Node {
         match &self.value {
             Value::Str(s) => Some(s.clone()),
             Value::Null => Some(String::new()),
-            Value::Bool(_) | Value::Int(_) | Value::UInt(_) | Value::Float(_) => {
-                Some(self.raw.clone().unwrap_or_else(|| go_format(&self.value)))
-            }
+            Value::Bool(_) | Value::Int(_) | Value::UInt(_) | Value::Float(_) => Some(
+                self.raw
+                    .as_deref()
+                    .map_or_else(|| go_format(&self.value), str::to_owned),
+            ),
             Value::Seq(_) | Value::Map(_) => None,
         }
     }
@@ -131,11 +134,11 @@ impl Node {
             Value::Bool(_) | Value::Int(_) | Value::UInt(_) | Value::Float(_) => {
                 self.raw = self
                     .span
-                    .and_then(|(start, end)| text.get(start..end))
+                    .and_then(|(start, end)| text.get(start as usize..end as usize))
                     // A span that does not look like a plain scalar (e.g. one that starts with
                     // a tag) is not trusted; the canonical form is used instead.
                     .filter(|s| !s.is_empty() && !s.starts_with(['!', '&', '*']))
-                    .map(str::to_owned);
+                    .map(Into::into);
             }
             Value::Seq(items) => items.iter_mut().for_each(|n| n.fill_raw(text)),
             Value::Map(entries) => entries.iter_mut().for_each(|(k, v)| {
@@ -154,15 +157,15 @@ impl<'de> Deserialize<'de> for Node {
         let spanned = Spanned::<Value>::deserialize(deserializer)?;
         let span = spanned.defined.span();
         let range = match (span.byte_offset(), span.byte_len()) {
-            (Some(start), Some(len)) => usize::try_from(start)
+            (Some(start), Some(len)) => u32::try_from(start)
                 .ok()
-                .zip(usize::try_from(start.saturating_add(len)).ok()),
+                .zip(u32::try_from(start.saturating_add(len)).ok()),
             _ => None,
         };
         Ok(Node {
             value: spanned.value,
             raw: None,
-            line: spanned.referenced.line(),
+            line: u32::try_from(spanned.referenced.line()).unwrap_or(u32::MAX),
             span: range,
         })
     }
@@ -239,6 +242,7 @@ impl<'de> Visitor<'de> for ValueVisitor {
         while let Some(item) = seq.next_element::<Node>()? {
             items.push(item);
         }
+        items.shrink_to_fit();
         Ok(Value::Seq(items))
     }
 
@@ -261,6 +265,7 @@ impl<'de> Visitor<'de> for ValueVisitor {
                 None => entries.push((k, v)),
             }
         }
+        entries.shrink_to_fit();
         Ok(Value::Map(entries))
     }
 }
