@@ -32,8 +32,12 @@
 //!   carry it is never sent;
 //! - a call carries at most [`MAX_ITEMS_PER_CALL`] items (a larger request goes alone, and waits for
 //!   the next call rather than inflating one already full);
-//! - a call holds its slot until Redis answers, or [`CALL_TIMEOUT`] passes and the connection is
-//!   deemed dead: a slow Redis gets no more concurrent calls than [`CALLS_IN_FLIGHT`]. (In a cluster a
+//! - a call holds its slot until Redis answers, or [`CALL_TIMEOUT`] passes: a slow Redis gets no more
+//!   concurrent calls than [`CALLS_IN_FLIGHT`]. Not yet bounded: after [`CALL_TIMEOUT`] the slot is
+//!   freed while the call is still unanswered on its connection, which redis-rs keeps while it is
+//!   open, so a Redis that stalls without closing it (stopped, blackholed, a long command) is written
+//!   up to [`CALLS_IN_FLIGHT`] more calls every [`CALL_TIMEOUT`], and runs them all when it resumes:
+//!   ghost hits that grow with the stall's length (issue #30). (In a cluster a
 //!   group's per-master pipelines stop at their requests' deadline instead, so that one stalled master
 //!   does not hold up the requests the others serve: [`super::pipeline`].)
 //!
