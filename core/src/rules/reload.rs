@@ -175,7 +175,13 @@ pub fn install(set: RuleSet, version: &str, source: &str, metrics: &Metrics, rul
     } else {
         tracing::info!(%source, domains = set.len(), %version, "rules loaded");
     }
-    rules.store(Some(Arc::new(set)));
+    let previous = rules.swap(Some(Arc::new(set)));
+    // Freeing a large rule set takes a while (100,000 routes are millions of allocations): not on a
+    // runtime thread that answers requests. (A request still holding the old set frees it if it is
+    // the last; requests hold it for one decision.)
+    if let (Some(previous), Ok(runtime)) = (previous, tokio::runtime::Handle::try_current()) {
+        runtime.spawn_blocking(move || drop(previous));
+    }
 }
 
 /// What a poll does with the version it read.

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Whether a reload stalls decisions: one request in flight for 12 s against a server holding ROUTES
+# (default 100,000) Envoy Gateway-shaped routes, ROUNDS (default 2) times without a reload and with the
+# rules file changed 3 s in (the reload reads, compiles and swaps the whole set). Compare p99 and max.
+#
+#   scripts/bench-reload-stall.sh BINARY
+#
+# Embedded store. Needs python3.
+set -euo pipefail
+binary="$1"
+routes="${ROUTES:-100000}"
+rounds="${ROUNDS:-2}"
+server=""
+cleanup_more() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }
+# shellcheck source=scripts/bench-lib.sh
+source "$(dirname "$0")/bench-lib.sh"
+
+rm -rf "$work/rules" && mkdir -p "$work/rules"
+python3 - "$routes" "$work/rules/eg.yaml" <<'EOF'
+import sys
+routes, path = int(sys.argv[1]), sys.argv[2]
+with open(path, "w") as out:
+    out.write("domain: default/eg/http\ndescriptors:\n")
+    for i in range(routes):
+        name = f"httproute/default/route-{i}/rule/0/match/0"
+        out.write(f"  - key: {name}\n    value: {name}\n    descriptors:\n"
+                  "      - key: rule-0-match-0\n        value: rule-0-match-0\n        descriptors:\n"
+                  "          - key: x-user-id\n"
+                  "            rate_limit: {unit: minute, requests_per_unit: 100}\n")
+EOF
+port="$(free_port)"
+"$binary" serve --config-dir "$work/rules" --grpc-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$(free_port)" \
+  --debug-addr "127.0.0.1:$(free_port)" >"$work/server.log" 2>&1 &
+server=$!
+for _ in $(seq 120); do
+  "$binary" healthcheck --addr "http://127.0.0.1:$port" --timeout 500ms >/dev/null 2>&1 && break
+  sleep 0.5
+done
+sleep 5
+route='httproute/default/route-0/rule/0/match/0'
+one_in_flight() {
+  "$binary" bench --addr "127.0.0.1:$port" --domain default/eg/http \
+    -d "$route=$route,rule-0-match-0=rule-0-match-0,x-user-id=u-{i}" --keys 1000 --concurrency 1 \
+    --connections 1 --duration 12s 2>&1 | grep latency | tr -s ' '
+}
+for round in $(seq "$rounds"); do
+  printf 'no reload: %s\n' "$(one_in_flight)"
+  (sleep 3 && echo "# changed $round" >>"$work/rules/eg.yaml") &
+  printf 'reload:    %s\n' "$(one_in_flight)"
+done
+stop_server
