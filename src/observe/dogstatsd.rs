@@ -2,8 +2,9 @@
 //! a Go stat name, so a Datadog agent keeps the metrics and tags it had.
 //!
 //! A line is `name:value|c` (or `|g`) followed by `|#tag,tag` when the stat has tags. The tags are
-//! `EXTRA_TAGS` first (cleaned and sorted as gostats writes them into names, which the Go sink then
-//! splits back out), then those of the first mogrifier whose pattern matches the name: a mogrifier
+//! the DogStatsD client's global ones first (`DD_ENV` and its siblings), then `EXTRA_TAGS` (cleaned and
+//! sorted as gostats writes them into names, which the Go sink then splits back out), then those of
+//! the first mogrifier whose pattern matches the name: a mogrifier
 //! (`USE_DOG_STATSD_MOGRIFIERS`) rewrites the name and adds tags, with `$0`, `$1`… standing for the
 //! pattern's match and groups (a `$n` past the last group stays as written, as in Go).
 
@@ -14,17 +15,20 @@ use crate::settings::{ExtraTags, Mogrifier};
 /// Names Go stats as the Go service's DogStatsD sink names them.
 #[derive(Debug)]
 pub struct Namer {
-    /// `key:value` per extra tag, in gostats' order.
+    /// The global tags, then `key:value` per extra tag in gostats' order.
     extra: Vec<String>,
     mogrifiers: Vec<Mogrifier>,
 }
 
 impl Namer {
-    /// A namer adding `tags` to every stat and applying `mogrifiers` in their order.
-    pub fn new(tags: &ExtraTags, mogrifiers: Vec<Mogrifier>) -> Self {
-        let extra = super::go_stats::clean_tags(tags)
-            .into_iter()
-            .map(|(key, value)| format!("{key}:{value}"))
+    /// A namer adding `global` (`tag:value`s, as given) and `tags` to every stat and applying
+    /// `mogrifiers` in their order.
+    pub fn new(global: &[String], tags: &ExtraTags, mogrifiers: Vec<Mogrifier>) -> Self {
+        let cleaned = super::go_stats::clean_tags(tags);
+        let extra = global
+            .iter()
+            .cloned()
+            .chain(cleaned.into_iter().map(|(key, value)| format!("{key}:{value}")))
             .collect();
         Self { extra, mogrifiers }
     }
@@ -99,7 +103,9 @@ mod tests {
 
     #[test]
     fn a_mogrifier_turns_parts_of_the_name_into_tags_after_the_extra_tags() {
+        let global = ["env:staging".to_owned()];
         let namer = Namer::new(
+            &global,
             &tags(&[("region", "eu.west"), ("env", "prod")]),
             vec![by_domain()],
         );
@@ -107,14 +113,14 @@ mod tests {
             namer.name("ratelimit.service.rate_limit.mongo_cps.database_users.within_limit"),
             (
                 "ratelimit.service.rate_limit.within_limit".into(),
-                "|#env:prod,region:eu_west,domain:mongo_cps,descriptor:database_users".into()
+                "|#env:staging,env:prod,region:eu_west,domain:mongo_cps,descriptor:database_users".into()
             )
         );
     }
 
     #[test]
     fn a_name_no_mogrifier_matches_keeps_its_name_and_the_extra_tags() {
-        let namer = Namer::new(&tags(&[("env", "prod")]), vec![by_domain()]);
+        let namer = Namer::new(&[], &tags(&[("env", "prod")]), vec![by_domain()]);
         assert_eq!(
             namer.name("ratelimit.service.config_load_success"),
             (
@@ -122,7 +128,7 @@ mod tests {
                 "|#env:prod".into()
             )
         );
-        let bare = Namer::new(&ExtraTags::default(), Vec::new());
+        let bare = Namer::new(&[], &ExtraTags::default(), Vec::new());
         assert_eq!(bare.name("a.b"), ("a.b".into(), String::new()));
     }
 
@@ -133,7 +139,7 @@ mod tests {
             name: "hits".into(),
             tags: ExtraTags::default(),
         };
-        let namer = Namer::new(&ExtraTags::default(), vec![first, by_domain()]);
+        let namer = Namer::new(&[], &ExtraTags::default(), vec![first, by_domain()]);
         assert_eq!(
             namer.name("ratelimit.service.rate_limit.d.k.total_hits").0,
             "hits"

@@ -65,8 +65,13 @@ pub struct StatsdOptions {
 pub enum Dialect {
     /// gostats' plain statsd: tags as name suffixes.
     Statsd,
-    /// DogStatsD, with the mogrifiers to apply.
-    DogStatsd(Vec<Mogrifier>),
+    /// DogStatsD.
+    DogStatsd {
+        /// The mogrifiers to apply, in order.
+        mogrifiers: Vec<Mogrifier>,
+        /// `tag:value`s before all others on every metric (datadog-go's, from `DD_*`).
+        global_tags: Vec<String>,
+    },
 }
 
 /// How a Go stat name becomes the start and end of its line.
@@ -83,7 +88,10 @@ impl Naming {
             Dialect::Statsd => Self::Statsd {
                 suffix: tag_suffix(&options.tags),
             },
-            Dialect::DogStatsd(mogrifiers) => Self::Dog(Namer::new(&options.tags, mogrifiers.clone())),
+            Dialect::DogStatsd {
+                mogrifiers,
+                global_tags,
+            } => Self::Dog(Namer::new(global_tags, &options.tags, mogrifiers.clone())),
         }
     }
 
@@ -143,7 +151,7 @@ struct Batch {
 
 impl Sink {
     fn new(mut options: StatsdOptions, metrics: Arc<Metrics>) -> Self {
-        if matches!(options.dialect, Dialect::DogStatsd(_)) {
+        if matches!(options.dialect, Dialect::DogStatsd { .. }) {
             options.protocol = StatsdProtocol::Udp;
         }
         Self {

@@ -169,7 +169,10 @@ pub async fn run(
             interval: stats.stats_flush_interval,
             tags: stats.extra_tags.clone(),
             dialect: if stats.dog_statsd() {
-                Dialect::DogStatsd(stats.dog_statsd_mogrifiers.clone())
+                Dialect::DogStatsd {
+                    mogrifiers: stats.dog_statsd_mogrifiers.clone(),
+                    global_tags: stats.dog_statsd_global_tags.clone(),
+                }
             } else {
                 Dialect::Statsd
             },

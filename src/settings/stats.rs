@@ -44,6 +44,10 @@ pub struct StatsSettings {
     /// `USE_DOG_STATSD_MOGRIFIERS` with each one's `DOG_STATSD_MOGRIFIER_<ID>_PATTERN`, `_NAME` and
     /// `_TAGS`: rewrites of stat names into a name and tags, the first that matches applying.
     pub dog_statsd_mogrifiers: Vec<Mogrifier>,
+    /// `DD_ENTITY_ID`, `DD_ENV`, `DD_SERVICE`, `DD_VERSION`: what the Go service's DogStatsD client
+    /// (datadog-go) puts first on every metric, as `dd.internal.entity_id:…`, `env:…`, `service:…`,
+    /// `version:…` (those set, in that order).
+    pub dog_statsd_global_tags: Vec<String>,
     /// `PROMETHEUS_MAPPER_YAML`: a statsd_exporter mapping file naming the Go series in `/metrics`
     /// (empty: the Go service's default mapping).
     pub prometheus_mapper_yaml: String,
@@ -64,6 +68,7 @@ impl StatsSettings {
             disable_stats: r.get("disable_stats", Go::Same, false)?,
             use_dog_statsd: r.get("use_dog_statsd", Go::Same, false)?,
             dog_statsd_mogrifiers: mogrifiers(r)?,
+            dog_statsd_global_tags: datadog_tags(r)?,
             prometheus_mapper_yaml: r.get("prometheus_mapper_yaml", Go::Same, String::new())?,
             prometheus_response_time_as_milliseconds: r.get(
                 "prometheus_response_time_as_milliseconds",
@@ -117,6 +122,23 @@ impl StatsSettings {
     pub fn statsd_addr(&self) -> String {
         format!("{}:{}", self.statsd_host, self.statsd_port)
     }
+}
+
+/// datadog-go's global tags from its `DD_*` variables, in its order.
+fn datadog_tags(r: &mut Reader<'_>) -> Result<Vec<String>, SettingsError> {
+    let mut tags = Vec::new();
+    for (key, tag) in [
+        ("dd_entity_id", "dd.internal.entity_id"),
+        ("dd_env", "env"),
+        ("dd_service", "service"),
+        ("dd_version", "version"),
+    ] {
+        let value: String = r.get(key, Go::Same, String::new())?;
+        if !value.is_empty() {
+            tags.push(format!("{tag}:{value}"));
+        }
+    }
+    Ok(tags)
 }
 
 /// The mogrifiers `USE_DOG_STATSD_MOGRIFIERS` lists, in its order, each read from its

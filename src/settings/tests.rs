@@ -313,6 +313,8 @@ fn dog_statsd_and_its_mogrifiers_read_as_the_go_service_reads_them() {
         ("DOG_STATSD_MOGRIFIER_TAG_TAGS", "domain:$1,descriptor:$2"),
         ("DOG_STATSD_MOGRIFIER_OTHER_PATTERN", "^x$"),
         ("DOG_STATSD_MOGRIFIER_OTHER_NAME", "y"),
+        ("DD_VERSION", "1.2.3"),
+        ("DD_ENV", "prod"),
     ]);
     let s = Settings::load_from(None, &given, &[]).expect("loads");
     assert!(s.stats.dog_statsd() && !s.stats.statsd());
@@ -332,6 +334,11 @@ fn dog_statsd_and_its_mogrifiers_read_as_the_go_service_reads_them() {
         "domain:$1,descriptor:$2"
     );
     assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+    assert_eq!(
+        s.stats.dog_statsd_global_tags,
+        ["env:prod", "version:1.2.3"],
+        "datadog-go's order"
+    );
     let with = |extra: &[(&'static str, &'static str)]| {
         let mut pairs = vec![("USE_DOG_STATSD", "true"), ("USE_DOG_STATSD_MOGRIFIERS", "m")];
         pairs.extend_from_slice(extra);

@@ -573,6 +573,7 @@ async fn dog_statsd_receives_tags_and_mogrified_names() {
             "ratelimit.service.rate_limit.$3",
         ),
         ("DOG_STATSD_MOGRIFIER_RULE_TAGS", "domain:$1,descriptor:$2"),
+        ("DD_SERVICE", "ratelimit"),
     ];
     let server = TestServer::start(&[("m.yaml", RULES)], &env).await;
     let mut client = server.client().await;
@@ -582,17 +583,20 @@ async fn dog_statsd_receives_tags_and_mogrified_names() {
             .await
             .expect("answer");
     }
-    let tags = "|#env:prod_eu,domain:m,descriptor:user";
+    let tags = "|#service:ratelimit,env:prod_eu,domain:m,descriptor:user";
     let expected = [
         (format!("ratelimit.service.rate_limit.total_hits{tags}"), 12),
         (format!("ratelimit.service.rate_limit.within_limit{tags}"), 10),
         (format!("ratelimit.service.rate_limit.near_limit{tags}"), 2),
         (format!("ratelimit.service.rate_limit.over_limit{tags}"), 2),
         (
-            "ratelimit_server.ShouldRateLimit.total_requests|#env:prod_eu".into(),
+            "ratelimit_server.ShouldRateLimit.total_requests|#service:ratelimit,env:prod_eu".into(),
             12,
         ),
-        ("ratelimit.service.config_load_success|#env:prod_eu".into(), 1),
+        (
+            "ratelimit.service.config_load_success|#service:ratelimit,env:prod_eu".into(),
+            1,
+        ),
     ];
     let expected: Vec<(&str, u64)> = expected.iter().map(|(n, v)| (n.as_str(), *v)).collect();
     expect_datagrams(udp, &expected).await;
