@@ -8,6 +8,24 @@
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
+# Writes to PATH a rules file of ROUTES routes shaped as Envoy Gateway shapes them: one domain, one
+# top-level descriptor per route rule named after it (`httproute/default/route-N/rule/0/match/0`, as key
+# and value), a client selector below it (`x-user-id`): three levels.
+eg_rules_file() { # ROUTES PATH
+  python3 - "$1" "$2" <<'EOF'
+import sys
+routes, path = int(sys.argv[1]), sys.argv[2]
+with open(path, "w") as out:
+    out.write("domain: default/eg/http\ndescriptors:\n")
+    for i in range(routes):
+        name = f"httproute/default/route-{i}/rule/0/match/0"
+        out.write(f"  - key: {name}\n    value: {name}\n    descriptors:\n"
+                  "      - key: rule-0-match-0\n        value: rule-0-match-0\n        descriptors:\n"
+                  "          - key: x-user-id\n"
+                  "            rate_limit: {unit: minute, requests_per_unit: 100}\n")
+EOF
+}
+
 # Waits (up to 10 s) until the Tollgate BINARY on gRPC PORT reports SERVING.
 wait_ready() {
   local binary="$1" port="$2" tries=100

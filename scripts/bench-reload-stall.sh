@@ -16,18 +16,7 @@ cleanup_more() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }
 source "$(dirname "$0")/bench-lib.sh"
 
 rm -rf "$work/rules" && mkdir -p "$work/rules"
-python3 - "$routes" "$work/rules/eg.yaml" <<'EOF'
-import sys
-routes, path = int(sys.argv[1]), sys.argv[2]
-with open(path, "w") as out:
-    out.write("domain: default/eg/http\ndescriptors:\n")
-    for i in range(routes):
-        name = f"httproute/default/route-{i}/rule/0/match/0"
-        out.write(f"  - key: {name}\n    value: {name}\n    descriptors:\n"
-                  "      - key: rule-0-match-0\n        value: rule-0-match-0\n        descriptors:\n"
-                  "          - key: x-user-id\n"
-                  "            rate_limit: {unit: minute, requests_per_unit: 100}\n")
-EOF
+eg_rules_file "$routes" "$work/rules/eg.yaml"
 port="$(free_port)"
 "$binary" serve --config-dir "$work/rules" --grpc-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$(free_port)" \
   --debug-addr "127.0.0.1:$(free_port)" >"$work/server.log" 2>&1 &

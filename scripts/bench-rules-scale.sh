@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Rules at scale: for each number of routes, a rules file shaped as Envoy Gateway shapes its rules (one
-# domain per listener, one top-level descriptor per route rule, a client selector below it: three
-# levels) is loaded by `check-config` and by a server; printed per size: the file's size, check-config's
-# wall time, the server's time from start to ready, its RSS once ready, 5 s later (the allocator has by
+# Rules at scale: for each number of routes, a rules file shaped as Envoy Gateway shapes its rules
+# (bench-lib.sh's eg_rules_file: one domain, one top-level descriptor per route rule, a client selector
+# below it: three levels) is loaded by `check-config` and by a server; printed per size: the file's
+# size, check-config's wall time, the server's time from start to ready, its RSS once ready, 5 s later (the allocator has by
 # then returned what parsing left) and after a decision on every route (which adds a stored counter and
 # the route's series), the series in one scrape of /metrics, and one request in flight on route 0.
 #
@@ -18,27 +18,12 @@ cleanup_more() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }
 # shellcheck source=scripts/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 
-rules_file() { # routes path
-  python3 - "$1" "$2" <<'EOF'
-import sys
-routes, path = int(sys.argv[1]), sys.argv[2]
-with open(path, "w") as out:
-    out.write("domain: default/eg/http\ndescriptors:\n")
-    for i in range(routes):
-        name = f"httproute/default/route-{i}/rule/0/match/0"
-        out.write(f"  - key: {name}\n    value: {name}\n    descriptors:\n"
-                  "      - key: rule-0-match-0\n        value: rule-0-match-0\n        descriptors:\n"
-                  "          - key: x-user-id\n"
-                  "            rate_limit: {unit: minute, requests_per_unit: 100}\n")
-EOF
-}
-
 millis() { date +%s%3N; }
 
 printf '%-8s %-10s %-12s %-12s %-12s %-12s %-14s %-9s %s\n' routes file check-config ready rss-ready rss-idle rss-all-hit series 'one in flight'
 for routes in "${sizes[@]}"; do
   rm -rf "$work/rules" && mkdir -p "$work/rules"
-  rules_file "$routes" "$work/rules/eg.yaml"
+  eg_rules_file "$routes" "$work/rules/eg.yaml"
   size="$(du -h "$work/rules/eg.yaml" | cut -f1)"
   start="$(millis)"
   "$binary" check-config "$work/rules" >/dev/null || echo "check-config refused the rules: $("$binary" check-config "$work/rules" 2>&1 | tail -1)" >&2
