@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Rules at scale: for each number of routes, a rules file shaped as Envoy Gateway shapes its rules
 # (bench-lib.sh's eg_rules_file: one domain, one top-level descriptor per route rule, a client selector
-# below it: three levels) is loaded by `check-config` and by a server; printed per size: the file's
-# size, check-config's wall time, the server's time from start to ready, its RSS once ready, 5 s later (the allocator has by
-# then returned what parsing left) and after a decision on every route (which adds a stored counter and
-# the route's series), the series in one scrape of /metrics, and one request in flight on route 0.
+# below it: three levels) is loaded by `check-config` and by a server. Printed per size: the file's
+# size, check-config's wall time, the server's time from start to ready, its RSS once ready, 5 s later
+# (the allocator has by then returned what parsing left) and after a decision on every route (which
+# adds a stored counter and the route's series), the series in one scrape of /metrics, and one request
+# in flight on route 0.
 #
 #   scripts/bench-rules-scale.sh BINARY [ROUTES...]     (default: 1 8000 20000 100000)
 #
