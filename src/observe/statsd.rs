@@ -173,7 +173,6 @@ impl Sink {
             StatsdProtocol::Udp => UDP_BATCH,
         };
         let stats = go_stats::collect(&self.metrics);
-        self.forget_all_but(&stats);
         let mut batches = self.batches(stats, limit).into_iter();
         while let Some(batch) = batches.next() {
             if let Err(error) = self.send(batch.text.as_bytes()).await {
@@ -207,7 +206,8 @@ impl Sink {
 
     /// The lines of `stats` that statsd needs, in batches of at most `limit` bytes (a longer line
     /// alone).
-    fn batches(&self, stats: Vec<GoStat>, limit: usize) -> Vec<Batch> {
+    fn batches(&mut self, stats: Vec<GoStat>, limit: usize) -> Vec<Batch> {
+        self.forget_all_but(&stats);
         let mut batches = vec![Batch::default()];
         for stat in stats {
             let (value, kind) = match stat.kind {
@@ -222,10 +222,7 @@ impl Sink {
                 }
                 Kind::Gauge => (stat.value, "g"),
             };
-            let (head, tail) = match self.parts.get(&stat.name) {
-                Some(parts) => (parts.0.as_str().into(), parts.1.as_str().into()),
-                None => self.naming.parts(&stat.name),
-            };
+            let (head, tail) = &self.parts[&stat.name];
             let mut line = String::with_capacity(head.len() + tail.len() + 24);
             let _ = writeln!(line, "{head}:{value}|{kind}{tail}");
             let last = batches.last_mut().expect("one batch at least");
@@ -353,7 +350,7 @@ mod tests {
 
     #[test]
     fn batches_never_split_a_line_nor_pass_the_limit() {
-        let sink = sink(&[]);
+        let mut sink = sink(&[]);
         let stats: Vec<GoStat> = (0..200)
             .map(|i| counter(&format!("ratelimit.service.rate_limit.d.k_{i}.total_hits"), 1))
             .collect();

@@ -28,13 +28,7 @@ fn series_value(text: &str, series: &str) -> Option<u64> {
 #[tokio::test]
 async fn metrics_use_envoyproxy_ratelimit_names_on_both_ports() {
     let server = TestServer::start(&[("m.yaml", RULES)], &[]).await;
-    let mut client = server.client().await;
-    for _ in 0..12 {
-        client
-            .should_rate_limit(wire_request("m", &[&[("user", "alice")]]))
-            .await
-            .expect("answer");
-    }
+    let mut client = ask_times(&server, "alice", 12).await;
     for _ in 0..3 {
         client
             .should_rate_limit(wire_request("m", &[&[("path", "/login"), ("ip", "10.0.0.1")]]))
@@ -473,6 +467,22 @@ async fn expect_datagrams(udp: tokio::net::UdpSocket, expected: &[(&str, u64)]) 
     }
 }
 
+/// A client of `server` that has asked `times` times for user `user` of domain `m`.
+async fn ask_times(
+    server: &TestServer,
+    user: &str,
+    times: usize,
+) -> tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel> {
+    let mut client = server.client().await;
+    for _ in 0..times {
+        client
+            .should_rate_limit(wire_request("m", &[&[("user", user)]]))
+            .await
+            .expect("answer");
+    }
+    client
+}
+
 /// The Go service's statsd lines, over UDP with `EXTRA_TAGS`, then over TCP (gostats' default): what a
 /// statsd_exporter sidecar received from the Go service it receives from Tollgate.
 #[tokio::test]
@@ -488,13 +498,7 @@ async fn statsd_receives_the_go_services_lines_over_udp_and_tcp() {
         ("EXTRA_TAGS", "env:prod.eu"),
     ];
     let server = TestServer::start(&[("m.yaml", RULES)], &env).await;
-    let mut client = server.client().await;
-    for _ in 0..12 {
-        client
-            .should_rate_limit(wire_request("m", &[&[("user", "alice")]]))
-            .await
-            .expect("answer");
-    }
+    let mut client = ask_times(&server, "alice", 12).await;
     client
         .should_rate_limit(wire_request("nope", &[&[("user", "u")]]))
         .await
@@ -529,13 +533,7 @@ async fn statsd_receives_the_go_services_lines_over_udp_and_tcp() {
         ("STATS_FLUSH_INTERVAL", "100ms"),
     ];
     let server = TestServer::start(&[("m.yaml", RULES)], &env).await;
-    let mut client = server.client().await;
-    for _ in 0..3 {
-        client
-            .should_rate_limit(wire_request("m", &[&[("user", "bob")]]))
-            .await
-            .expect("answer");
-    }
+    ask_times(&server, "bob", 3).await;
     let (sender, mut received) = tokio::sync::mpsc::unbounded_channel();
     let listener = tokio::spawn(async move {
         let (stream, _) = tcp.accept().await.expect("the sink connects");
@@ -576,13 +574,7 @@ async fn dog_statsd_receives_tags_and_mogrified_names() {
         ("DD_SERVICE", "ratelimit"),
     ];
     let server = TestServer::start(&[("m.yaml", RULES)], &env).await;
-    let mut client = server.client().await;
-    for _ in 0..12 {
-        client
-            .should_rate_limit(wire_request("m", &[&[("user", "alice")]]))
-            .await
-            .expect("answer");
-    }
+    ask_times(&server, "alice", 12).await;
     let tags = "|#service:ratelimit,env:prod_eu,domain:m,descriptor:user";
     let expected = [
         (format!("ratelimit.service.rate_limit.total_hits{tags}"), 12),
