@@ -20,7 +20,7 @@ use super::text_format::render_histogram;
 pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String {
     let mut out = String::with_capacity(4096);
     go_series::render(metrics, go, &mut out);
-    let counters: [(&str, &str, u64); 29] = [
+    let counters: [(&str, &str, u64); 30] = [
         (
             "tollgate_domain_not_found_total",
             "Requests for an unknown domain.",
@@ -85,6 +85,11 @@ pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String 
             "tollgate_redis_abandoned_total",
             "Requests never sent to Redis because their caller had stopped waiting.",
             store.redis_abandoned,
+        ),
+        (
+            "tollgate_redis_stalled_connections_total",
+            "Redis connections on which a call outlived its timeout: nothing more was written to them until they drained or were replaced.",
+            store.redis_stalled_connections,
         ),
         (
             "tollgate_memory_evictions_total",
@@ -251,6 +256,7 @@ mod tests {
                 redis_ttl_repairs: 10,
                 redis_queue_full: 2,
                 redis_abandoned: 1,
+                redis_stalled_connections: 3,
                 memory_evictions: 9,
                 memory_refused: 11,
                 memory_keys: 12,
@@ -272,6 +278,7 @@ mod tests {
         assert!(text.contains("tollgate_redis_pipelines_total 5"));
         assert!(text.contains("tollgate_redis_queue_full_total 2"));
         assert!(text.contains("tollgate_redis_abandoned_total 1"));
+        assert!(text.contains("tollgate_redis_stalled_connections_total 3"));
         assert!(text.contains("tollgate_memory_evictions_total 9"));
         assert!(text.contains("tollgate_memory_keys 12"));
         assert!(text.contains("tollgate_memory_refused_total 11"));

@@ -258,7 +258,7 @@ async fn report(
     redis_ports: &[u16],
     restarted: bool,
     redis_away: bool,
-) {
+) -> u64 {
     // Let calls still in flight finish and their replies land.
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let counted = redis_counted(redis_ports, restarted);
@@ -324,6 +324,7 @@ async fn report(
          abandoned, {queue_full} refused)",
         seen.answered
     );
+    ghosts
 }
 
 /// A fault the proxy makes for `fault_for`, then heals, with callers asking for `total`.
@@ -349,6 +350,40 @@ async fn through_the_proxy(
     )
     .await;
     report(name, &server, &seen, &[redis.port], false, redis_away).await;
+}
+
+/// Redis frozen (SIGSTOP) for longer than several single-node call timeouts, then thawed. Nothing is
+/// written to a connection once a call on it outlived its timeout, so what Redis runs when it thaws
+/// is only what was in flight when it froze: at most the calls that were then holding the coalescer's
+/// slots, each carrying at most one request per caller. Without that bound a frozen Redis was written
+/// new calls every timeout, and ghost hits grew with the freeze (issue #30).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_frozen_for_eight_seconds() {
+    require_redis!();
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let redis = Arc::new(RedisServer::start());
+    let server = server(&[("REDIS_URL", &redis.url())]).await;
+    let (frozen, thawed) = (Arc::clone(&redis), Arc::clone(&redis));
+    let seen = under_load(
+        &server,
+        Duration::from_secs(10),
+        Duration::from_secs(8),
+        move || frozen.pause(),
+        move || thawed.resume(),
+    )
+    .await;
+    let ghosts = report("Redis frozen for 8 s", &server, &seen, &[redis.port], false, true).await;
+    // Calls in flight at once (the coalescer's slots) times the callers: each caller has one request
+    // outstanding, so one round of calls carries at most all of them.
+    let in_flight = 4 * CALLERS as u64;
+    assert!(
+        ghosts <= in_flight,
+        "{ghosts} ghost hits: more than the {in_flight} requests that can be in flight at once"
+    );
+    assert!(
+        server.metric("tollgate_redis_stalled_connections_total").await >= 1,
+        "the stalled connection was counted"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -236,6 +236,9 @@ pub struct StoreCounters {
     pub redis_queue_full: u64,
     /// Queued requests never sent because their caller had given up waiting.
     pub redis_abandoned: u64,
+    /// Redis connections found stalled (a call on them outlived its timeout) and no longer written
+    /// until drained or replaced.
+    pub redis_stalled_connections: u64,
     /// Entries the embedded store evicted to stay within its key cap.
     pub memory_evictions: u64,
     /// Lease acquires and refunds the embedded store refused because its leases or refund markers were
@@ -290,6 +293,8 @@ impl AnyStore {
                     redis_ttl_repairs: sum.redis_ttl_repairs + repaired,
                     redis_queue_full: sum.redis_queue_full + cache.inner().queue_full(),
                     redis_abandoned: sum.redis_abandoned + cache.inner().abandoned(),
+                    redis_stalled_connections: sum.redis_stalled_connections
+                        + cache.inner().stalled_connections(),
                     memory_evictions: 0,
                     memory_refused: 0,
                     memory_keys: 0,

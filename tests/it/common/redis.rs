@@ -128,6 +128,26 @@ impl RedisServer {
         }
     }
 
+    /// Stops the server without closing anything (SIGSTOP), as a frozen host would: connections stay
+    /// open, what is sent to it waits in its sockets, and runs once it is [`RedisServer::resume`]d.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a [`RedisServer::pause`]d server run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("the server runs").id().to_string();
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
     /// Starts the server again on the same port (after [`RedisServer::kill`]).
     pub fn restart(&mut self) {
         self.kill();

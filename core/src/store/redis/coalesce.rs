@@ -33,13 +33,12 @@
 //! - a call carries at most [`MAX_ITEMS_PER_CALL`] items (a larger request goes alone, and waits for
 //!   the next call rather than inflating one already full);
 //! - a call holds its slot until Redis answers, or [`CALL_TIMEOUT`] passes: a slow Redis gets no more
-//!   concurrent calls than [`CALLS_IN_FLIGHT`]. Not yet bounded: after [`CALL_TIMEOUT`] the slot is
-//!   freed while the call is still unanswered on its connection, which redis-rs keeps while it is
-//!   open, so a Redis that stalls without closing it (stopped, blackholed, a long command) is written
-//!   up to [`CALLS_IN_FLIGHT`] more calls every [`CALL_TIMEOUT`], and runs them all when it resumes:
-//!   ghost hits that grow with the stall's length (issue #30). (In a cluster a
-//!   group's per-master pipelines stop at their requests' deadline instead, so that one stalled master
-//!   does not hold up the requests the others serve: [`super::pipeline`].)
+//!   concurrent calls than [`CALLS_IN_FLIGHT`]. A call that times out stalls its connection, which is
+//!   not written again until it is known to be drained or is replaced ([`super::node_pool`]), so a
+//!   Redis that stalls without closing its connections (stopped, blackholed, a long command) runs,
+//!   when it resumes, only the calls that were in flight. (In a cluster a group's per-master
+//!   pipelines stop at their requests' deadline instead, so that one stalled master does not hold up
+//!   the requests the others serve, and a stalled master is written again: [`super::pipeline`].)
 //!
 //! [`CommitPolicy::Independent`]: crate::store::CommitPolicy::Independent
 
@@ -68,8 +67,8 @@ const MAX_ITEMS_PER_CALL: usize = 512;
 /// longer would only answer later what the failure mode answers now.
 pub(super) const QUEUE_CAPACITY: usize = 4096;
 
-/// How long a coalesced call may wait for Redis's answer, holding its slot, before the connection is
-/// deemed dead. Far above any healthy call; callers stopped waiting long before (their own deadline).
+/// How long a coalesced call may wait for Redis's answer, holding its slot, before its connection is
+/// deemed stalled. Far above any healthy call; callers stopped waiting long before (their own deadline).
 pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Where a queued request's answer goes: its decisions, or the error that stopped them.

@@ -26,6 +26,7 @@ mod cluster_scripts;
 mod coalesce;
 mod keys;
 mod lease;
+mod node_pool;
 mod options;
 mod pipeline;
 pub mod script;
@@ -39,7 +40,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -59,6 +60,7 @@ pub use target::{RedisMode, RedisTarget, TargetError, without_userinfo};
 use self::clock_offset::ClockOffsets;
 use self::cluster_rebuild::ClusterRebuild;
 use self::keys::{Placement, redis_key, refund_marker};
+use self::node_pool::NodePool;
 use self::script::{BatchScript, Markers, ScriptItem, ScriptReply};
 use self::sentinel::{SentinelLink, suggests_failover};
 use super::{Batch, BatchItem, CommitPolicy, Store, StoreError};
@@ -67,35 +69,32 @@ use crate::clock::Clock;
 
 /// Live connections, filled in by the background connector.
 enum Connections {
-    Single {
-        pool: Vec<ConnectionManager>,
-        next: AtomicUsize,
-    },
+    /// A single Redis or Sentinel's master.
+    Node(Arc<NodePool>),
     Cluster(ClusterConnection),
-    Sentinel(Arc<SentinelLink>),
 }
 
+/// The pool entry a call sent whole was made on, to learn from how it went ([`NodePool::after_call`]).
+type Used<'c> = Option<(&'c Arc<NodePool>, usize)>;
+
 impl Connections {
-    /// A connection for a call sent whole (single node: the next of the pool), and, on Sentinel, the
-    /// link to refresh if the call suggests the master moved.
-    fn whole(&self) -> (WholeConnection, Option<&Arc<SentinelLink>>) {
+    /// A connection for a call sent whole (on one node: the next of the pool that is not stalled), and
+    /// which pool entry it is.
+    fn whole(&self) -> Result<(WholeConnection, Used<'_>), CallError> {
         match self {
-            Connections::Single { pool, next } => {
-                let conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();
-                (WholeConnection::Node(conn), None)
+            Connections::Node(pool) => {
+                let taken = pool.take().ok_or(CallError::Stalled)?;
+                Ok((WholeConnection::Node(taken.conn), Some((pool, taken.entry))))
             }
-            Connections::Cluster(conn) => (WholeConnection::Cluster(conn.clone()), None),
-            Connections::Sentinel(link) => (WholeConnection::Node(link.connection()), Some(link)),
+            Connections::Cluster(conn) => Ok((WholeConnection::Cluster(conn.clone()), None)),
         }
     }
 }
 
-/// On Sentinel, looks the master up again when a call's failure suggests it moved.
-fn refresh_if_moved<T>(link: Option<&Arc<SentinelLink>>, result: &Result<T, CallError>) {
-    if let (Some(link), Err(error)) = (link, result)
-        && error.suggests_failover()
-    {
-        link.refresh();
+/// Tells the pool how a call on one of its connections went (a timeout stalls the connection).
+fn after_call<T>(used: Used<'_>, result: &Result<T, CallError>) {
+    if let Some((pool, entry)) = used {
+        pool.after_call(entry, result);
     }
 }
 
@@ -140,6 +139,9 @@ impl ConnectionLike for WholeConnection {
 enum CallError {
     /// No connection has been made yet.
     NotConnected,
+    /// Every connection to the node is stalled: a call on each outlived its timeout, and none is known
+    /// to be drained or replaced yet ([`node_pool`]).
+    Stalled,
     /// An all-or-nothing batch whose keys live in several Redis Cluster slots.
     CrossSlot,
     Timeout,
@@ -151,6 +153,9 @@ impl CallError {
     fn into_store_error(self, deadline: Duration) -> StoreError {
         match self {
             CallError::NotConnected => StoreError::Unavailable("not connected to Redis yet".into()),
+            CallError::Stalled => StoreError::Unavailable(
+                "Redis stopped answering: waiting for it to drain or reconnect".into(),
+            ),
             CallError::CrossSlot => StoreError::CrossSlot,
             CallError::Timeout => StoreError::Timeout(deadline),
             CallError::Redis(error) => StoreError::Unavailable(error.to_string()),
@@ -163,7 +168,7 @@ impl CallError {
     fn suggests_failover(&self) -> bool {
         match self {
             CallError::Timeout => true,
-            CallError::NotConnected | CallError::CrossSlot => false,
+            CallError::NotConnected | CallError::Stalled | CallError::CrossSlot => false,
             CallError::Redis(error) => suggests_failover(error),
             CallError::Reply(_) => false,
         }
@@ -335,10 +340,12 @@ impl RedisStore {
                 for _ in 0..self.options.connections.max(1) {
                     pool.push(ConnectionManager::new_with_config(client.clone(), config.clone()).await?);
                 }
-                Ok(Connections::Single {
+                Ok(Connections::Node(NodePool::new(
+                    node_pool::Source::Client(client),
+                    config,
+                    timeout,
                     pool,
-                    next: AtomicUsize::new(0),
-                })
+                )))
             }
             RedisMode::Cluster(nodes) => {
                 let mut builder = ClusterClient::builder(nodes.clone())
@@ -359,8 +366,15 @@ impl RedisStore {
                 tls,
             } => {
                 let tls = tls.map(|mode| (mode, self.options.tls.clone()));
-                let link = SentinelLink::connect(master, sentinels, node, tls, self.manager_config()).await?;
-                Ok(Connections::Sentinel(Arc::new(link)))
+                let config = self.manager_config();
+                let (link, master) =
+                    SentinelLink::connect(master, sentinels, node, tls, config.clone()).await?;
+                Ok(Connections::Node(NodePool::new(
+                    node_pool::Source::Sentinel(link),
+                    config,
+                    timeout,
+                    vec![master],
+                )))
             }
         }
     }
@@ -369,12 +383,8 @@ impl RedisStore {
     /// to every master).
     async fn preload(&self, connections: &Connections) -> redis::RedisResult<()> {
         match connections {
-            Connections::Single { pool, .. } => {
-                let mut conn = pool[0].clone();
-                self.script.preload(&mut conn).await
-            }
+            Connections::Node(pool) => self.script.preload(&mut pool.first()).await,
             Connections::Cluster(conn) => self.script.preload(&mut conn.clone()).await,
-            Connections::Sentinel(link) => self.script.preload(&mut link.connection()).await,
         }
     }
 
@@ -391,6 +401,14 @@ impl RedisStore {
     /// Batches applied so far (one per request that reached Redis).
     pub fn batches(&self) -> u64 {
         self.batches.load(Ordering::Relaxed)
+    }
+
+    /// Connections found stalled so far: a call on them outlived its timeout ([`node_pool`]).
+    pub fn stalled_connections(&self) -> u64 {
+        match self.connections.load().as_deref() {
+            Some(Connections::Node(pool)) => pool.stalls(),
+            _ => 0,
+        }
     }
 
     /// Requests refused because the queue of requests waiting for a coalesced call was full.
@@ -434,7 +452,8 @@ impl RedisStore {
     }
 
     /// Runs one call that is sent whole (not split per hash slot) on a connection of the deployment,
-    /// within the deadline. On Sentinel, a failure that suggests a failover refreshes the master.
+    /// within the deadline. A timeout stalls the connection; on Sentinel, a failure that suggests a
+    /// failover refreshes the master ([`node_pool`]).
     async fn call_whole<T, F, Fut>(&self, call: F) -> Result<T, CallError>
     where
         F: FnOnce(WholeConnection) -> Fut,
@@ -443,9 +462,9 @@ impl RedisStore {
         let Some(connections) = self.connections.load_full() else {
             return Err(CallError::NotConnected);
         };
-        let (conn, link) = connections.whole();
+        let (conn, used) = connections.whole()?;
         let result = within(self.options.deadline, call(conn)).await;
-        refresh_if_moved(link, &result);
+        after_call(used, &result);
         result
     }
 
@@ -669,14 +688,16 @@ impl RedisStore {
         };
         let result = match &*connections {
             Connections::Cluster(conn) => self.apply_per_slot(conn, items, policy, markers, timeout).await,
-            whole => {
-                let (mut conn, link) = whole.whole();
-                let result = self
-                    .invoke(&mut conn, None, items, policy, markers, timeout)
-                    .await;
-                refresh_if_moved(link, &result);
-                result
-            }
+            whole => match whole.whole() {
+                Ok((mut conn, used)) => {
+                    let result = self
+                        .invoke(&mut conn, None, items, policy, markers, timeout)
+                        .await;
+                    after_call(used, &result);
+                    result
+                }
+                Err(error) => Err(error),
+            },
         };
         result.map_err(|e| e.into_store_error(self.options.deadline))
     }

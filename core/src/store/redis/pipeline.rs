@@ -43,9 +43,7 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 
 use super::coalesce::{Answers, Pending};
 use super::script::{ReplyError, ScriptItem};
-use super::{
-    CallError, Connections, RedisStore, by_slot, fail, place, refresh_if_moved, shares_group, within,
-};
+use super::{CallError, Connections, RedisStore, after_call, by_slot, fail, place, shares_group, within};
 use crate::algorithm::{Algorithm, Decision, fixed_window};
 use crate::store::{BatchItem, CommitPolicy, StoreError};
 
@@ -139,9 +137,14 @@ impl RedisStore {
                 }
             }
             whole => {
-                let (mut conn, link) = whole.whole();
-                let counted = self.increment(&mut conn, None, named, timeout).await;
-                refresh_if_moved(link, &counted);
+                let counted = match whole.whole() {
+                    Ok((mut conn, used)) => {
+                        let counted = self.increment(&mut conn, None, named, timeout).await;
+                        after_call(used, &counted);
+                        counted
+                    }
+                    Err(error) => Err(error),
+                };
                 let refused = apply(
                     named,
                     answers,

@@ -3,40 +3,30 @@
 //! The connection to the master is a redis-rs `ConnectionManager`, which reconnects to the same
 //! address by itself. After a failover that address is a demoted replica (writes answer `READONLY`) or
 //! gone, so when a call fails that way the master is re-resolved through the sentinels in the
-//! background and the new connection swapped in. The failing call itself gets the rules' failure
-//! mode; the calls after the swap reach the new master.
+//! background and the new connection swapped in ([`super::node_pool`]). The failing call itself gets
+//! the rules' failure mode; the calls after the swap reach the new master.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
-
-use arc_swap::ArcSwap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{ConnectionInfo, RedisConnectionInfo, TlsCertificates, TlsMode};
 use tokio::sync::Mutex;
 
-/// Shortest pause between two re-resolutions, so a burst of failing calls asks the sentinels once.
-const RESOLVE_COOLDOWN: Duration = Duration::from_millis(500);
-
-/// A master connection that follows failovers.
+/// The sentinels, asked for the master.
 pub(crate) struct SentinelLink {
     sentinels: Mutex<SentinelClient>,
-    config: ConnectionManagerConfig,
-    current: ArcSwap<ConnectionManager>,
-    resolving: AtomicBool,
 }
 
 impl SentinelLink {
-    /// Asks the sentinels for `master` and connects to it. With `tls`, both the sentinels and the master
-    /// are reached over TLS, verified with `certificates` when given (else the system's roots).
+    /// Asks the sentinels for `master` and connects to it: the link, and the connection. With `tls`, both
+    /// the sentinels and the master are reached over TLS, verified with `certificates` when given (else
+    /// the system's roots).
     pub(crate) async fn connect(
         master: &str,
         sentinels: &[ConnectionInfo],
         node: &RedisConnectionInfo,
         tls: Option<(TlsMode, Option<TlsCertificates>)>,
         config: ConnectionManagerConfig,
-    ) -> redis::RedisResult<Self> {
+    ) -> redis::RedisResult<(Self, ConnectionManager)> {
         let mut builder = SentinelClientBuilder::new(
             sentinels.iter().map(|s| s.addr().clone()),
             master,
@@ -71,47 +61,21 @@ impl SentinelLink {
                     .set_client_to_redis_certificates(certificates);
             }
         }
-        let mut client = builder.build()?;
-        let manager =
-            ConnectionManager::new_with_config(client.async_get_client().await?, config.clone()).await?;
-        Ok(Self {
-            sentinels: Mutex::new(client),
-            config,
-            current: ArcSwap::from_pointee(manager),
-            resolving: AtomicBool::new(false),
-        })
+        let link = Self {
+            sentinels: Mutex::new(builder.build()?),
+        };
+        let manager = link.resolve(config).await?;
+        Ok((link, manager))
     }
 
-    /// The current master connection (cheap: a clone of a multiplexed handle).
-    pub(crate) fn connection(&self) -> ConnectionManager {
-        ConnectionManager::clone(&self.current.load())
-    }
-
-    /// Starts re-resolving the master in the background unless that is already under way.
-    pub(crate) fn refresh(self: &Arc<Self>) {
-        if self.resolving.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let link = Arc::clone(self);
-        tokio::spawn(async move {
-            match link.resolve().await {
-                Ok(()) => tracing::info!("Redis master re-resolved through the sentinels"),
-                Err(error) => {
-                    tracing::warn!(%error, "cannot re-resolve the Redis master through the sentinels")
-                }
-            }
-            tokio::time::sleep(RESOLVE_COOLDOWN).await;
-            link.resolving.store(false, Ordering::Release);
-        });
-    }
-
-    async fn resolve(&self) -> redis::RedisResult<()> {
-        // The sentinel client is only touched here and at connect; the lock is never held on the
-        // request path.
+    /// A connection to the master the sentinels name now.
+    pub(crate) async fn resolve(
+        &self,
+        config: ConnectionManagerConfig,
+    ) -> redis::RedisResult<ConnectionManager> {
+        // The sentinel client is only touched here; the lock is never held on the request path.
         let client = self.sentinels.lock().await.async_get_client().await?;
-        let manager = ConnectionManager::new_with_config(client, self.config.clone()).await?;
-        self.current.store(Arc::new(manager));
-        Ok(())
+        ConnectionManager::new_with_config(client, config).await
     }
 }
 
