@@ -62,7 +62,9 @@
 --   did); each limit once because a call's items mostly share a few (coalesced requests for the
 --   same rule), and unpacking a field costs more than anything done with it.
 -- Returns: one binary string, 8 + 25 bytes per item: now_us as a little-endian double, then per
---   item struct '<Bddd': allowed (1/0), remaining, reset_after_us, retry_after_us. Doubles hold
+--   item struct '<Bddd': flags (1: allowed; 2: its key held an impossible value, see exact.lua,
+--   decided as none and removed or overwritten unless peeking), remaining, reset_after_us,
+--   retry_after_us. Doubles hold
 --   every value exactly below 2^53 (beyond, only for absurd limits, the caller saturates them at
 --   u64::MAX as Rust does). One string instead of an array of 1 + 4n integers: Redis turns each
 --   array element into a reply of its own, which cost more than packing. Malformed arguments ->
@@ -92,9 +94,8 @@
 -- round-trips bit for bit). A value whose algorithm or window differs from the item's (or that
 -- is malformed, e.g. of the wrong length) reads as no state, as MemoryStore keys its entries by
 -- (key, algorithm, window). A fixed-window key holding anything but a decimal integer reads as 0
--- and is overwritten.
-
-local MAX_EXACT = 9007199254740991
+-- and is overwritten. A value no Tollgate could have written (exact.lua) reads as no state too, and
+-- is overwritten or removed by any call but a peek, and flagged in the reply.
 
 -- Algorithms other than the fixed window, by code. `decides_expired_as_none`: deciding from a state
 -- that has expired gives exactly what deciding from no state gives (each such file shows why), so
@@ -127,6 +128,18 @@ local first_of = {}
 -- other algorithms the instant it expires, computed once for both the check and the write);
 -- written in this call.
 local raw, ov_live, ov_alg, ov_win, ov_state, ov_writer, written = {}, {}, {}, {}, {}, {}, {}
+-- The key slots found holding an impossible value (exact.lua) in this call: broken[g] is true for
+-- each, and broken_slots lists them. Cleared at the start of a call, so that a call that finds none
+-- (every call, normally) pays nothing per item.
+local broken, broken_slots, broken_count = {}, {}, 0
+
+local function mark_broken(g)
+  if not broken[g] then
+    broken[g] = true
+    broken_count = broken_count + 1
+    broken_slots[broken_count] = g
+  end
+end
 local ov_expiry = {}
 -- Per item: the decision of the current pass, the first pass's verdict, the costs.
 local allowed, remaining, reset, retry, first_allowed, first_retry = {}, {}, {}, {}, {}, {}
@@ -153,7 +166,11 @@ local function stored_state(i, now, deciding)
     return nil
   end
   local lim, algorithm = lim_of[i], ALGORITHMS[a]
-  local st = algorithm.decode(lim, value)
+  local st = algorithm.decode(lim, value, now)
+  if st == false then
+    mark_broken(first_of[i])
+    return nil
+  end
   if st == nil or not (deciding and algorithm.decides_expired_as_none)
       and algorithm.expires(lim, st) <= now then
     return nil
@@ -170,13 +187,18 @@ local function current_state(i, g, entry, now, deciding)
   return stored_state(i, now, deciding)
 end
 
--- A fixed-window counter as stored, and whether the key holds something else.
+-- The largest counter INCRBY leaves (2^63 - 1, as a double).
+local MAX_COUNT = 9223372036854775807
+
+-- A fixed-window counter as stored, and whether the key holds something else: not a number, or one
+-- no INCRBY leaves (NaN, an infinity, negative), which is impossible (exact.lua) and read as 0. (A
+-- fraction is read as it is; the first write stores the count as a whole number.)
 local function stored_count(value)
   if not value then
     return 0, false
   end
   local count = tonumber(value)
-  if count == nil then
+  if count == nil or not (count >= 0 and count <= MAX_COUNT) then
     return 0, true
   end
   return count, false
@@ -189,6 +211,9 @@ local function current_count(g, entry)
     return ov_state[g], true
   end
   local stored, garbage = stored_count(raw[g])
+  if garbage then
+    mark_broken(g)
+  end
   return stored, raw[g] and not garbage
 end
 
@@ -210,8 +235,13 @@ local function run(n, costs, now)
     else
       local st = current_state(i, g, entry, now, true)
       local algorithm = ALGORITHMS[a]
-      -- A decide may return the new state's expiry when it computed it anyway (token_bucket.lua).
-      ok, left, rst, rty, next_state, expiry = algorithm.decide(lim, st, now, cost)
+      -- A decide may return the new state's expiry when it computed it anyway (token_bucket.lua),
+      -- and whether it found the state impossible after all (sliding_log.lua: its live total).
+      local impossible
+      ok, left, rst, rty, next_state, expiry, impossible = algorithm.decide(lim, st, now, cost)
+      if impossible then
+        mark_broken(g)
+      end
       -- Stored as MemoryStore stores it: a state already expired under this limit is no state.
       if cost > 0 and next_state ~= nil then
         expiry = expiry or algorithm.expires(lim, next_state)
@@ -386,7 +416,23 @@ local function write_states(n)
   end
 end
 
+-- Keys found impossible and not written by this call: removed, so that they cannot outlive it (a
+-- value without a TTL would never heal).
+local function remove_broken()
+  for j = 1, broken_count do
+    local g = broken_slots[j]
+    if not written[g] then
+      written[g] = true
+      redis.call('DEL', key_of[g])
+    end
+  end
+end
+
 local function tollgate_batch(keys, args)
+  for j = 1, broken_count do
+    broken[broken_slots[j]] = nil
+  end
+  broken_count = 0
   local now
   do
     local time = redis.call('TIME')
@@ -466,6 +512,7 @@ local function tollgate_batch(keys, args)
     refund_all(n, now, marker_ttl and keys, marker_ttl)
     write_refunded_counters(n)
     write_states(n)
+    remove_broken()
   else
     run(n, cost_of, now)
     -- A peek (3) is the first pass alone: its decisions, no settling, nothing written.
@@ -486,6 +533,7 @@ local function tollgate_batch(keys, args)
       end
       write_counters(n, costs)
       write_states(n)
+      remove_broken()
     end
   end
 
@@ -493,6 +541,11 @@ local function tollgate_batch(keys, args)
   reply_parts[1] = pack('<d', now)
   for i = 1, n do
     reply_parts[i + 1] = pack('<Bddd', allowed[i] and 1 or 0, remaining[i], reset[i], retry[i])
+  end
+  for i = 1, broken_count > 0 and n or 0 do
+    if broken[first_of[i]] then
+      reply_parts[i + 1] = pack('<Bddd', (allowed[i] and 1 or 0) + 2, remaining[i], reset[i], retry[i])
+    end
   end
   return table.concat(reply_parts, '', 1, n + 1)
 end

@@ -108,6 +108,21 @@ local function int_str(x)
   return string.format('%.0f', x)
 end
 
+-- Stored states are validated when read (batch.lua's stored_state): a value of the right algorithm
+-- and window whose fields no Tollgate could have written (NaN, an infinity, a negative count or one
+-- beyond 2^53, an instant far ahead of Redis's clock) is *impossible*: the decode returns false,
+-- batch.lua decides as from no state, removes or overwrites the value (it may have no TTL, and would
+-- never heal), and flags the item in its reply so that Tollgate logs and counts it. Each field is
+-- checked against a range (a comparison with NaN is false), inline: a helper function's call cost
+-- Redis 6-11 % of a decision. A fraction in a count is not checked; it changes a decision by less
+-- than one request.
+--
+-- The largest integer a double holds exactly (2^53 - 1).
+local MAX_EXACT = TWO53 - 1
+-- How far past Redis's clock a stored instant may lie: a clock that stepped back (a failover to a
+-- node whose clock is behind) leaves states written ahead of it. An hour covers any such step.
+local AHEAD_US = 3600000000
+
 -- The decision of a limit with requests == 0 (nothing ever refills), as algorithm::never_refills:
 -- a peek passes with nothing left; any costed request is denied with a retry hint of one window.
 -- Returns allowed, remaining, reset_after_us, retry_after_us, state (unchanged).

@@ -115,14 +115,23 @@ local function gcra_encode(lim, st)
 end
 
 -- `value` is a stored value whose algorithm byte batch.lua checked; nil when malformed or of
--- another window.
-local function gcra_decode(lim, value)
+-- another window, false when impossible (exact.lua): a field out of range, or the TAT too far ahead.
+local function gcra_decode(lim, value, now)
   if #value ~= 25 then
     return nil
   end
   local window_us, tat, frac = struct.unpack('<ddd', value, 2)
   if window_us ~= lim.window_us then
     return nil
+  end
+  -- The TAT lies at most the whole burst's debt ahead (burst * window / requests µs), plus the
+  -- clock's slack; a state further ahead is one this limit cannot reach (hand-made, or left by a
+  -- limit reconfigured from a far slower rate) and would deny for that long. The debt is computed only
+  -- for a TAT beyond the slack alone.
+  local ahead = now + AHEAD_US
+  if not (tat >= 0 and frac >= 0 and frac <= MAX_EXACT)
+      or tat > ahead and not (lim.requests > 0 and tat <= ahead + lim.burst * lim.w / lim.requests) then
+    return false
   end
   return { tat = tat, frac = frac }
 end

@@ -8,8 +8,10 @@
 --   them with the domain).
 -- ARGV: [1] 'acquire', 'renew' or 'release'; [2] the lease id; for 'acquire' and 'renew' also [3] the
 --   TTL in µs (> 0) and [4..] max_in_flight per key, in KEYS order (decimal, >= 0).
--- Returns: 'acquire'/'renew' -> { now_us, then per key: available (1/0), in_flight, retry_after_us };
---   'release' -> { now_us, then per key: released (1/0), in_flight }.
+-- Returns: 'acquire'/'renew' -> { now_us, impossible, then per key: available (1/0), in_flight,
+--   retry_after_us }; 'release' -> { now_us, impossible, then per key: released (1/0), in_flight }.
+--   `impossible`: keys found holding something other than a sorted set, which no Tollgate writes
+--   (src/store/redis/impossible.rs): each is deleted, and then serves leases as an empty set would.
 --
 -- Acquire and renew are all or none. A new lease ('acquire') may take a key's slot when the key holds
 -- fewer than max_in_flight live leases and none under this id (so no two callers share a slot); a
@@ -24,8 +26,15 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local op, id = ARGV[1], ARGV[2]
 
+local reply = { now, 0 }
+
 local function purge(key)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  local purged = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', now)
+  if type(purged) == 'table' and purged.err then
+    -- Not a sorted set (WRONGTYPE): left as it is, every call on the key would fail.
+    redis.call('DEL', key)
+    reply[2] = reply[2] + 1
+  end
 end
 
 local function expire_with_last_lease(key)
@@ -35,7 +44,6 @@ local function expire_with_last_lease(key)
   end
 end
 
-local reply = { now }
 if op == 'acquire' or op == 'renew' then
   local ttl = tonumber(ARGV[3])
   if not ttl or ttl <= 0 then
@@ -74,7 +82,7 @@ if op == 'acquire' or op == 'renew' then
     for i, key in ipairs(KEYS) do
       redis.call('ZADD', key, now + ttl, id)
       expire_with_last_lease(key)
-      reply[1 + (i - 1) * 3 + 2] = redis.call('ZCARD', key)
+      reply[2 + (i - 1) * 3 + 2] = redis.call('ZCARD', key)
     end
   end
   return reply

@@ -139,10 +139,17 @@ local function sliding_log_decide(lim, st, now, cost)
   if first <= n then
     used = sum_costs(st.v, first, n)
   end
+  local newest = n > 0 and entry_at(st.v, n)
+  -- Costs are at least 1 and timestamps are Redis's clock: a live total out of range (NaN, an
+  -- infinity, negative, beyond any limit) or a newest entry far ahead is impossible (exact.lua).
+  -- Decided as no log, and flagged for batch.lua to repair.
+  if newest and not (used >= 0 and used <= MAX_EXACT and newest >= 0 and newest <= now + AHEAD_US) then
+    local ok, left, rst, rty, next_state, expiry = sliding_log_decide(lim, nil, now, cost)
+    return ok, left, rst, rty, next_state, expiry, true
+  end
   local after = used + cost
   -- Time until the newest entry expires (0 when empty or already expired).
   local reset = 0
-  local newest = n > 0 and entry_at(st.v, n)
   if newest then
     reset = math.max(newest + w - now, 0)
   end
@@ -221,7 +228,8 @@ local function sliding_log_encode(_, st)
 end
 
 -- `value` is a stored value whose algorithm byte batch.lua checked; nil when malformed or of
--- another window.
+-- another window. An impossible log (exact.lua) is found by sliding_log_decide, from the newest
+-- timestamp and the live total it reads anyway, rather than here by reading the log once more.
 local function sliding_log_decode(lim, value)
   local len = #value
   if len < 25 or math.fmod(len - 9, 16) ~= 0 or struct.unpack('<d', value, 2) ~= lim.window_us then

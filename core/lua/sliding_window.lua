@@ -127,14 +127,19 @@ local function sliding_window_encode(lim, st)
 end
 
 -- `value` is a stored value whose algorithm byte batch.lua checked; nil when malformed or of
--- another window.
-local function sliding_window_decode(lim, value)
+-- another window, false when impossible (exact.lua): counts out of range, or a window starting
+-- later than an hour ahead of `now`.
+local function sliding_window_decode(lim, value, now)
   if #value ~= 33 then
     return nil
   end
   local window_us, start, cur, prev = struct.unpack('<dddd', value, 2)
   if window_us ~= lim.window_us then
     return nil
+  end
+  if not (start >= 0 and start <= now + AHEAD_US and cur >= 0 and cur <= MAX_EXACT and prev >= 0
+      and prev <= MAX_EXACT) then
+    return false
   end
   return { start = start, cur = cur, prev = prev }
 end

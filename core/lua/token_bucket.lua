@@ -128,14 +128,18 @@ local function token_bucket_encode(lim, st)
 end
 
 -- `value` is a stored value whose algorithm byte batch.lua checked; nil when malformed or of
--- another window.
-local function token_bucket_decode(lim, value)
+-- another window, false when impossible (exact.lua): t, f out of their ranges (f < window), or an
+-- update later than an hour ahead of `now`.
+local function token_bucket_decode(lim, value, now)
   if #value ~= 49 then
     return nil
   end
   local window_us, _, _, t, f, at = struct.unpack('<dddddd', value, 2)
-  if window_us ~= lim.window_us or not (f < lim.w) then
+  if window_us ~= lim.window_us then
     return nil
+  end
+  if not (t >= 0 and t <= MAX_EXACT and f >= 0 and f < lim.w and at >= 0 and at <= now + AHEAD_US) then
+    return false
   end
   return { t = t, f = f, at = at }
 end

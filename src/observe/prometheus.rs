@@ -20,7 +20,7 @@ use super::text_format::render_histogram;
 pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String {
     let mut out = String::with_capacity(4096);
     go_series::render(metrics, go, &mut out);
-    let counters: [(&str, &str, u64); 30] = [
+    let counters: [(&str, &str, u64); 31] = [
         (
             "tollgate_domain_not_found_total",
             "Requests for an unknown domain.",
@@ -90,6 +90,11 @@ pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String 
             "tollgate_redis_stalled_connections_total",
             "Redis connections on which a call outlived its timeout: nothing more was written to them until they drained or were replaced.",
             store.redis_stalled_connections,
+        ),
+        (
+            "tollgate_redis_impossible_states_total",
+            "Items whose Redis key held a value no Tollgate could have written (NaN, an infinity, a negative count, a time far ahead): decided as no state and repaired.",
+            store.redis_impossible_states,
         ),
         (
             "tollgate_memory_evictions_total",
@@ -257,6 +262,7 @@ mod tests {
                 redis_queue_full: 2,
                 redis_abandoned: 1,
                 redis_stalled_connections: 3,
+                redis_impossible_states: 4,
                 memory_evictions: 9,
                 memory_refused: 11,
                 memory_keys: 12,
@@ -279,6 +285,7 @@ mod tests {
         assert!(text.contains("tollgate_redis_queue_full_total 2"));
         assert!(text.contains("tollgate_redis_abandoned_total 1"));
         assert!(text.contains("tollgate_redis_stalled_connections_total 3"));
+        assert!(text.contains("tollgate_redis_impossible_states_total 4"));
         assert!(text.contains("tollgate_memory_evictions_total 9"));
         assert!(text.contains("tollgate_memory_keys 12"));
         assert!(text.contains("tollgate_memory_refused_total 11"));

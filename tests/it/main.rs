@@ -22,6 +22,7 @@ mod metrics;
 mod native;
 mod redis_fixture;
 mod redis_parity;
+mod redis_state;
 mod redis_store;
 mod reload;
 mod rules_file;

@@ -239,6 +239,8 @@ pub struct StoreCounters {
     /// Redis connections found stalled (a call on them outlived its timeout) and no longer written
     /// until drained or replaced.
     pub redis_stalled_connections: u64,
+    /// Items whose Redis key held a value no Tollgate could have written, decided as none and repaired.
+    pub redis_impossible_states: u64,
     /// Entries the embedded store evicted to stay within its key cap.
     pub memory_evictions: u64,
     /// Lease acquires and refunds the embedded store refused because its leases or refund markers were
@@ -295,6 +297,7 @@ impl AnyStore {
                     redis_abandoned: sum.redis_abandoned + cache.inner().abandoned(),
                     redis_stalled_connections: sum.redis_stalled_connections
                         + cache.inner().stalled_connections(),
+                    redis_impossible_states: sum.redis_impossible_states + cache.inner().impossible_states(),
                     memory_evictions: 0,
                     memory_refused: 0,
                     memory_keys: 0,

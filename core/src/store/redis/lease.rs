@@ -30,9 +30,12 @@ impl RedisStore {
         format!("{{{tag}}}{rest}concurrency")
     }
 
+    /// One lease script call on `count` keys (the first named `first_key`, for the log), answering
+    /// `fields` integers per key.
     async fn lease_call(
         &self,
         invocation: redis::ScriptInvocation<'_>,
+        first_key: &str,
         fields: usize,
         count: usize,
     ) -> Result<Vec<u64>, StoreError> {
@@ -40,9 +43,17 @@ impl RedisStore {
             .call_whole(|mut conn| async move { invocation.invoke_async(&mut conn).await })
             .await
             .map_err(|e| e.into_store_error(self.options.deadline))?;
-        integers(&reply, 1 + fields * count)
-            .map(|mut values| values.split_off(1))
-            .ok_or_else(|| StoreError::Unavailable(format!("unexpected lease script reply: {reply:?}")))
+        let mut values = integers(&reply, 2 + fields * count)
+            .ok_or_else(|| StoreError::Unavailable(format!("unexpected lease script reply: {reply:?}")))?;
+        let (now_us, impossible) = (values[0], values[1]);
+        if impossible > 0 {
+            self.impossible.found(
+                usize::try_from(impossible).unwrap_or(usize::MAX),
+                first_key,
+                now_us,
+            );
+        }
+        Ok(values.split_off(2))
     }
 }
 
@@ -74,7 +85,8 @@ impl LeaseStore for Arc<RedisStore> {
         for item in &request.items {
             invocation.arg(item.max_in_flight);
         }
-        let values = self.lease_call(invocation, 3, request.items.len()).await?;
+        let first = request.items.first().map_or("", |item| item.key.as_str());
+        let values = self.lease_call(invocation, first, 3, request.items.len()).await?;
         Ok(values
             .chunks_exact(3)
             .map(|v| LeaseSlot {
@@ -91,7 +103,8 @@ impl LeaseStore for Arc<RedisStore> {
             invocation.key(RedisStore::lease_key(key, request.scope_len));
         }
         invocation.arg("release").arg(&request.lease_id);
-        let values = self.lease_call(invocation, 2, request.keys.len()).await?;
+        let first = request.keys.first().map_or("", String::as_str);
+        let values = self.lease_call(invocation, first, 2, request.keys.len()).await?;
         Ok(values
             .chunks_exact(2)
             .map(|v| Released {

@@ -24,6 +24,7 @@ mod clock_offset;
 mod cluster_rebuild;
 mod cluster_scripts;
 mod coalesce;
+mod impossible;
 mod keys;
 mod lease;
 mod node_pool;
@@ -194,6 +195,8 @@ pub struct RedisStore {
     pipelines: AtomicU64,
     /// The pipelines' counters known to carry a TTL already.
     timed: timed_counters::TimedCounters,
+    /// Keys found holding values no Tollgate could have written.
+    impossible: impossible::Impossible,
     /// Redis Cluster only: rebuilds a connection whose calls keep failing.
     rebuild: Option<ClusterRebuild>,
     /// Redis Cluster only: the master serving each slot, once read, and a connection to each, for
@@ -246,6 +249,7 @@ impl RedisStore {
             script_calls: AtomicU64::new(0),
             pipelines: AtomicU64::new(0),
             timed: timed_counters::TimedCounters::new(),
+            impossible: impossible::Impossible::default(),
             rebuild: cluster.then(ClusterRebuild::new),
             slot_map: ArcSwapOption::empty(),
             slot_map_tried_us: AtomicU64::new(0),
@@ -403,6 +407,12 @@ impl RedisStore {
         self.batches.load(Ordering::Relaxed)
     }
 
+    /// Keys found so far holding a value no Tollgate could have written, decided as none and repaired
+    /// ([`impossible`]).
+    pub fn impossible_states(&self) -> u64 {
+        self.impossible.count()
+    }
+
     /// Connections found stalled so far: a call on them outlived its timeout ([`node_pool`]).
     pub fn stalled_connections(&self) -> u64 {
         match self.connections.load().as_deref() {
@@ -553,8 +563,14 @@ impl RedisStore {
         };
         self.observe(slot, &reply);
         let reply = reply?;
-        let ScriptReply { now_us, decisions } =
-            BatchScript::decode(reply, items.len()).map_err(CallError::Reply)?;
+        let ScriptReply {
+            now_us,
+            decisions,
+            impossible,
+        } = BatchScript::decode(reply, items.len()).map_err(CallError::Reply)?;
+        if let Some(&first) = impossible.first() {
+            self.impossible.found(impossible.len(), items[first].key, now_us);
+        }
         self.offsets.record(slot, sent_at, self.clock.now_us(), now_us);
         Ok(decisions)
     }

@@ -242,10 +242,25 @@ impl RedisStore {
         // Counters left without a TTL: where EXPIRE NX was refused, and where an INCRBY sent alone
         // turned out to create its counter.
         let (mut refused_nx, mut created) = (Vec::new(), Vec::new());
+        // Counters that held a negative count (no INCRBY leaves one: see `super::impossible`), and what
+        // brings each back to this request's cost, as if it had held nothing.
+        let mut negative = Vec::new();
         let mut index = 1;
         for (at, &(fingerprint, expires)) in plan.iter().enumerate() {
             let count = match &values[index] {
-                redis::Value::Int(after) => Some(u64::try_from(*after).unwrap_or(0)),
+                redis::Value::Int(after) => {
+                    let cost = named[at].1.cost;
+                    match u64::try_from(*after) {
+                        Ok(after) if after >= cost => Some(after),
+                        // Decided as the counter's first hit; the correction is an increment, so
+                        // that other replicas' concurrent hits are kept.
+                        _ => {
+                            negative
+                                .push((at, i64::try_from(cost).unwrap_or(i64::MAX).saturating_sub(*after)));
+                            Some(cost)
+                        }
+                    }
+                }
                 redis::Value::ServerError(error) => {
                     if matches!(error.kind(), Some(ServerErrorKind::Moved | ServerErrorKind::Ask)) {
                         // A slot moved since the map was read: read it again.
@@ -281,6 +296,14 @@ impl RedisStore {
                 "EXPIRE NX refused: setting the counters' TTL with EXPIRE"
             );
             let again = expire_pipe(named, &refused_nx, false);
+            within(timeout, again.query_async::<()>(conn)).await?;
+        }
+        if let Some(&(first, _)) = negative.first() {
+            self.impossible.found(negative.len(), &named[first].0, now_us);
+            let mut again = redis::pipe();
+            for &(at, correction) in &negative {
+                again.cmd("INCRBY").arg(&named[at].0).arg(correction).ignore();
+            }
             within(timeout, again.query_async::<()>(conn)).await?;
         }
         if !created.is_empty() {

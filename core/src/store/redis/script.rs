@@ -109,6 +109,9 @@ pub struct ScriptReply {
     pub now_us: u64,
     /// One decision per item, in batch order.
     pub decisions: Vec<Decision>,
+    /// The items whose key held a value no Tollgate could have written (`lua/exact.lua`): decided as
+    /// from no state, and the value removed or overwritten (unless the call was a peek).
+    pub impossible: Vec<usize>,
 }
 
 /// Why a reply (of the script, or of a fixed-window pipeline) could not be decoded. None of these
@@ -353,17 +356,20 @@ impl BatchScript {
         }
         let (now, rest) = bytes.split_at(8);
         let mut decisions = Vec::with_capacity(items);
+        let mut impossible = Vec::new();
         for (index, item) in rest.chunks_exact(REPLY_ITEM_BYTES).enumerate() {
-            let allowed = match item[0] {
-                0 => false,
-                1 => true,
-                other => {
-                    return Err(ReplyError::BadValue {
-                        index,
-                        value: format!("allowed = {other}"),
-                    });
-                }
-            };
+            // Bit 0: allowed; bit 1: the key held an impossible value.
+            let flags = item[0];
+            if flags > 3 {
+                return Err(ReplyError::BadValue {
+                    index,
+                    value: format!("flags = {flags}"),
+                });
+            }
+            if flags & 2 != 0 {
+                impossible.push(index);
+            }
+            let allowed = flags & 1 != 0;
             decisions.push(Decision {
                 allowed,
                 remaining: double_at(item, 1),
@@ -375,6 +381,7 @@ impl BatchScript {
         Ok(ScriptReply {
             now_us: double_at(now, 0),
             decisions,
+            impossible,
         })
     }
 }
@@ -515,11 +522,25 @@ mod tests {
             (good.clone(), 2),
             (good, usize::MAX),
             (Value::BulkString(bytes[..32].to_vec()), 1),
-            (reply(1.0, &[(2, [1.0, 2.0, 3.0])]), 1),
+            (reply(1.0, &[(4, [1.0, 2.0, 3.0])]), 1),
         ];
         for (value, items) in bad {
             assert!(BatchScript::decode(value.clone(), items).is_err(), "{value:?}");
         }
+    }
+
+    #[test]
+    fn items_whose_key_held_an_impossible_value_are_listed() {
+        let flags = [
+            (0, [0.0; 3]),
+            (3, [9.0, 1.0, 0.0]),
+            (1, [8.0, 1.0, 0.0]),
+            (2, [0.0, 1.0, 1.0]),
+        ];
+        let got = BatchScript::decode(reply(1.0, &flags), 4).expect("valid reply");
+        assert_eq!(got.impossible, [1, 3]);
+        let allowed: Vec<bool> = got.decisions.iter().map(|d| d.allowed).collect();
+        assert_eq!(allowed, [false, true, true, false]);
     }
 
     #[test]
