@@ -8,9 +8,14 @@
 //! trickle their headers, cannot keep clients out: each new client pushes one of them out, where before
 //! it waited for the read timeout. An evicted connection closes at its next poll, so for a moment the
 //! listener may hold a few more than its cap (at most twice, as only probation slots are taken over).
+//!
+//! A gRPC connection that has sent no request for `TOLLGATE_IDLE_CONNECTION_PROBATION` is back on
+//! probation ([`Slot::idle`]), in its original place by age, until its next request: one that
+//! completed its handshake and then stayed silent cannot hold its slot against new clients, while an
+//! idle Envoy connection is only ever closed when the listener is full.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -48,6 +53,8 @@ pub struct Slot {
     open: Arc<Mutex<Open>>,
     id: u64,
     proven: AtomicBool,
+    /// Requests the connection has sent (counted on gRPC, to tell an idle connection).
+    requests: AtomicU64,
     evicted: CancellationToken,
 }
 
@@ -90,6 +97,7 @@ impl ConnectionCap {
             open: Arc::clone(&self.open),
             id: self.next_id,
             proven: AtomicBool::new(false),
+            requests: AtomicU64::new(0),
             evicted,
         })
     }
@@ -98,10 +106,38 @@ impl ConnectionCap {
 impl Slot {
     /// The connection has sent a request: it is no longer the one to give way at the cap.
     pub fn prove(&self) {
+        // Flipped under the lock, as `idle` does, so that the flag and the map agree.
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         if !self.proven.swap(true, Ordering::Relaxed) {
-            let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
             open.probation.remove(&self.id);
         }
+    }
+
+    /// A request arrived on the connection: it has proven itself (again, if it had been idle).
+    pub fn request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        if !self.proven.load(Ordering::Relaxed) {
+            self.prove();
+        }
+    }
+
+    /// Requests so far ([`Slot::request`]).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// The connection has been idle: back on probation in its original place by age, so that at the
+    /// cap it gives way before younger connections on probation, until its next request.
+    pub fn idle(&self) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.proven.swap(false, Ordering::Relaxed) && !self.evicted.is_cancelled() {
+            open.probation.insert(self.id, self.evicted.clone());
+        }
+    }
+
+    /// Whether the connection is on probation (it may be evicted at the cap).
+    pub fn on_probation(&self) -> bool {
+        !self.proven.load(Ordering::Relaxed)
     }
 
     /// Cancelled when a newer connection took this one's place; the connection should then close.

@@ -57,6 +57,8 @@ const PREFACE_LEN: usize = 24;
 pub(super) struct Admission {
     pub(super) max_connections: usize,
     pub(super) handshakes_per_client: usize,
+    /// How long a connection may send no request before it is back on probation.
+    pub(super) idle_probation: Duration,
     pub(super) budget: RequestBudget,
 }
 
@@ -167,14 +169,19 @@ pub struct Conn {
     io: Io,
     /// Fires at the connection's hard age limit; then reads and writes fail and the connection ends.
     expires: Option<Pin<Box<Sleep>>>,
-    /// Until the HTTP/2 preface has arrived: when it must have, how many of its bytes have, and
-    /// whether a newer connection has taken this one's place meanwhile (see [`crate::connections`]).
+    /// Until the HTTP/2 preface has arrived: when it must have, and how many of its bytes have.
     preface: Option<Preface>,
+    /// Fires when a newer connection has taken this one's place at the cap (only while on probation:
+    /// before the preface, and when idle; see [`crate::connections`]).
+    evicted: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    /// Whether requests keep coming: see [`Idle`].
+    idle: Idle,
     /// The connection's share of the request-bytes budget, handed to each of its requests.
     budget: ConnectionBudget,
     metrics: Arc<Metrics>,
-    /// Held while the connection is open: one of the listener's `max_connections`.
-    slot: Slot,
+    /// Held while the connection is open: one of the listener's `max_connections`. Shared with the
+    /// requests ([`ConnInfo`]), each of which proves the connection in use.
+    slot: Arc<Slot>,
 }
 
 /// A connection waiting for its HTTP/2 preface.
@@ -182,16 +189,29 @@ pub struct Conn {
 struct Preface {
     deadline: Pin<Box<Sleep>>,
     received: usize,
-    evicted: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
 }
 
-/// What tonic hands each request of a connection: the peer's addresses and the connection's budget.
+/// The check, every `TOLLGATE_IDLE_CONNECTION_PROBATION`, that a connection sent a request since the
+/// last one; one that did not is back on probation ([`Slot::idle`]). Bytes alone do not count: HTTP/2
+/// answers the server's keepalive pings by itself.
+#[derive(Debug)]
+struct Idle {
+    every: Duration,
+    check: Pin<Box<Sleep>>,
+    /// The connection's request count at the last check.
+    seen: u64,
+}
+
+/// What tonic hands each request of a connection: the peer's addresses, the connection's budget and
+/// its place in the listener's cap.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
     /// The TCP addresses (none on a unix socket).
     pub tcp: TcpConnectInfo,
     /// The connection's share of the request-bytes budget.
     pub budget: ConnectionBudget,
+    /// The connection's place in the listener's cap, which each request proves in use.
+    pub slot: Arc<Slot>,
 }
 
 /// The transport under a [`Conn`].
@@ -234,10 +254,11 @@ async fn accept_loop(
     let per_client: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>> =
         Arc::default();
     let mut errors = RateLimitedLog::default();
-    let (conn_metrics, budget, read_timeout) = (
+    let (conn_metrics, budget, read_timeout, idle_every) = (
         Arc::clone(&metrics),
         admission.budget.clone(),
         admission.budget.read_timeout(),
+        admission.idle_probation,
     );
     let conn = move |io, slot: Slot| Conn {
         io,
@@ -245,11 +266,16 @@ async fn accept_loop(
         preface: Some(Preface {
             deadline: Box::pin(tokio::time::sleep(read_timeout)),
             received: 0,
-            evicted: Box::pin(slot.evicted().clone().cancelled_owned()),
         }),
+        evicted: Box::pin(slot.evicted().clone().cancelled_owned()),
+        idle: Idle {
+            every: idle_every,
+            check: Box::pin(tokio::time::sleep(idle_every)),
+            seen: 0,
+        },
         budget: budget.connection(),
         metrics: Arc::clone(&conn_metrics),
-        slot,
+        slot: Arc::new(slot),
     };
     loop {
         let accepted = tokio::select! {
@@ -394,6 +420,7 @@ impl Connected for Conn {
                 remote_addr: tcp.and_then(|t| t.peer_addr().ok()),
             },
             budget: self.budget.clone(),
+            slot: Arc::clone(&self.slot),
         }
     }
 }
@@ -434,27 +461,42 @@ impl AsyncRead for Conn {
         }
         let before = buf.filled().len();
         let read = each!(&mut this.io, s => Pin::new(s).poll_read(cx, buf));
-        let Some(preface) = &mut this.preface else {
+        if !read.is_pending() {
+            if let Some(preface) = &mut this.preface {
+                preface.received += buf.filled().len() - before;
+                if preface.received >= PREFACE_LEN {
+                    this.preface = None;
+                    this.slot.prove();
+                }
+            }
             return read;
-        };
-        preface.received += buf.filled().len() - before;
-        if preface.received >= PREFACE_LEN {
-            this.preface = None;
-            this.slot.prove();
-        } else if read.is_pending() {
-            if preface.deadline.as_mut().poll(cx).is_ready() {
-                this.metrics.connections_timed_out.add(1);
-                return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "no HTTP/2 preface within the read timeout",
-                )));
+        }
+        // Nothing to read: the timers and the cap's claim, each of which registers its wake-up.
+        if let Some(preface) = &mut this.preface
+            && preface.deadline.as_mut().poll(cx).is_ready()
+        {
+            this.metrics.connections_timed_out.add(1);
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no HTTP/2 preface within the read timeout",
+            )));
+        }
+        if this.preface.is_none() && this.idle.check.as_mut().poll(cx).is_ready() {
+            let requests = this.slot.requests();
+            if requests == this.idle.seen {
+                this.slot.idle();
             }
-            if preface.evicted.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::ConnectionAborted,
-                    "closed for a new connection at the cap before sending its HTTP/2 preface",
-                )));
-            }
+            this.idle.seen = requests;
+            let next = tokio::time::Instant::now() + this.idle.every;
+            this.idle.check.as_mut().reset(next);
+            // Registers the wake-up of the next check.
+            let _ = this.idle.check.as_mut().poll(cx);
+        }
+        if this.slot.on_probation() && this.evicted.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "closed for a new connection at the cap (no HTTP/2 preface yet, or idle)",
+            )));
         }
         read
     }

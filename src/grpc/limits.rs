@@ -30,6 +30,9 @@ pub struct GrpcLimits {
     pub max_connections: usize,
     /// Most TLS handshakes in progress from one client address (`TOLLGATE_TLS_HANDSHAKES_PER_CLIENT`).
     pub handshakes_per_client: usize,
+    /// How long a connection may send no request before it is back on probation
+    /// (`TOLLGATE_IDLE_CONNECTION_PROBATION`).
+    pub idle_probation: Duration,
     /// The bytes unfinished requests may hold, and how long a request may take to arrive.
     pub budget: RequestBudget,
 }
@@ -98,10 +101,12 @@ where
     }
 
     fn call(&mut self, request: Request<tonic::body::Body>) -> Self::Future {
-        let connection = request
-            .extensions()
-            .get::<super::ConnInfo>()
-            .map(|info| info.budget.clone());
+        let info = request.extensions().get::<super::ConnInfo>();
+        if let Some(info) = info {
+            // A request: the connection is in use, not a candidate to give way at the cap.
+            info.slot.request();
+        }
+        let connection = info.map(|info| info.budget.clone());
         // A connection not accepted by `incoming` (none today) gets a budget of its own per request.
         let connection: ConnectionBudget = connection.unwrap_or_else(|| self.budget.connection());
         let budget = self.budget.clone();

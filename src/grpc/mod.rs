@@ -53,6 +53,7 @@ where
     let admission = incoming::Admission {
         max_connections: limits.max_connections,
         handshakes_per_client: limits.handshakes_per_client,
+        idle_probation: limits.idle_probation,
         budget: limits.budget.clone(),
     };
     let connections = incoming::incoming(listener, tls, age, admission, Arc::clone(limiter.metrics()));

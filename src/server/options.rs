@@ -169,6 +169,7 @@ fn grpc_limits(settings: &ListenSettings, max_connections: usize, budget: &Reque
         max_connection_age_grace: settings.grpc_max_connection_age_grace,
         max_connections,
         handshakes_per_client: settings.tls_handshakes_per_client,
+        idle_probation: settings.idle_connection_probation,
         budget: budget.clone(),
     }
 }

@@ -70,6 +70,9 @@ pub struct ListenSettings {
     /// Longest a request may take to arrive whole once it started (a gRPC message, HTTP headers and
     /// body), and a new gRPC connection to send its first bytes.
     pub read_timeout: Duration,
+    /// How long a gRPC connection may send no request before it is back on probation: at the
+    /// listener's cap it then gives way to a new connection (see `crate::connections`).
+    pub idle_connection_probation: Duration,
     /// Bytes of unfinished requests the whole process may hold; 0: 64 × `max_request_bytes`.
     pub max_request_bytes_in_flight: usize,
     /// Bytes of unfinished requests one connection may hold; 0: 4 × `max_request_bytes`.
@@ -125,6 +128,11 @@ impl ListenSettings {
             http_max_connections: r.get("http_max_connections", Go::None, 0)?,
             tls_handshakes_per_client: r.get("tls_handshakes_per_client", Go::None, 8)?,
             read_timeout: r.get("read_timeout", Go::None, Duration::from_secs(10))?,
+            idle_connection_probation: r.get(
+                "idle_connection_probation",
+                Go::None,
+                Duration::from_secs(60),
+            )?,
             max_request_bytes_in_flight: r.get("max_request_bytes_in_flight", Go::None, 0)?,
             max_connection_bytes_in_flight: r.get("max_connection_bytes_in_flight", Go::None, 0)?,
             worker_threads: r.get("worker_threads", Go::None, 0)?,
@@ -169,6 +177,13 @@ impl ListenSettings {
                 "tls_handshakes_per_client",
                 "0",
                 "a limit of zero would refuse every TLS client",
+            ));
+        }
+        if self.idle_connection_probation.is_zero() {
+            return Err(origins.bad(
+                "idle_connection_probation",
+                "0s",
+                "every connection would give way to the next",
             ));
         }
         if self.read_timeout.is_zero() {

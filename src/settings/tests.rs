@@ -166,6 +166,7 @@ fn zero_durations_of_tollgates_own_settings_are_refused_by_name() {
         "TOLLGATE_RELOAD_INTERVAL",
         "TOLLGATE_REDIS_DEADLINE",
         "TOLLGATE_READ_TIMEOUT",
+        "TOLLGATE_IDLE_CONNECTION_PROBATION",
     ] {
         let err = Settings::load_from(None, &env(&[(name, "0s")]), &[]).expect_err(name);
         assert!(err.to_string().contains(&format!("{name}=")), "{name}: {err}");

@@ -335,6 +335,42 @@ async fn at_the_cap_silent_connections_give_way_and_then_new_ones_are_refused() 
     server.stop().await;
 }
 
+/// A gRPC connection that was served and then sends no request (its HTTP/2 handshake done, nothing
+/// else) is back on probation after `TOLLGATE_IDLE_CONNECTION_PROBATION`: while in use it holds its
+/// slot at the cap, once idle it gives way to a new client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_grpc_connections_give_way_at_the_cap() {
+    let env = [
+        ("TOLLGATE_MAX_CONNECTIONS", "2"),
+        ("TOLLGATE_IDLE_CONNECTION_PROBATION", "1s"),
+    ];
+    let server = TestServer::start(&[("edge.yaml", RULES)], &env).await;
+    let served_at = Instant::now();
+    let idle = [
+        eventually("a gRPC client served", || served_grpc(server.grpc)).await,
+        eventually("a gRPC client served", || served_grpc(server.grpc)).await,
+    ];
+    // Both just sent a request: a third connection is refused, not let in at their expense.
+    let mut over = TcpStream::connect(server.grpc).await.expect("connect");
+    assert!(
+        closed_within(&mut over, PATIENCE, None).await,
+        "a connection beyond the cap is closed while the others are in use"
+    );
+    // Idle for a check or two (1-2 s), they are on probation again: a new client takes one's place,
+    // and never before a whole check has passed.
+    let newcomer = eventually("a new client served once the others are idle", || {
+        served_grpc(server.grpc)
+    })
+    .await;
+    assert!(
+        served_at.elapsed() >= Duration::from_secs(1),
+        "a connection in use gave way before it was idle for a whole check"
+    );
+    assert!(server.metric("tollgate_connections_evicted_total").await >= 1);
+    drop((idle, newcomer));
+    server.stop().await;
+}
+
 /// A TLS channel to `server` from the local address `from` (any loopback address on Linux).
 async fn tls_decided_from(server: &TestServer, ca: &Ca, from: [u8; 4]) -> Result<i32, String> {
     let addr = server.grpc;
