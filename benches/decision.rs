@@ -18,7 +18,7 @@ use tollgate_core::algorithm::Algorithm;
 use tollgate_core::clock::SystemClock;
 use tollgate_core::limiter::{LimitOverride, Limiter, LimiterOptions, Mode, RefundKeys, RequestDescriptor};
 use tollgate_core::rules::file::parse_file;
-use tollgate_core::rules::{CompileOptions, RuleSet, ValueHasher};
+use tollgate_core::rules::{CompileOptions, RuleSet, ValueEncoding, ValueHasher};
 use tollgate_core::store::memory::MemoryStore;
 use tollgate_core::store::{Batch, BatchItem, CommitPolicy, Store as _};
 
@@ -107,7 +107,7 @@ fn bench_matching(c: &mut Criterion) {
             b.iter(|| {
                 key.clear();
                 key.push_str("bench_");
-                black_box(domain.find(black_box(entries), &hasher, &mut key));
+                black_box(domain.find(black_box(entries), &hasher, &mut key, ValueEncoding::Go));
             })
         });
     }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use tollgate_core::algorithm::Algorithm;
 use tollgate_core::limiter::{Code, LimitOverride, LimiterError, LimiterOptions};
-use tollgate_core::rules::ValueHasher;
 use tollgate_core::rules::file::Unit;
+use tollgate_core::rules::{ValueEncoding, ValueHasher};
 
 use crate::common::{Harness, assert_status, d, duration_until_reset, rules};
 
@@ -240,6 +240,7 @@ fn hashed_values_never_reach_the_storage_key() {
             &[("email", " Alice@Example.com")],
             &ValueHasher::new("secret"),
             &mut key,
+            ValueEncoding::Go,
         )
         .expect("rule");
     assert!(!key.to_lowercase().contains("alice"), "{key}");
@@ -254,6 +255,7 @@ fn hashed_values_never_reach_the_storage_key() {
             &[("email", "alice@example.com")],
             &ValueHasher::new("secret"),
             &mut again,
+            ValueEncoding::Go,
         )
         .expect("rule");
     assert_eq!(key, again);
@@ -263,6 +265,7 @@ fn hashed_values_never_reach_the_storage_key() {
             &[("email", "alice@example.com")],
             &ValueHasher::new("other"),
             &mut other,
+            ValueEncoding::Go,
         )
         .expect("rule");
     assert_ne!(key, other);

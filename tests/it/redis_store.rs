@@ -74,6 +74,10 @@ async fn go_style_redis_url_counts_in_redis_with_envoyproxy_ratelimit_keys() {
     assert_eq!(redis.cli(&["GET", &key]).trim(), "3");
     let ttl: u64 = redis.cli(&["TTL", &key]).trim().parse().expect("ttl");
     assert!(ttl > 0 && ttl <= 3600 + 300, "TTL {ttl}");
+    // A value holding `_` or `%` is written as it is, as Go writes it (Tollgate's own keys escape it).
+    ask(&server, &[&[("k", "x_y%z")]]).await.expect("answer");
+    let keys = redis.cli(&["KEYS", "rd_k_x_y%z_*"]);
+    assert_eq!(keys.lines().filter(|k| !k.is_empty()).count(), 1, "{keys}");
     server.stop().await;
 }
 

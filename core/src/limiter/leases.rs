@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use super::{Limiter, LimiterError, RequestDescriptor};
 use crate::observe::metrics::{Method, StoreOperation};
-use crate::rules::Rule;
 use crate::rules::file::{ConcurrencyConfig, FailureMode};
+use crate::rules::{Rule, ValueEncoding};
 use crate::store::Store;
 use crate::store::lease::{AcquireRequest, LeaseItem, LeaseSlot, ReleaseRequest};
 
@@ -238,7 +238,10 @@ impl<S: Store> Limiter<S> {
             .iter()
             .map(|d| {
                 let mut key = self.scope_key(domain);
-                let rule = domain_rules.find(d.entries(), &self.hasher, &mut key).cloned();
+                // Lease keys are Tollgate's alone: values escaped.
+                let rule = domain_rules
+                    .find(d.entries(), &self.hasher, &mut key, ValueEncoding::Escaped)
+                    .map(|found| Arc::clone(found.rule));
                 LeaseTarget { rule, key }
             })
             .collect())

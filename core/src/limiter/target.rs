@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::{Limiter, LimiterError};
 use crate::algorithm::Algorithm;
 use crate::rules::file::{FailureMode, Unit, sliding_log_too_large};
-use crate::rules::{DescriptorEntry, Rate, Rule, RuleLimit};
+use crate::rules::{DescriptorEntry, Rate, Rule, RuleLimit, ValueEncoding};
 use crate::store::{BatchItem, Store};
 
 /// A per-request limit sent by the client instead of the configured rule.
@@ -200,11 +200,16 @@ pub(super) fn token_expiry_us(targets: &[Target], now: u64) -> u64 {
 impl<S: Store> Limiter<S> {
     /// A new descriptor key holding the scope: `CACHE_KEY_PREFIX + domain + "_"`.
     pub(super) fn scope_key(&self, domain: &str) -> String {
-        let mut key = String::with_capacity(self.options.cache_key_prefix.len() + domain.len() + 48);
+        let mut key = String::with_capacity(self.scope_key_len(domain) + 48);
         key.push_str(&self.options.cache_key_prefix);
         key.push_str(domain);
         key.push('_');
         key
+    }
+
+    /// The length of [`Limiter::scope_key`].
+    fn scope_key_len(&self, domain: &str) -> usize {
+        self.options.cache_key_prefix.len() + domain.len() + 1
     }
 
     pub(super) fn validate<D: RequestDescriptor>(
@@ -274,7 +279,7 @@ impl<S: Store> Limiter<S> {
                 cost,
             });
         }
-        let Some(rule) = domain.find(descriptor.entries(), &self.hasher, &mut key) else {
+        let Some(found) = domain.find(descriptor.entries(), &self.hasher, &mut key, ValueEncoding::Go) else {
             return Ok(Target {
                 rule: None,
                 override_limit: None,
@@ -284,6 +289,19 @@ impl<S: Store> Limiter<S> {
                 cost,
             });
         };
+        let rule = found.rule;
+        let keep_together = domain.all_or_nothing() || self.options.keep_domains_together;
+        if found.encodings_differ && rule.value_encoding(keep_together) == ValueEncoding::Escaped {
+            // Tollgate's own key, and a value that reads differently escaped: walk again, escaping.
+            // Only then: a value without `_` or `%` is the same either way.
+            key.truncate(self.scope_key_len(domain.name()));
+            domain.find(
+                descriptor.entries(),
+                &self.hasher,
+                &mut key,
+                ValueEncoding::Escaped,
+            );
+        }
         Ok(Target {
             rule: Some(Arc::clone(rule)),
             override_limit: None,

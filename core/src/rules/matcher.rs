@@ -4,7 +4,12 @@
 //! backtracking: once a level picked a node, a deeper miss means no limit.
 //!
 //! The walk also writes the storage key (envoyproxy/ratelimit's format minus the window suffix) into a
-//! caller-provided buffer, so matching a descriptor costs one allocation at most.
+//! caller-provided buffer, so matching a descriptor costs one allocation at most. Request values enter
+//! it as they are ([`ValueEncoding::Go`]) or escaped ([`ValueEncoding::Escaped`]): in Go's format `_`
+//! both separates and may occur inside a value, so a value `/login_remote_address_192.0.2.9` of a
+//! `path` rule spells the key of `path=/login` with `remote_address=192.0.2.9` below it. Keys shared
+//! with a Go fleet keep that format; Tollgate's own keys escape, so no value can spell another
+//! descriptor's key. (Domains and entry keys come from the rules, and are written as they are.)
 
 use std::sync::Arc;
 
@@ -12,6 +17,24 @@ use super::normalize::{MAX_RAW_VALUE_IN_KEY, Normalizer, ValueHasher};
 use super::pattern::Pattern;
 use super::small_map::SmallMap;
 use super::{Domain, Rule};
+
+/// How request values enter a storage key (see the module's comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueEncoding {
+    /// As they are, as envoyproxy/ratelimit keys them, for the counters a Go fleet shares.
+    Go,
+    /// `%` as `%25` and `_` as `%5F`: no value holds a separator.
+    Escaped,
+}
+
+/// A rule found for a descriptor.
+#[derive(Debug)]
+pub struct Found<'r> {
+    /// The rule.
+    pub rule: &'r Arc<Rule>,
+    /// Whether some value written into the key holds `_` or `%`, so that the encodings differ.
+    pub encodings_differ: bool,
+}
 
 /// One key/value pair of a request descriptor, whatever type carries it (proto message, tuple...).
 pub trait DescriptorEntry {
@@ -59,20 +82,32 @@ pub(crate) struct Node {
 
 impl Domain {
     /// Finds the rule for a descriptor. `key` must hold the key prefix (`CACHE_KEY_PREFIX + domain +
-    /// "_"`); on a match it is extended with `entry_key + "_" + value + "_"` for every entry. On `None`
-    /// its contents are unspecified.
+    /// "_"`); on a match it is extended with `entry_key + "_" + value + "_"` for every entry, each value
+    /// in `encoding`. On `None` its contents are unspecified.
     pub fn find<'r, E: DescriptorEntry>(
         &'r self,
         entries: &[E],
         hasher: &ValueHasher,
         key: &mut String,
-    ) -> Option<&'r Arc<Rule>> {
+        encoding: ValueEncoding,
+    ) -> Option<Found<'r>> {
         let (last, init) = entries.split_last()?;
         let mut level = &self.root;
+        let mut encodings_differ = false;
         for entry in init {
-            level = level.select(entry, hasher, key)?.children.as_deref()?;
+            level = level
+                .select(entry, hasher, key, encoding, &mut encodings_differ)?
+                .children
+                .as_deref()?;
         }
-        level.select(last, hasher, key)?.rule.as_ref()
+        let rule = level
+            .select(last, hasher, key, encoding, &mut encodings_differ)?
+            .rule
+            .as_ref()?;
+        Some(Found {
+            rule,
+            encodings_differ,
+        })
     }
 
     /// Appends the storage key of a descriptor that bypasses matching (a request limit override): raw
@@ -99,7 +134,14 @@ impl Level {
         }
     }
 
-    fn select<E: DescriptorEntry>(&self, entry: &E, hasher: &ValueHasher, key: &mut String) -> Option<&Node> {
+    fn select<E: DescriptorEntry>(
+        &self,
+        entry: &E,
+        hasher: &ValueHasher,
+        key: &mut String,
+        encoding: ValueEncoding,
+        encodings_differ: &mut bool,
+    ) -> Option<&Node> {
         let group = self.keys.get(entry.key())?;
         let value = group.normalizer.apply(entry.value());
         let node = group.exact.get(value.as_ref()).or_else(|| {
@@ -115,11 +157,34 @@ impl Level {
         match &node.shared_key_value {
             Some(pattern) => key.push_str(pattern),
             None if group.hash => hasher.append_hash(key, &value),
-            None => push_bounded(key, &value, hasher),
+            None if value.len() > MAX_RAW_VALUE_IN_KEY => hasher.append_hash(key, &value),
+            None => *encodings_differ |= push_value(key, &value, encoding),
         }
         key.push('_');
         Some(node)
     }
+}
+
+/// Appends a request value to a storage key in `encoding`; returns whether it holds `_` or `%` (so that
+/// the encodings differ).
+fn push_value(key: &mut String, value: &str, encoding: ValueEncoding) -> bool {
+    if !value.bytes().any(|b| b == b'_' || b == b'%') {
+        key.push_str(value);
+        return false;
+    }
+    match encoding {
+        ValueEncoding::Go => key.push_str(value),
+        ValueEncoding::Escaped => {
+            for c in value.chars() {
+                match c {
+                    '%' => key.push_str("%25"),
+                    '_' => key.push_str("%5F"),
+                    c => key.push(c),
+                }
+            }
+        }
+    }
+    true
 }
 
 /// Appends `text` to a storage key as it is, or hashed when longer than [`MAX_RAW_VALUE_IN_KEY`].

@@ -24,7 +24,7 @@ pub use compile::CompileOptions;
 /// Most limits one descriptor node may carry (`rate_limits`). The limiter tracks a request's active
 /// limits in a 64-bit mask, so it never copies them; no real key needs more than a handful.
 pub const MAX_LIMITS_PER_RULE: usize = 64;
-pub use matcher::DescriptorEntry;
+pub use matcher::{DescriptorEntry, Found, ValueEncoding};
 pub use normalize::{MAX_RAW_VALUE_IN_KEY, ValueHasher};
 
 /// The currently loaded rules; `None` until a rule set has loaded successfully. Shared between the
@@ -111,6 +111,24 @@ pub struct Rule {
 }
 
 impl Rule {
+    /// How request values enter this rule's storage keys: as envoyproxy/ratelimit writes them where a
+    /// Go replica may share the counter (one fixed-window limit, in a domain whose keys are not kept
+    /// together, which the Redis store keys exactly as Go does), escaped everywhere else (see
+    /// [`ValueEncoding`]).
+    pub fn value_encoding(&self, keep_together: bool) -> ValueEncoding {
+        match self.limits.as_slice() {
+            [only]
+                if !keep_together
+                    && only.rate.is_some_and(|rate| {
+                        rate.limit.algorithm == crate::algorithm::Algorithm::FixedWindow
+                    }) =>
+            {
+                ValueEncoding::Go
+            }
+            _ => ValueEncoding::Escaped,
+        }
+    }
+
     fn dump_lines(&self) -> impl Iterator<Item = String> + '_ {
         let concurrency = self.concurrency.map(|c| {
             format!(
