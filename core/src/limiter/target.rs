@@ -279,7 +279,9 @@ impl<S: Store> Limiter<S> {
                 cost,
             });
         }
-        let Some(found) = domain.find(descriptor.entries(), &self.hasher, &mut key, ValueEncoding::Go) else {
+        let keep_together = domain.all_or_nothing() || self.options.keep_domains_together;
+        let encoding = domain.first_encoding(keep_together);
+        let Some(found) = domain.find(descriptor.entries(), &self.hasher, &mut key, encoding) else {
             return Ok(Target {
                 rule: None,
                 override_limit: None,
@@ -290,8 +292,10 @@ impl<S: Store> Limiter<S> {
             });
         };
         let rule = found.rule;
-        let keep_together = domain.all_or_nothing() || self.options.keep_domains_together;
-        if found.encodings_differ && rule.value_encoding(keep_together) == ValueEncoding::Escaped {
+        if encoding == ValueEncoding::Go
+            && found.encodings_differ
+            && rule.value_encoding(keep_together) == ValueEncoding::Escaped
+        {
             // Tollgate's own key, and a value that reads differently escaped: walk again, escaping.
             // Only then: a value without `_` or `%` is the same either way.
             key.truncate(self.scope_key_len(domain.name()));

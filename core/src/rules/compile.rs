@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::matcher::{KeyGroup, Level, Node};
 use super::normalize::Normalizer;
 use super::pattern::{Pattern, Wildcard};
-use super::{Domain, MAX_LIMITS_PER_RULE, Rate, Rule, RuleLimit, RuleSet};
+use super::{Domain, MAX_LIMITS_PER_RULE, Rate, Rule, RuleLimit, RuleSet, ValueEncoding};
 use crate::algorithm::Algorithm;
 use crate::observe::metrics::Metrics;
 use crate::rules::file::{
@@ -66,9 +66,12 @@ impl RuleSet {
                     message: format!("domain '{}': {message}", config.domain),
                 })?;
             }
+            let keyed_as = |encoding| ctx.rules.iter().any(|r| r.value_encoding(false) == encoding);
             let domain = Domain {
                 name: config.domain.clone(),
                 all_or_nothing: config.all_or_nothing,
+                go_keyed: keyed_as(ValueEncoding::Go),
+                own_keyed: keyed_as(ValueEncoding::Escaped),
                 root,
                 rules: ctx.rules,
             };

@@ -27,12 +27,21 @@ pub enum ValueEncoding {
     Escaped,
 }
 
+/// How a walk writes values: in which encoding, and whether it scans them for `_` and `%` (it need
+/// not in Go's encoding where no rule of the domain has keys of Tollgate's own).
+#[derive(Debug, Clone, Copy)]
+struct Writing {
+    encoding: ValueEncoding,
+    scan: bool,
+}
+
 /// A rule found for a descriptor.
 #[derive(Debug)]
 pub struct Found<'r> {
     /// The rule.
     pub rule: &'r Arc<Rule>,
-    /// Whether some value written into the key holds `_` or `%`, so that the encodings differ.
+    /// Whether some value written into the key holds `_` or `%`, so that the encodings differ (only
+    /// looked for where the domain has keys of Tollgate's own: false otherwise).
     pub encodings_differ: bool,
 }
 
@@ -93,15 +102,21 @@ impl Domain {
     ) -> Option<Found<'r>> {
         let (last, init) = entries.split_last()?;
         let mut level = &self.root;
+        // Whether values are scanned for `_` and `%` in Go's encoding: only where a rule of the domain
+        // has keys of Tollgate's own, which the caller may have to walk again for.
+        let writing = Writing {
+            encoding,
+            scan: encoding == ValueEncoding::Escaped || self.own_keyed,
+        };
         let mut encodings_differ = false;
         for entry in init {
             level = level
-                .select(entry, hasher, key, encoding, &mut encodings_differ)?
+                .select(entry, hasher, key, writing, &mut encodings_differ)?
                 .children
                 .as_deref()?;
         }
         let rule = level
-            .select(last, hasher, key, encoding, &mut encodings_differ)?
+            .select(last, hasher, key, writing, &mut encodings_differ)?
             .rule
             .as_ref()?;
         Some(Found {
@@ -134,12 +149,13 @@ impl Level {
         }
     }
 
+    #[inline]
     fn select<E: DescriptorEntry>(
         &self,
         entry: &E,
         hasher: &ValueHasher,
         key: &mut String,
-        encoding: ValueEncoding,
+        writing: Writing,
         encodings_differ: &mut bool,
     ) -> Option<&Node> {
         let group = self.keys.get(entry.key())?;
@@ -158,7 +174,8 @@ impl Level {
             Some(pattern) => key.push_str(pattern),
             None if group.hash => hasher.append_hash(key, &value),
             None if value.len() > MAX_RAW_VALUE_IN_KEY => hasher.append_hash(key, &value),
-            None => *encodings_differ |= push_value(key, &value, encoding),
+            None if !writing.scan => key.push_str(&value),
+            None => *encodings_differ |= push_value(key, &value, writing.encoding),
         }
         key.push('_');
         Some(node)
@@ -168,7 +185,7 @@ impl Level {
 /// Appends a request value to a storage key in `encoding`; returns whether it holds `_` or `%` (so that
 /// the encodings differ).
 fn push_value(key: &mut String, value: &str, encoding: ValueEncoding) -> bool {
-    if !value.bytes().any(|b| b == b'_' || b == b'%') {
+    if memchr::memchr2(b'_', b'%', value.as_bytes()).is_none() {
         key.push_str(value);
         return false;
     }

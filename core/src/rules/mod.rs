@@ -74,6 +74,9 @@ impl RuleSet {
 pub struct Domain {
     name: String,
     all_or_nothing: bool,
+    /// Some rule keeps Go's keys ([`Rule::value_encoding`]), and some has keys of Tollgate's own.
+    go_keyed: bool,
+    own_keyed: bool,
     root: matcher::Level,
     rules: Vec<Arc<Rule>>,
 }
@@ -87,6 +90,16 @@ impl Domain {
     /// Tollgate's `all_or_nothing: true`: a request consumes nothing unless every descriptor passes.
     pub fn all_or_nothing(&self) -> bool {
         self.all_or_nothing
+    }
+
+    /// The encoding to match a descriptor in first: Go's while some rule may keep Go's key, else
+    /// escaped (every key Tollgate's own, `keep_together` included), which then needs no second walk.
+    pub fn first_encoding(&self, keep_together: bool) -> ValueEncoding {
+        if self.go_keyed && !keep_together {
+            ValueEncoding::Go
+        } else {
+            ValueEncoding::Escaped
+        }
     }
 }
 
