@@ -408,12 +408,12 @@ impl RedisStore {
     }
 
     /// Keys found so far holding a value no Tollgate could have written, decided as none and repaired
-    /// ([`impossible`]).
+    /// (see `impossible.rs`).
     pub fn impossible_states(&self) -> u64 {
         self.impossible.count()
     }
 
-    /// Connections found stalled so far: a call on them outlived its timeout ([`node_pool`]).
+    /// Connections found stalled so far: a call on them outlived its timeout (see `node_pool.rs`).
     pub fn stalled_connections(&self) -> u64 {
         match self.connections.load().as_deref() {
             Some(Connections::Node(pool)) => pool.stalls(),
