@@ -75,27 +75,23 @@ enum Connections {
     Cluster(ClusterConnection),
 }
 
-/// The pool entry a call sent whole was made on, to learn from how it went ([`NodePool::after_call`]).
-type Used<'c> = Option<(&'c Arc<NodePool>, usize)>;
-
 impl Connections {
-    /// A connection for a call sent whole (on one node: the next of the pool that is not stalled), and
-    /// which pool entry it is.
-    fn whole(&self) -> Result<(WholeConnection, Used<'_>), CallError> {
+    /// Runs `call` on a connection for a call sent whole: on one node the next of the pool that is
+    /// not stalled, whose pool then learns how the call went (a timeout stalls the connection); in a
+    /// cluster the cluster connection, which routes by the call's keys.
+    async fn on_whole<T, Fut>(&self, call: impl FnOnce(WholeConnection) -> Fut) -> Result<T, CallError>
+    where
+        Fut: Future<Output = Result<T, CallError>>,
+    {
         match self {
             Connections::Node(pool) => {
                 let taken = pool.take().ok_or(CallError::Stalled)?;
-                Ok((WholeConnection::Node(taken.conn), Some((pool, taken.entry))))
+                let result = call(WholeConnection::Node(taken.conn)).await;
+                pool.after_call(taken.entry, &result);
+                result
             }
-            Connections::Cluster(conn) => Ok((WholeConnection::Cluster(conn.clone()), None)),
+            Connections::Cluster(conn) => call(WholeConnection::Cluster(conn.clone())).await,
         }
-    }
-}
-
-/// Tells the pool how a call on one of its connections went (a timeout stalls the connection).
-fn after_call<T>(used: Used<'_>, result: &Result<T, CallError>) {
-    if let Some((pool, entry)) = used {
-        pool.after_call(entry, result);
     }
 }
 
@@ -472,10 +468,9 @@ impl RedisStore {
         let Some(connections) = self.connections.load_full() else {
             return Err(CallError::NotConnected);
         };
-        let (conn, used) = connections.whole()?;
-        let result = within(self.options.deadline, call(conn)).await;
-        after_call(used, &result);
-        result
+        connections
+            .on_whole(|conn| within(self.options.deadline, call(conn)))
+            .await
     }
 
     /// Each item's Redis key, and the item as the script sees it (its `key` left empty: the caller
@@ -704,16 +699,14 @@ impl RedisStore {
         };
         let result = match &*connections {
             Connections::Cluster(conn) => self.apply_per_slot(conn, items, policy, markers, timeout).await,
-            whole => match whole.whole() {
-                Ok((mut conn, used)) => {
-                    let result = self
-                        .invoke(&mut conn, None, items, policy, markers, timeout)
-                        .await;
-                    after_call(used, &result);
-                    result
-                }
-                Err(error) => Err(error),
-            },
+            whole => {
+                whole
+                    .on_whole(async |mut conn| {
+                        self.invoke(&mut conn, None, items, policy, markers, timeout)
+                            .await
+                    })
+                    .await
+            }
         };
         result.map_err(|e| e.into_store_error(self.options.deadline))
     }

@@ -43,7 +43,7 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 
 use super::coalesce::{Answers, Pending};
 use super::script::{ReplyError, ScriptItem};
-use super::{CallError, Connections, RedisStore, after_call, by_slot, fail, place, shares_group, within};
+use super::{CallError, Connections, RedisStore, by_slot, fail, place, shares_group, within};
 use crate::algorithm::{Algorithm, Decision, fixed_window};
 use crate::store::{BatchItem, CommitPolicy, StoreError};
 
@@ -137,14 +137,9 @@ impl RedisStore {
                 }
             }
             whole => {
-                let counted = match whole.whole() {
-                    Ok((mut conn, used)) => {
-                        let counted = self.increment(&mut conn, None, named, timeout).await;
-                        after_call(used, &counted);
-                        counted
-                    }
-                    Err(error) => Err(error),
-                };
+                let counted = whole
+                    .on_whole(async |mut conn| self.increment(&mut conn, None, named, timeout).await)
+                    .await;
                 let refused = apply(
                     named,
                     answers,
