@@ -380,7 +380,7 @@ impl<S: Store> Limiter<S> {
         };
         let placement = Placement {
             scope_len,
-            keep_together: domain_rules.all_or_nothing() || self.options.keep_domains_together,
+            keep_together: self.keeps_together(domain_rules),
         };
         let decisions = self.decide(&mut targets, policy, placement, once).await?;
         // Peeks and refunds are not hits: they neither count in the rule's stats nor make offenders.

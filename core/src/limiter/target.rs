@@ -207,6 +207,12 @@ impl<S: Store> Limiter<S> {
         key
     }
 
+    /// Whether `domain`'s keys are placed together (one hash slot per request): an `all_or_nothing`
+    /// domain, or every domain under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
+    pub(super) fn keeps_together(&self, domain: &crate::rules::Domain) -> bool {
+        domain.all_or_nothing() || self.options.keep_domains_together
+    }
+
     /// The length of [`Limiter::scope_key`].
     fn scope_key_len(&self, domain: &str) -> usize {
         self.options.cache_key_prefix.len() + domain.len() + 1
@@ -279,7 +285,7 @@ impl<S: Store> Limiter<S> {
                 cost,
             });
         }
-        let keep_together = domain.all_or_nothing() || self.options.keep_domains_together;
+        let keep_together = self.keeps_together(domain);
         let encoding = domain.first_encoding(keep_together);
         let Some(found) = domain.find(descriptor.entries(), &self.hasher, &mut key, encoding) else {
             return Ok(Target {

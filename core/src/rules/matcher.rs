@@ -35,6 +35,14 @@ struct Writing {
     scan: bool,
 }
 
+impl Writing {
+    /// As envoyproxy/ratelimit writes keys, unscanned.
+    const AS_GO: Writing = Writing {
+        encoding: ValueEncoding::Go,
+        scan: false,
+    };
+}
+
 /// A rule found for a descriptor.
 #[derive(Debug)]
 pub struct Found<'r> {
@@ -130,9 +138,9 @@ impl Domain {
     /// (nothing from the request makes a key component longer than [`MAX_RAW_VALUE_IN_KEY`]).
     pub fn raw_key<E: DescriptorEntry>(&self, entries: &[E], hasher: &ValueHasher, key: &mut String) {
         for entry in entries {
-            push_bounded(key, entry.key(), hasher);
+            push_value(key, entry.key(), hasher, Writing::AS_GO);
             key.push('_');
-            push_bounded(key, entry.value(), hasher);
+            push_value(key, entry.value(), hasher, Writing::AS_GO);
             key.push('_');
         }
     }
@@ -173,23 +181,26 @@ impl Level {
         match &node.shared_key_value {
             Some(pattern) => key.push_str(pattern),
             None if group.hash => hasher.append_hash(key, &value),
-            None if value.len() > MAX_RAW_VALUE_IN_KEY => hasher.append_hash(key, &value),
-            None if !writing.scan => key.push_str(&value),
-            None => *encodings_differ |= push_value(key, &value, writing.encoding),
+            None => *encodings_differ |= push_value(key, &value, hasher, writing),
         }
         key.push('_');
         Some(node)
     }
 }
 
-/// Appends a request value to a storage key in `encoding`; returns whether it holds `_` or `%` (so that
-/// the encodings differ).
-fn push_value(key: &mut String, value: &str, encoding: ValueEncoding) -> bool {
-    if memchr::memchr2(b'_', b'%', value.as_bytes()).is_none() {
+/// Appends a request value to a storage key: hashed when longer than [`MAX_RAW_VALUE_IN_KEY`] (nothing
+/// from a request makes a key component longer), else in `writing`'s encoding. Returns whether it holds
+/// `_` or `%`, so that the encodings differ (looked for only when `writing` scans).
+fn push_value(key: &mut String, value: &str, hasher: &ValueHasher, writing: Writing) -> bool {
+    if value.len() > MAX_RAW_VALUE_IN_KEY {
+        hasher.append_hash(key, value);
+        return false;
+    }
+    if !writing.scan || memchr::memchr2(b'_', b'%', value.as_bytes()).is_none() {
         key.push_str(value);
         return false;
     }
-    match encoding {
+    match writing.encoding {
         ValueEncoding::Go => key.push_str(value),
         ValueEncoding::Escaped => {
             for c in value.chars() {
@@ -202,13 +213,4 @@ fn push_value(key: &mut String, value: &str, encoding: ValueEncoding) -> bool {
         }
     }
     true
-}
-
-/// Appends `text` to a storage key as it is, or hashed when longer than [`MAX_RAW_VALUE_IN_KEY`].
-fn push_bounded(key: &mut String, text: &str, hasher: &ValueHasher) {
-    if text.len() > MAX_RAW_VALUE_IN_KEY {
-        hasher.append_hash(key, text);
-    } else {
-        key.push_str(text);
-    }
 }
