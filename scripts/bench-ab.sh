@@ -18,8 +18,6 @@ before="$1"
 after="$2"
 rounds="${ROUNDS:-2}"
 duration="${DURATION:-10s}"
-server=""
-cleanup_more() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }
 # shellcheck source=scripts/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 

@@ -3,8 +3,9 @@
 #
 # After sourcing: $work (a temporary directory) with the benchmark's rules in $work/rules (domain bench,
 # key user, a token bucket no load reaches), $redis_port (a running redis-server, no persistence),
-# free_port, wait_ready BINARY PORT, measure BINARY ADDR [bench options], stop_server, and an EXIT trap
-# that runs `bench_cleanup` plus whatever the script put in `cleanup_more` (a function it may define).
+# free_port, wait_ready BINARY PORT [SECONDS], measure BINARY ADDR [bench options], stop_server, $server
+# (the pid of the Tollgate the script started last: killed on exit), and an EXIT trap that runs
+# `bench_cleanup` plus whatever the script put in `cleanup_more` (a function it may define).
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -26,9 +27,9 @@ with open(path, "w") as out:
 EOF
 }
 
-# Waits (up to 10 s) until the Tollgate BINARY on gRPC PORT reports SERVING.
+# Waits (up to SECONDS, default 10) until the Tollgate BINARY on gRPC PORT reports SERVING.
 wait_ready() {
-  local binary="$1" port="$2" tries=100
+  local binary="$1" port="$2" tries=$(( ${3:-10} * 10 ))
   until "$binary" healthcheck --addr "http://127.0.0.1:$port" --timeout 200ms >/dev/null 2>&1; do
     tries=$((tries - 1))
     [ "$tries" -gt 0 ] || { echo "the server on port $port never became ready" >&2; return 1; }
@@ -56,11 +57,13 @@ stop_server() {
 }
 
 bench_cleanup() {
+  [ -z "$server" ] || kill "$server" 2>/dev/null || true
   if declare -F cleanup_more >/dev/null; then cleanup_more; fi
   [ -n "${redis_port:-}" ] && redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1
   rm -rf "$work"
 }
 
+server=""
 work="$(mktemp -d)"
 trap bench_cleanup EXIT
 redis_port="$(free_port)"

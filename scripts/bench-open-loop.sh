@@ -11,8 +11,6 @@
 set -euo pipefail
 binary="${1:-$("$(dirname "$0")/binary-path.sh" release)}"
 duration="${DURATION:-10s}"
-server=""
-cleanup_more() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }
 # shellcheck source=scripts/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 

@@ -19,8 +19,6 @@ binary="$1"
 shift
 [ "$#" -gt 0 ] || set -- floor-1 fixed-1 floor-3 fixed-3 token-bucket gcra sliding-window sliding-log
 duration="${DURATION:-10s}"
-server=""
-cleanup_more() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }
 # shellcheck source=scripts/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 

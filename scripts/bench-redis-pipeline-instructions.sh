@@ -19,12 +19,8 @@ shift
 [ "$#" -gt 0 ] || set -- fixed-1 fixed-3 floor-1 floor-3
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
 duration="${DURATION:-15s}"
-server=""
 valgrind_pid=""
-cleanup_more() {
-  [ -z "$server" ] || kill "$server" 2>/dev/null || true
-  [ -z "$valgrind_pid" ] || kill "$valgrind_pid" 2>/dev/null || true
-}
+cleanup_more() { [ -z "$valgrind_pid" ] || kill "$valgrind_pid" 2>/dev/null || true; }
 # shellcheck source=scripts/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 

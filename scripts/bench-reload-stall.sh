@@ -10,8 +10,6 @@ set -euo pipefail
 binary="$1"
 routes="${ROUTES:-100000}"
 rounds="${ROUNDS:-2}"
-server=""
-cleanup_more() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }
 # shellcheck source=scripts/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 
@@ -21,10 +19,7 @@ port="$(free_port)"
 "$binary" serve --config-dir "$work/rules" --grpc-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$(free_port)" \
   --debug-addr "127.0.0.1:$(free_port)" >"$work/server.log" 2>&1 &
 server=$!
-for _ in $(seq 120); do
-  "$binary" healthcheck --addr "http://127.0.0.1:$port" --timeout 500ms >/dev/null 2>&1 && break
-  sleep 0.5
-done
+wait_ready "$binary" "$port" 60
 sleep 5
 route='httproute/default/route-0/rule/0/match/0'
 one_in_flight() {

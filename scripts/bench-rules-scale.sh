@@ -14,8 +14,6 @@ set -euo pipefail
 binary="$1"
 shift
 if [ $# -gt 0 ]; then sizes=("$@"); else sizes=(1 8000 20000 100000); fi
-server=""
-cleanup_more() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }
 # shellcheck source=scripts/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 

@@ -12,8 +12,6 @@ set -euo pipefail
 binary="$1"
 rounds="${ROUNDS:-2}"
 duration="${DURATION:-10s}"
-server=""
-cleanup_more() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; }
 # shellcheck source=scripts/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 
