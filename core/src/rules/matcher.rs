@@ -191,6 +191,7 @@ impl Level {
 /// Appends a request value to a storage key: hashed when longer than [`MAX_RAW_VALUE_IN_KEY`] (nothing
 /// from a request makes a key component longer), else in `writing`'s encoding. Returns whether it holds
 /// `_` or `%`, so that the encodings differ (looked for only when `writing` scans).
+#[inline]
 fn push_value(key: &mut String, value: &str, hasher: &ValueHasher, writing: Writing) -> bool {
     if value.len() > MAX_RAW_VALUE_IN_KEY {
         hasher.append_hash(key, value);
