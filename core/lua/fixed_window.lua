@@ -17,7 +17,8 @@
 -- counter as read (0 when absent); `now` = Redis TIME in µs; `window_start` = the caller's
 -- window start in µs (the caller derives it from its clock corrected by the Redis clock offset);
 -- `cost` / `amount` >= 0.
--- Returns: allowed, remaining, reset_after_us, retry_after_us, and the counter after this item.
+-- Returns: allowed, remaining (denied: what the window had room for before this item, less than its
+-- cost), reset_after_us, retry_after_us, and the counter after this item.
 --
 -- Refunds (fixed_window::refund): the key names this window, so a charge made in a window that
 -- has since rolled over is refunded from this window's counter (absent for a fresh window: 0,
@@ -41,7 +42,8 @@ local function fixed_window_decide(lim, count, now, cost, window_start)
   if after <= lim.requests then
     return true, lim.requests - after, until_end, 0, after
   end
-  return false, 0, until_end, until_end, after
+  -- Denied, and counted anyway: `remaining` is the part of the cost the window had room for.
+  return false, math.max(lim.requests - count, 0), until_end, until_end, after
 end
 
 -- Gives `amount` back to this window's counter, saturating at 0, and reports what a peek of the

@@ -169,6 +169,49 @@ async fn a_million_distinct_values_add_no_series() {
     );
 }
 
+/// envoyproxy/ratelimit's accounting of a request of several hits (its fixed_cache_impl_test cases,
+/// limits and counts as there): hits the limit still had room for count as `near_limit` above the
+/// threshold (80 % of the limit, a whole number), the rest as `over_limit`; a refused request adds
+/// nothing to `within_limit`.
+#[tokio::test]
+async fn hits_that_cross_the_limit_are_split_as_the_go_service_splits_them() {
+    let rules = "domain: g\ndescriptors:\n  - {key: k, value: a, rate_limit: {unit: hour, requests_per_unit: 20}}\n  - {key: k, value: b, rate_limit: {unit: hour, requests_per_unit: 8}}\n  - {key: k, value: c, rate_limit: {unit: hour, requests_per_unit: 20}}\n  - {key: k, value: d, rate_limit: {unit: hour, requests_per_unit: 20}}\n  - {key: k, value: e, rate_limit: {unit: hour, requests_per_unit: 20}}\n  - {key: k, value: f, rate_limit: {unit: hour, requests_per_unit: 10}}\n";
+    let metrics = Metrics::new();
+    let domain = parse_file("g.yaml", rules).expect("rules");
+    let options = CompileOptions {
+        default_algorithm: Algorithm::FixedWindow,
+        ..Default::default()
+    };
+    let rules = RuleSet::compile_with_metrics(&[domain], options, &metrics).expect("compile");
+    let limiter = Limiter::new(
+        Arc::new(ArcSwapOption::from_pointee(rules)),
+        MemoryStore::new(Arc::new(ManualClock::new(T0_US))),
+        ValueHasher::default(),
+        LimiterOptions::default(),
+    )
+    .with_metrics(Arc::clone(&metrics));
+    // (value, hits already counted, hits of the request) -> (over, near, within) of the request.
+    let cases = [
+        ("a", 2, 3, (0, 0, 3)),  // all under the limit and under the threshold (16)
+        ("b", 5, 2, (0, 1, 2)),  // under the limit, one hit above the threshold (6)
+        ("c", 16, 3, (0, 3, 3)), // all above the threshold
+        ("d", 19, 3, (2, 1, 0)), // one within, two over
+        ("e", 15, 7, (2, 4, 0)), // below the threshold, above it, and over the limit
+        ("f", 27, 3, (3, 0, 0)), // all over
+    ];
+    for (value, counted, hits, want) in cases {
+        let rule = metrics.rule("g", &format!("g.k_{value}"));
+        let descriptor = d(&[("k", value)]);
+        let ask = |hits| limiter.should_rate_limit("g", std::slice::from_ref(&descriptor), hits);
+        ask(counted).await.expect("decided");
+        let before = [&rule.over_limit, &rule.near_limit, &rule.within_limit].map(|c| c.get());
+        ask(hits).await.expect("decided");
+        let after = [&rule.over_limit, &rule.near_limit, &rule.within_limit].map(|c| c.get());
+        let got = (after[0] - before[0], after[1] - before[1], after[2] - before[2]);
+        assert_eq!(got, want, "k_{value}: {counted} counted, {hits} more");
+    }
+}
+
 /// `/top` as a server with `env` lists domain `t` after five refusals-or-near for an address and
 /// three for an email that the rule hashes.
 async fn top_offenders(env: &[(&str, &str)]) -> (Vec<serde_json::Value>, String) {

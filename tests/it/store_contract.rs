@@ -400,6 +400,53 @@ async fn independent_counts_to_the_limit<B: Backend>(backend: &B) {
     }
 }
 
+/// A request of several units that crosses the limit: a fixed window counts it though it refuses it
+/// and reports the part it had room for (the Go service's `near_limit` share of such a request),
+/// alone (Redis' `INCRBY` path) or beside another limit of its descriptor (the script); the other
+/// algorithms consume nothing and report nothing.
+async fn a_refusal_that_crosses_the_limit_reports_the_room_it_had<B: Backend>(backend: &B) {
+    for algorithm in Algorithm::ALL {
+        let context = format!("{algorithm:?}");
+        let fixed = algorithm == Algorithm::FixedWindow;
+        let lim = limit(algorithm, 20, DAY_US);
+        let lone_item = |cost| lone(&[("crossing", cost)], lim, INDEPENDENT);
+        assert_eq!(
+            verdicts(&apply(backend, &lone_item(19)).await),
+            [(true, 1)],
+            "{context}"
+        );
+        let crossing = apply(backend, &lone_item(3)).await;
+        assert_eq!(verdicts(&crossing), [(false, u64::from(fixed))], "{context}");
+        let after = if fixed { (false, 0) } else { (true, 1) };
+        assert_eq!(
+            verdicts(&check(backend, &lone_item(0)).await),
+            [after],
+            "{context}"
+        );
+
+        let pair = |cost| {
+            batch(
+                vec![
+                    item("pair", limit(algorithm, 100, DAY_US), cost, 0),
+                    item("pair", limit(algorithm, 10, 2 * DAY_US), cost, 0),
+                ],
+                INDEPENDENT,
+            )
+        };
+        assert_eq!(
+            verdicts(&apply(backend, &pair(7)).await),
+            [(true, 93), (true, 3)],
+            "{context}"
+        );
+        let held = if fixed { 3 } else { 0 };
+        assert_eq!(
+            verdicts(&apply(backend, &pair(7)).await),
+            [(true, 93), (false, held)],
+            "{context}"
+        );
+    }
+}
+
 /// The limits of one descriptor (one group) pass or fail together: when one refuses, the others
 /// consume nothing, while another descriptor of the same batch consumes as usual.
 async fn a_descriptor_passes_or_fails_with_all_its_limits<B: Backend>(backend: &B) {
@@ -420,8 +467,10 @@ async fn a_descriptor_passes_or_fails_with_all_its_limits<B: Backend>(backend: &
         // The second limit of "pair" refuses: its first consumes nothing (its verdict stands, its
         // remaining is what it had), "solo" consumes.
         let second = apply(backend, &request(2)).await;
-        assert_eq!(verdicts(&second), [(true, 3), (false, 0), (true, 1)], "{context}");
         let fixed = algorithm == Algorithm::FixedWindow;
+        // A fixed window counts the refused item, and reports the unit it had room for.
+        let refused = (false, u64::from(fixed));
+        assert_eq!(verdicts(&second), [(true, 3), refused, (true, 1)], "{context}");
         let refused_limit = if fixed { (false, 0) } else { (true, 1) };
         assert_eq!(
             verdicts(&check(backend, &request(0)).await),
@@ -480,12 +529,12 @@ async fn stop_increment_applies_only_the_refused_items<B: Backend>(backend: &B) 
             [(true, 3), (true, 3)],
             "{context}"
         );
+        let fixed = algorithm == Algorithm::FixedWindow;
         assert_eq!(
             verdicts(&apply(backend, &pair(2, 4)).await),
-            [(true, 3), (false, 0)],
-            "{context}"
+            [(true, 3), (false, if fixed { 3 } else { 0 })],
+            "{context}: a fixed window reports the room it counted"
         );
-        let fixed = algorithm == Algorithm::FixedWindow;
         let refused = if fixed { (false, 0) } else { (true, 3) };
         assert_eq!(
             verdicts(&check(backend, &pair(0, 0)).await),
@@ -536,9 +585,11 @@ async fn peek_decides_like_a_consuming_first_pass_and_writes_nothing<B: Backend>
         );
         let consumed = apply(backend, &on("consumed", &specs, INDEPENDENT)).await;
         assert_same(backend, &peek, &consumed, &context);
+        // A fixed window counts the refused 3 and reports the 2 it had room for.
+        let crossing = u64::from(algorithm == Algorithm::FixedWindow) * 2;
         assert_eq!(
             verdicts(&peek),
-            [(true, 2), (false, 0), (true, 1), (false, 0)],
+            [(true, 2), (false, crossing), (true, 1), (false, 0)],
             "{context}"
         );
         let after = check(backend, &on("peeked", &specs, INDEPENDENT)).await;
@@ -972,6 +1023,7 @@ macro_rules! contract_tests {
 
 contract_tests!(
     independent_counts_to_the_limit,
+    a_refusal_that_crosses_the_limit_reports_the_room_it_had,
     a_descriptor_passes_or_fails_with_all_its_limits,
     all_or_nothing_consumes_nothing_when_one_item_is_refused,
     stop_increment_applies_only_the_refused_items,

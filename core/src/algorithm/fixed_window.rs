@@ -64,14 +64,14 @@ pub(crate) fn decide(limit: &Limit, state: Option<&State>, now_us: u64, cost: u6
             window_start_us: start,
             count: 0,
         });
-        return (judge(limit.requests, count, until_end), unchanged);
+        return (judge(limit.requests, count, count, until_end), unchanged);
     }
     let after = count.saturating_add(cost);
     let next = State {
         window_start_us: start,
         count: after,
     };
-    (judge(limit.requests, after, until_end), next)
+    (judge(limit.requests, count, after, until_end), next)
 }
 
 /// See the module docs ("Refunds"): only a count of the current window can be refunded.
@@ -92,26 +92,38 @@ pub(crate) fn refund(limit: &Limit, state: Option<&State>, now_us: u64, amount: 
     (refunded(check), next)
 }
 
-/// Verdict for a window whose counter (including this request) stands at `count`.
-fn judge(requests: u64, count: u64, until_end: u64) -> Decision {
-    match requests.checked_sub(count) {
+/// Verdict for a window whose counter stood at `before` this request and stands at `after` with its
+/// cost counted. A denial reports in `remaining` the part of the cost the window still had room for:
+/// it is counted anyway (the Go service's `near_limit`/`over_limit` split of a request that crosses
+/// the limit).
+fn judge(requests: u64, before: u64, after: u64, until_end: u64) -> Decision {
+    match requests.checked_sub(after) {
         Some(remaining) => Decision::allow(remaining, until_end),
-        None => Decision::deny(until_end, until_end),
+        None => Decision {
+            remaining: requests.saturating_sub(before),
+            ..Decision::deny(until_end, until_end)
+        },
     }
 }
 
-/// The decision for a counter that reads `after` with this request's cost counted, in the window the
+/// The decision for a counter that reads `after` with this request's `cost` counted, in the window the
 /// caller named (starting at `window_start_us`), at `now_us`: what `lua/fixed_window.lua` decides, for
 /// counters incremented without the script (`INCRBY`). The window is the caller's, not the one holding
 /// `now_us`, so the time to its end is clamped to `[0, window]` as the script clamps it.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn decide_counted(limit: &Limit, window_start_us: u64, now_us: u64, after: u64) -> Decision {
+pub(crate) fn decide_counted(
+    limit: &Limit,
+    window_start_us: u64,
+    now_us: u64,
+    after: u64,
+    cost: u64,
+) -> Decision {
     let window = limit.window_us.max(1);
     let until_end = window_start_us
         .saturating_add(window)
         .saturating_sub(now_us)
         .min(window);
-    judge(limit.requests, after, until_end)
+    judge(limit.requests, after.saturating_sub(cost), after, until_end)
 }
 
 /// The window end: from then on the stored count is ignored.
@@ -143,12 +155,17 @@ mod tests {
         let mut out = Vec::new();
         for &(now, cost) in timeline {
             let counter = counters.entry(now / w).or_default();
+            let before = *counter;
             *counter = counter.saturating_add(cost);
             let until_end = (now / w + 1) * w - now;
             out.push(if *counter <= limit.requests {
                 Decision::allow(limit.requests - *counter, until_end)
             } else {
-                Decision::deny(until_end, until_end)
+                // What the window had room for before this request: counted, though denied.
+                Decision {
+                    remaining: limit.requests.saturating_sub(before),
+                    ..Decision::deny(until_end, until_end)
+                }
             });
         }
         out
@@ -193,7 +210,7 @@ mod tests {
             let now = start + offset % window_us;
             let state = State { window_start_us: start, count };
             let (expected, next) = decide(&limit, Some(&state), now, cost);
-            prop_assert_eq!(decide_counted(&limit, start, now, next.count), expected);
+            prop_assert_eq!(decide_counted(&limit, start, now, next.count, cost), expected);
         }
     }
 
@@ -202,13 +219,21 @@ mod tests {
         let limit = limit(5, 1_000_000);
         // Named for the window that ends at 3 s, decided at 3.2 s (the caller's clock was behind).
         assert_eq!(
-            decide_counted(&limit, 2_000_000, 3_200_000, 1),
+            decide_counted(&limit, 2_000_000, 3_200_000, 1, 1),
             Decision::allow(4, 0)
         );
         // Named for the next window (the caller's clock was ahead): at most one window away.
         assert_eq!(
-            decide_counted(&limit, 4_000_000, 3_200_000, 6),
+            decide_counted(&limit, 4_000_000, 3_200_000, 6, 1),
             Decision::deny(1_000_000, 1_000_000)
+        );
+        // A request of 4 hits that crosses the limit: the window had room for 2 of them.
+        assert_eq!(
+            decide_counted(&limit, 4_000_000, 3_200_000, 7, 4),
+            Decision {
+                remaining: 2,
+                ..Decision::deny(1_000_000, 1_000_000)
+            }
         );
     }
 

@@ -186,9 +186,12 @@ impl Limit {
 pub struct Decision {
     /// Whether the request (with its cost) is admitted.
     pub allowed: bool,
-    /// Cost units still admissible right after this decision. An algorithm that denies reports 0;
-    /// a store settling a batch (all-or-nothing, stop-increment) reports, for an item it refused
-    /// without consuming, what the key still holds. The limiter reports 0 for every refusal.
+    /// Cost units still admissible right after this decision. A denial reports 0, except by the
+    /// fixed window, which counts denied requests (as the Go service does) and reports the part of
+    /// the cost it had room for (less than the cost: the Go service's `near_limit` share of a
+    /// request that crosses the limit); a store settling a batch (all-or-nothing, stop-increment)
+    /// reports, for an item it refused without consuming, what the key still holds. The limiter
+    /// reports 0 for every refusal.
     pub remaining: u64,
     /// µs from now until the key's usage has fully drained (algorithm-specific meaning).
     pub reset_after_us: u64,
@@ -483,11 +486,18 @@ pub(crate) mod tests {
         assert!(d.remaining <= max_remaining(limit), "{step:?}");
         if d.allowed {
             assert_eq!(d.retry_after_us, 0, "{step:?}");
-        } else {
-            assert_eq!(d.remaining, 0, "{step:?}");
         }
-        // Only the fixed window (Go compatibility) records denied requests.
+        // Only the fixed window (Go compatibility) records denied requests, and says what part of
+        // their cost it had room for; a denial by the others consumes, and reports, nothing.
         let counts_denials = limit.algorithm == Algorithm::FixedWindow;
+        if !d.allowed {
+            let held = if counts_denials {
+                step.cost.saturating_sub(1)
+            } else {
+                0
+            };
+            assert!(d.remaining <= held, "{step:?}");
+        }
         if let Some(before) = step.before.as_ref().filter(|_| !d.allowed && !counts_denials) {
             assert_eq!(&step.after, before, "denial changed state");
         }

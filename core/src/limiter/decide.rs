@@ -372,31 +372,45 @@ impl<S> Limiter<S> {
     /// envoyproxy/ratelimit's per-rule stats: every hit counts in `total_hits`, then in `over_limit`
     /// (plus `shadow_mode` for shadow rules, and `over_limit_with_local_cache` when the over-limit cache
     /// answered) or `within_limit`; allowed hits above `NEAR_LIMIT_RATIO` of the limit also count in
-    /// `near_limit`.
+    /// `near_limit`. A refused request that crosses the limit is split as the Go service splits it:
+    /// the hits the limit still had room for (the fixed window counts them anyway) count in
+    /// `near_limit` above its threshold, and only the rest in `over_limit` and `shadow_mode`.
     /// Returns whether the caller is worth a place among the top offenders (refused or near the limit).
     fn count_hits(&self, rule: &Rule, rate: &Rate, decision: &Decision, hits: u64) -> bool {
         let stats = &rule.stats;
         stats.total_hits.add(hits);
+        let limit = rate.limit.requests;
+        let threshold = self.near_limit_threshold(limit);
         if !decision.allowed {
-            stats.over_limit.add(hits);
+            // A store that refused an item for another's sake reports what the key holds, which
+            // may be the whole cost: that refusal crossed nothing.
+            let crossed = if decision.from_local_cache || decision.remaining >= hits {
+                0
+            } else {
+                decision.remaining
+            };
+            stats.over_limit.add(hits - crossed);
+            stats.near_limit.add(crossed.min(limit.saturating_sub(threshold)));
             if decision.from_local_cache {
                 stats.over_limit_with_local_cache.add(hits);
             }
             if rule.shadow_mode {
-                stats.shadow_mode.add(hits);
+                stats.shadow_mode.add(hits - crossed);
             }
             return true;
         }
         stats.within_limit.add(hits);
-        let limit = rate.limit.requests;
-        // The threshold is a whole number of requests, as in the Go service.
-        let threshold = (limit as f64 * self.options.near_limit_ratio).floor() as u64;
         let used = limit.saturating_sub(decision.remaining);
-        if used > threshold {
-            stats.near_limit.add((used - threshold).min(hits));
-            return true;
-        }
-        false
+        let near = used.saturating_sub(threshold).min(hits);
+        stats.near_limit.add(near);
+        near > 0
+    }
+
+    /// The count above which allowed hits are near the limit: a whole number of requests, computed in
+    /// single precision as the Go service computes it (`NEAR_LIMIT_RATIO` is a float32 there), so a
+    /// ratio such as 0.7 draws the line at the same request.
+    fn near_limit_threshold(&self, limit: u64) -> u64 {
+        ((limit as f32) * (self.options.near_limit_ratio as f32)).floor() as u64
     }
 }
 

@@ -391,6 +391,7 @@ fn apply(named: &[&(String, ScriptItem<'static>)], answers: &mut Answers, done: 
                             item.window_start_us,
                             now_us,
                             after,
+                            item.cost,
                         ));
                     }
                     None => refused.push(at),
