@@ -171,7 +171,9 @@ fn default_rule_labels(key: &str) -> String {
 /// puts `ratelimit_server.<Method>.response_time`.
 fn render_mapped(metrics: &Metrics, mapping: &Mapping, out: &mut String) {
     let mut counters: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
-    for stat in go_stats::collect(metrics) {
+    // The response-time timers are the histograms below.
+    let stats = go_stats::collect(metrics).into_iter();
+    for stat in stats.filter(|s| s.kind == go_stats::Kind::Counter) {
         let (name, labels, scale) = match mapping.map(&stat.name, StatKind::Counter) {
             Mapped::To {
                 name, labels, scale, ..

@@ -7,20 +7,42 @@
 //! and so do the dots inside anything shaped like an IPv4 address, so `remote_address_10.0.0.1` is one
 //! name component, not four.
 //!
+//! The response time (`ratelimit_server.<Method>.response_time`, a gostats timer in milliseconds, sent
+//! by Go once per request) is sent once per histogram bucket that gained observations, as the
+//! bucket's bound with a sample rate of one over their number: what statsd_exporter and DogStatsD
+//! count as that many observations, in a bounded number of lines however busy the server.
+//!
 //! Not (yet) emitted: the Redis pool's `cx_active`, `cx_total` and `cx_local_close` (Tollgate's
 //! multiplexed connections are not a pool), the local cache's and the Go runtime's gauges, and
 //! `detailed_metric`'s per-value names (rules are counted per rule).
 
 use crate::settings::ExtraTags;
-use tollgate_core::observe::metrics::{Method, Metrics};
+use tollgate_core::observe::metrics::{BUCKETS, Method, Metrics};
 
 /// A statsd stat's kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     /// Monotonic; statsd is sent the increase since the last flush.
     Counter,
     /// A level; statsd is sent its value at every flush.
     Gauge,
+    /// The observations of a timer that fell in one bucket of [`BUCKETS`] (`bucket` one past the last:
+    /// above them all), counted like a counter; statsd is sent the bucket's bound in milliseconds
+    /// once per flush, with the sample rate that stands for the observations it gained.
+    Timer {
+        /// The bucket's index in [`BUCKETS`].
+        bucket: usize,
+    },
+}
+
+impl Kind {
+    /// A timer bucket's value as statsd is sent it: the bucket's upper bound in milliseconds (for
+    /// observations above every bucket, the last bound: they took at least that).
+    pub fn timer_ms(bucket: usize) -> f64 {
+        let seconds = BUCKETS.get(bucket).or(BUCKETS.last()).copied().unwrap_or(1.0);
+        // Microseconds are whole: 0.00005 s is 0.05 ms, not 0.05000000000000001.
+        (seconds * 1e6).round() / 1e3
+    }
 }
 
 /// One stat as the Go service names it.
@@ -167,6 +189,14 @@ pub fn collect(metrics: &Metrics) -> Vec<GoStat> {
     for method in Method::ALL {
         let name = format!("ratelimit_server.{}.total_requests", method.name());
         stats.push(counter(name, metrics.requests(method)));
+        let observed = metrics.response_time(method).per_bucket();
+        for (bucket, value) in observed.into_iter().enumerate().filter(|(_, n)| *n > 0) {
+            stats.push(GoStat {
+                name: format!("ratelimit_server.{}.response_time", method.name()),
+                kind: Kind::Timer { bucket },
+                value,
+            });
+        }
     }
     stats
 }
@@ -227,6 +257,13 @@ mod tests {
         assert_eq!(value("ratelimit.service.rate_limit.ap_i.domain_not_found"), 1);
         assert_eq!(value("ratelimit.service.global_shadow_mode"), 1);
         assert_eq!(value("ratelimit_server.ShouldRateLimit.total_requests"), 1);
+        let timer = stats
+            .iter()
+            .find(|s| s.name == "ratelimit_server.ShouldRateLimit.response_time")
+            .expect("one timer bucket");
+        assert_eq!((timer.kind, timer.value), (Kind::Timer { bucket: 4 }, 1), "1 ms");
+        assert_eq!(Kind::timer_ms(0), 0.05);
+        assert_eq!(Kind::timer_ms(BUCKETS.len()), 1000.0);
         assert_eq!(value("ratelimit.service.config_load_success"), 0);
         assert!(
             !stats.iter().any(|s| s.name.contains("idle")),

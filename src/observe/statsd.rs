@@ -5,8 +5,9 @@
 //! the Go service.
 //!
 //! The wire format is gostats': one `name:value|c` line per counter that grew since the last flush
-//! (its increase; counters that did not grow are not sent), `name:value|g` for gauges, each line ended
-//! by `\n`. `EXTRA_TAGS` are part of the name, as gostats writes them: `.__key=value` per tag, sorted by
+//! (its increase; counters that did not grow are not sent), `name:value|g` for gauges,
+//! `name:ms|ms|@rate` per response-time bucket that gained observations ([`go_stats`]), each line
+//! ended by `\n`. `EXTRA_TAGS` are part of the name, as gostats writes them: `.__key=value` per tag, sorted by
 //! key, with `.`, `:` and `|` in values turned to `_`. Lines are batched, never split, into writes of at
 //! most 64 KiB over TCP (the default, as gostats' `STATSD_PROTOCOL`) or datagrams of at most 1,432 bytes
 //! over UDP.
@@ -135,18 +136,18 @@ struct Sink {
     naming: Naming,
     /// Each Go stat name's [`Naming::parts`], as the last flush used them.
     parts: HashMap<String, (String, String)>,
-    /// Each counter's total as last sent.
-    sent: HashMap<String, u64>,
+    /// Each counter's (and timer bucket's) total as last sent.
+    sent: HashMap<(String, Kind), u64>,
     tcp: Option<TcpStream>,
     udp: Option<UdpSocket>,
     failures: RateLimitedLog,
 }
 
-/// A batch's lines and, per counter it carries, the total it brings statsd to.
+/// A batch's lines and, per counter (or timer bucket) it carries, the total it brings statsd to.
 #[derive(Default)]
 struct Batch {
     text: String,
-    totals: Vec<(String, u64)>,
+    totals: Vec<((String, Kind), u64)>,
 }
 
 impl Sink {
@@ -201,7 +202,7 @@ impl Sink {
         }
         self.parts = parts;
         let parts = &self.parts;
-        self.sent.retain(|name, _| parts.contains_key(name));
+        self.sent.retain(|(name, _), _| parts.contains_key(name));
     }
 
     /// The lines of `stats` that statsd needs, in batches of at most `limit` bytes (a longer line
@@ -210,29 +211,39 @@ impl Sink {
         self.forget_all_but(&stats);
         let mut batches = vec![Batch::default()];
         for stat in stats {
-            let (value, kind) = match stat.kind {
-                Kind::Counter => {
-                    let before = self.sent.get(&stat.name).copied().unwrap_or(0);
-                    // A counter never goes back; if one did (a restart of the registry), send it whole.
-                    let increase = stat.value.checked_sub(before).unwrap_or(stat.value);
-                    if increase == 0 {
-                        continue;
-                    }
-                    (increase, "c")
-                }
-                Kind::Gauge => (stat.value, "g"),
+            let key = (stat.name, stat.kind);
+            let increase = || {
+                let before = self.sent.get(&key).copied().unwrap_or(0);
+                // A counter never goes back; if one did (a restart of the registry), send it whole.
+                stat.value.checked_sub(before).unwrap_or(stat.value)
             };
-            let (head, tail) = &self.parts[&stat.name];
-            let mut line = String::with_capacity(head.len() + tail.len() + 24);
-            let _ = writeln!(line, "{head}:{value}|{kind}{tail}");
+            let (head, tail) = &self.parts[&key.0];
+            let mut line = String::with_capacity(head.len() + tail.len() + 40);
+            let _ = match stat.kind {
+                Kind::Gauge => writeln!(line, "{head}:{}|g{tail}", stat.value),
+                Kind::Counter => match increase() {
+                    0 => continue,
+                    grew => writeln!(line, "{head}:{grew}|c{tail}"),
+                },
+                Kind::Timer { bucket } => match increase() {
+                    0 => continue,
+                    grew => {
+                        let ms = Kind::timer_ms(bucket);
+                        match sample_rate(grew) {
+                            Some(rate) => writeln!(line, "{head}:{ms}|ms|@{rate}{tail}"),
+                            None => writeln!(line, "{head}:{ms}|ms{tail}"),
+                        }
+                    }
+                },
+            };
             let last = batches.last_mut().expect("one batch at least");
             if !last.text.is_empty() && last.text.len() + line.len() > limit {
                 batches.push(Batch::default());
             }
             let last = batches.last_mut().expect("one batch at least");
             last.text.push_str(&line);
-            if stat.kind == Kind::Counter {
-                last.totals.push((stat.name, stat.value));
+            if stat.kind != Kind::Gauge {
+                last.totals.push((key, stat.value));
             }
         }
         batches.retain(|b| !b.text.is_empty());
@@ -282,6 +293,22 @@ impl Sink {
         }
         sent
     }
+}
+
+/// The sample rate that makes one timer line stand for `observations`: `None` for one; otherwise
+/// close to its inverse, chosen so that statsd_exporter's `int(1 / rate)` (in double precision, from
+/// the shortest decimal that reads back as `rate`, which is what `{}` writes) gives `observations`
+/// exactly.
+fn sample_rate(observations: u64) -> Option<f64> {
+    if observations <= 1 {
+        return None;
+    }
+    let wanted = observations as f64;
+    let mut rate = 1.0 / wanted;
+    while (1.0 / rate).trunc() < wanted {
+        rate = rate.next_down();
+    }
+    Some(rate)
 }
 
 /// gostats' tag suffix: `.__key=value` per tag of [`go_stats::clean_tags`].
@@ -346,6 +373,39 @@ mod tests {
             sink.batches(vec![counter("a.total_hits", 5)], UDP_BATCH)
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn timers_send_one_weighted_line_per_bucket_that_grew() {
+        let mut sink = sink(&[("env", "prod")]);
+        let timer = |bucket, value| GoStat {
+            name: "ratelimit_server.ShouldRateLimit.response_time".into(),
+            kind: Kind::Timer { bucket },
+            value,
+        };
+        let batches = sink.batches(vec![timer(0, 1), timer(13, 4)], UDP_BATCH);
+        assert_eq!(
+            batches[0].text,
+            "ratelimit_server.ShouldRateLimit.response_time.__env=prod:0.05|ms\n\
+             ratelimit_server.ShouldRateLimit.response_time.__env=prod:1000|ms|@0.25\n"
+        );
+        sink.sent.extend(batches.into_iter().flat_map(|b| b.totals));
+        let batches = sink.batches(vec![timer(0, 1), timer(13, 7)], UDP_BATCH);
+        assert_eq!(
+            batches[0].text,
+            "ratelimit_server.ShouldRateLimit.response_time.__env=prod:1000|ms|@0.3333333333333333\n"
+        );
+    }
+
+    /// statsd_exporter observes a timer line `int(1 / rate)` times.
+    #[test]
+    fn a_sample_rate_stands_for_exactly_its_observations() {
+        for observations in (2..200_000u64).chain([1 << 40, 1 << 52]) {
+            let rate = sample_rate(observations).expect("a rate");
+            let read: f64 = rate.to_string().parse().expect("a number");
+            assert_eq!((1.0 / read) as u64, observations, "{rate}");
+        }
+        assert_eq!(sample_rate(1), None);
     }
 
     #[test]

@@ -452,15 +452,31 @@ async fn server_metrics(server: &TestServer) -> String {
     text
 }
 
-/// Sums each statsd line's value by name (`name:value|c`), failing on a line of value 0 (gostats
-/// sends no counter that did not grow) or of another shape.
 /// Adds the counters of `text`'s lines to `sums`, each under its name followed by its DogStatsD tags
-/// (`name|#tag,tag`) when it has any.
+/// (`name|#tag,tag`) when it has any, failing on a counter of value 0 (gostats sends no counter that
+/// did not grow) or a line of another shape. A timer line (`name:ms|ms[|@rate]`) adds the
+/// observations it stands for, as statsd_exporter counts them (`int(1 / rate)`), under `name|ms`.
 fn add_lines(text: &str, sums: &mut std::collections::HashMap<String, u64>) {
     for line in text.lines() {
         let (name, rest) = line
             .split_once(':')
             .unwrap_or_else(|| panic!("statsd line {line:?}"));
+        if let Some((ms, rest)) = rest.split_once("|ms") {
+            let ms: f64 = ms.parse().unwrap_or_else(|_| panic!("statsd timer {line:?}"));
+            assert!(ms > 0.0, "{line}");
+            let (rate, tags) = match rest.strip_prefix("|@") {
+                Some(rest) => rest.split_once('|').map_or((rest, ""), |(r, t)| (r, t)),
+                None => ("1", rest.trim_start_matches('|')),
+            };
+            let rate: f64 = rate.parse().unwrap_or_else(|_| panic!("statsd rate {line:?}"));
+            let tags = if tags.is_empty() {
+                String::new()
+            } else {
+                format!("|{tags}")
+            };
+            *sums.entry(format!("{name}|ms{tags}")).or_default() += (1.0 / rate) as u64;
+            continue;
+        }
         let (value, tags) = rest
             .split_once("|c")
             .unwrap_or_else(|| panic!("statsd counter {line:?}"));
@@ -562,6 +578,11 @@ async fn statsd_receives_the_go_services_lines_over_udp_and_tcp() {
             "ratelimit_server.ShouldRateLimit.total_requests.__env=prod_eu",
             13,
         ),
+        // Every request's response time, in bucket lines weighted by their sample rates.
+        (
+            "ratelimit_server.ShouldRateLimit.response_time.__env=prod_eu|ms",
+            13,
+        ),
         ("ratelimit.service.config_load_success.__env=prod_eu", 1),
     ];
     expect_datagrams(udp, &expected).await;
@@ -626,6 +647,10 @@ async fn dog_statsd_receives_tags_and_mogrified_names() {
         (format!("ratelimit.service.rate_limit.over_limit{tags}"), 2),
         (
             "ratelimit_server.ShouldRateLimit.total_requests|#service:ratelimit,env:prod_eu".into(),
+            12,
+        ),
+        (
+            "ratelimit_server.ShouldRateLimit.response_time|ms|#service:ratelimit,env:prod_eu".into(),
             12,
         ),
         (

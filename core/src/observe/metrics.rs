@@ -49,7 +49,8 @@ pub const BUCKETS: [f64; 14] = [
 /// A latency histogram with fixed buckets (aggregatable across replicas, unlike summaries).
 #[derive(Debug, Default)]
 pub struct Histogram {
-    buckets: [AtomicU64; BUCKETS.len()],
+    /// Observations per bucket of [`BUCKETS`], then those above them all.
+    buckets: [AtomicU64; BUCKETS.len() + 1],
     count: AtomicU64,
     sum_ns: AtomicU64,
 }
@@ -58,9 +59,11 @@ impl Histogram {
     /// Records one observation.
     pub fn observe(&self, elapsed: Duration) {
         let seconds = elapsed.as_secs_f64();
-        if let Some(at) = BUCKETS.iter().position(|bound| seconds <= *bound) {
-            self.buckets[at].fetch_add(1, Ordering::Relaxed);
-        }
+        let at = BUCKETS
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(BUCKETS.len());
+        self.buckets[at].fetch_add(1, Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         self.sum_ns.fetch_add(nanos, Ordering::Relaxed);
@@ -77,6 +80,11 @@ impl Histogram {
         let count = self.count.load(Ordering::Relaxed);
         let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
         (buckets, count, sum)
+    }
+
+    /// The observations in each bucket of [`BUCKETS`] (not cumulative), then those above them all.
+    pub fn per_bucket(&self) -> [u64; BUCKETS.len() + 1] {
+        std::array::from_fn(|at| self.buckets[at].load(Ordering::Relaxed))
     }
 }
 
