@@ -397,6 +397,7 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
             default_algorithm: settings.decisions.default_algorithm,
             split_per_second: settings.store.redis_persecond,
             max_file_bytes: settings.rules.rules_max_file_bytes,
+            detailed_metric_max_values: settings.stats.detailed_metric_max_values,
         },
         &Metrics::default(),
     ) {

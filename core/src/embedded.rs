@@ -173,6 +173,7 @@ impl LimiterBuilder {
             #[cfg(not(feature = "redis"))]
             split_per_second: false,
             max_file_bytes: crate::rules::file::DEFAULT_MAX_FILE_BYTES,
+            ..CompileOptions::default()
         };
         let metrics = Metrics::new();
         let rules: RulesHandle = Arc::new(ArcSwapOption::empty());

@@ -133,6 +133,7 @@ pub async fn run(
         default_algorithm: decisions.default_algorithm,
         split_per_second: store_settings.redis_persecond,
         max_file_bytes: rules_settings.rules_max_file_bytes,
+        detailed_metric_max_values: stats.detailed_metric_max_values,
     };
     let rules: RulesHandle = Arc::new(ArcSwapOption::empty());
     let source = RulesSource::open(&rules_settings, compile, &metrics, &rules, &health).await?;

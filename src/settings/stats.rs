@@ -54,6 +54,9 @@ pub struct StatsSettings {
     /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`: with the default mapping, the response-time
     /// histogram in milliseconds (its name unchanged, as in Go).
     pub prometheus_response_time_as_milliseconds: bool,
+    /// `TOLLGATE_DETAILED_METRIC_MAX_VALUES`: the distinct request values a `detailed_metric` rule
+    /// counts apart; beyond them values fold into the rule's own series (0: every value does).
+    pub detailed_metric_max_values: usize,
 }
 
 impl StatsSettings {
@@ -74,6 +77,11 @@ impl StatsSettings {
                 "prometheus_response_time_as_milliseconds",
                 Go::Same,
                 false,
+            )?,
+            detailed_metric_max_values: r.get(
+                "detailed_metric_max_values",
+                Go::None,
+                tollgate_core::observe::metrics::DETAILED_METRIC_MAX_VALUES,
             )?,
         })
     }

@@ -212,6 +212,79 @@ async fn hits_that_cross_the_limit_are_split_as_the_go_service_splits_them() {
     }
 }
 
+/// `detailed_metric`: a rule is counted per request value, named as the Go service names it
+/// (`domain.key_value`, sanitized), at `/metrics` and in statsd; values beyond
+/// `TOLLGATE_DETAILED_METRIC_MAX_VALUES` fold into the rule's own series, and the folds are counted.
+#[tokio::test]
+async fn detailed_metric_counts_each_value_up_to_the_cap() {
+    let rules = "domain: m\ndescriptors:\n  - key: client\n    detailed_metric: true\n    rate_limit: {unit: hour, requests_per_unit: 2}\n    descriptors:\n      - key: path\n        detailed_metric: true\n        rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+    let port = udp.local_addr().expect("addr").port().to_string();
+    let env = [
+        ("TOLLGATE_DETAILED_METRIC_MAX_VALUES", "2"),
+        ("USE_STATSD", "true"),
+        ("STATSD_HOST", "127.0.0.1"),
+        ("STATSD_PORT", port.as_str()),
+        ("STATSD_PROTOCOL", "udp"),
+        ("STATS_FLUSH_INTERVAL", "100ms"),
+    ];
+    let server = TestServer::start(&[("m.yaml", rules)], &env).await;
+    let mut client = server.client().await;
+    for (client_id, times) in [("10.0.0.1", 3), ("bob", 1), ("carol", 2), ("dave", 1)] {
+        for _ in 0..times {
+            client
+                .should_rate_limit(wire_request("m", &[&[("client", client_id)]]))
+                .await
+                .expect("answer");
+        }
+    }
+    client
+        .should_rate_limit(wire_request("m", &[&[("client", "bob"), ("path", "/a")]]))
+        .await
+        .expect("answer");
+    let text = server_metrics(&server).await;
+    let hits = |labels: &str| {
+        series_value(
+            &text,
+            &format!("ratelimit_service_rate_limit_total_hits{{domain=\"m\",{labels}}} "),
+        )
+    };
+    // The first two values are counted apart (an IPv4 address sanitized as Go does); carol and dave
+    // fold into the rule's own series.
+    assert_eq!(hits("key1=\"client_10_0_0_1\""), Some(3), "{text}");
+    assert_eq!(
+        series_value(
+            &text,
+            "ratelimit_service_rate_limit_over_limit{domain=\"m\",key1=\"client_10_0_0_1\"} "
+        ),
+        Some(1)
+    );
+    assert_eq!(hits("key1=\"client_bob\""), Some(1));
+    assert_eq!(hits("key1=\"client\""), Some(3), "folded: {text}");
+    assert_eq!(hits("key1=\"client_carol\""), None);
+    assert_eq!(series_value(&text, "tollgate_stats_folded_total "), Some(3));
+    // The nested rule has a cap of its own.
+    assert_eq!(hits("key1=\"client_bob\",key2=\"path_/a\""), Some(1), "{text}");
+    let (sender, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let listener = tokio::spawn(async move {
+        let mut datagram = vec![0u8; 2048];
+        while let Ok(n) = udp.recv(&mut datagram).await {
+            let _ = sender.send(String::from_utf8(datagram[..n].to_vec()).expect("text"));
+        }
+    });
+    statsd_sums(
+        &[
+            ("ratelimit.service.rate_limit.m.client_10_0_0_1.total_hits", 3),
+            ("ratelimit.service.rate_limit.m.client.total_hits", 3),
+            ("ratelimit.service.rate_limit.m.client_bob.path_/a.total_hits", 1),
+        ],
+        &mut received,
+    )
+    .await;
+    listener.abort();
+    server.stop().await;
+}
+
 /// `/top` as a server with `env` lists domain `t` after five refusals-or-near for an address and
 /// three for an email that the rule hashes.
 async fn top_offenders(env: &[(&str, &str)]) -> (Vec<serde_json::Value>, String) {

@@ -13,7 +13,7 @@ use super::{
     AppliedLimit, Code, CurrentLimit, DescriptorStatus, Limiter, LimiterError, RequestDescriptor, Verdict,
 };
 use crate::algorithm::Decision;
-use crate::observe::metrics::StoreOperation;
+use crate::observe::metrics::{RuleStats, StoreOperation};
 use crate::rules::file::FailureMode;
 use crate::rules::{DescriptorEntry, Rate, Rule};
 use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store};
@@ -257,7 +257,7 @@ impl<S: Store> Limiter<S> {
         let quota_mode = self.quota_mode(&target);
         let shadow = target.rule.as_ref().is_some_and(|r| r.shadow_mode);
         if let Some(rule) = target.rule.as_ref().filter(|_| counted)
-            && self.count_hits(rule, rate, decision, target.cost)
+            && self.count_hits(rule, target.stats_of(rule), rate, decision, target.cost)
         {
             let shown = self.shown_caller(&caller, &target.key);
             self.offenders.observe(caller.domain, &shown, target.cost);
@@ -376,8 +376,14 @@ impl<S> Limiter<S> {
     /// the hits the limit still had room for (the fixed window counts them anyway) count in
     /// `near_limit` above its threshold, and only the rest in `over_limit` and `shadow_mode`.
     /// Returns whether the caller is worth a place among the top offenders (refused or near the limit).
-    fn count_hits(&self, rule: &Rule, rate: &Rate, decision: &Decision, hits: u64) -> bool {
-        let stats = &rule.stats;
+    fn count_hits(
+        &self,
+        rule: &Rule,
+        stats: &RuleStats,
+        rate: &Rate,
+        decision: &Decision,
+        hits: u64,
+    ) -> bool {
         stats.total_hits.add(hits);
         let limit = rate.limit.requests;
         let threshold = self.near_limit_threshold(limit);

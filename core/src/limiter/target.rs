@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::{Limiter, LimiterError};
 use crate::algorithm::Algorithm;
+use crate::observe::metrics::RuleStats;
 use crate::rules::file::{FailureMode, Unit, sliding_log_too_large};
 use crate::rules::{DescriptorEntry, Rate, Rule, RuleLimit, ValueEncoding};
 use crate::store::{BatchItem, Store};
@@ -56,9 +57,18 @@ pub(super) struct Target {
     pub(super) unlimited: bool,
     pub(super) key: String,
     pub(super) cost: u64,
+    /// With a `detailed_metric` rule: the counters of this descriptor's values (`None` once the
+    /// rule's cap folds them into its own).
+    pub(super) detailed_stats: Option<Arc<RuleStats>>,
 }
 
 impl Target {
+    /// The counters this descriptor's hits go to: its values' with `detailed_metric`, else `rule`'s
+    /// (the target's rule).
+    pub(super) fn stats_of<'a>(&'a self, rule: &'a Rule) -> &'a RuleStats {
+        self.detailed_stats.as_deref().unwrap_or(&rule.stats)
+    }
+
     pub(super) fn limits(&self) -> &[RuleLimit] {
         match (&self.override_limit, &self.rule) {
             (Some(limit), _) => std::slice::from_ref(limit),
@@ -283,6 +293,7 @@ impl<S: Store> Limiter<S> {
                 unlimited: false,
                 key,
                 cost,
+                detailed_stats: None,
             });
         }
         let keep_together = self.keeps_together(domain);
@@ -295,6 +306,7 @@ impl<S: Store> Limiter<S> {
                 unlimited: false,
                 key: String::new(),
                 cost,
+                detailed_stats: None,
             });
         };
         let rule = found.rule;
@@ -312,6 +324,10 @@ impl<S: Store> Limiter<S> {
                 ValueEncoding::Escaped,
             );
         }
+        let detailed_stats = rule.detailed.as_ref().and_then(|values| {
+            let path = domain.metric_path(descriptor.entries(), &self.hasher)?;
+            values.stats(&path, &self.metrics)
+        });
         Ok(Target {
             rule: Some(Arc::clone(rule)),
             override_limit: None,
@@ -319,6 +335,7 @@ impl<S: Store> Limiter<S> {
             unlimited: rule.limits.iter().any(|l| l.rate.is_none()),
             key,
             cost,
+            detailed_stats,
         })
     }
 }

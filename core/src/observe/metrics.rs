@@ -7,13 +7,16 @@
 //! not share counters. Recording is a handful of relaxed atomic additions on handles the compiled rules
 //! already hold, with no lock and no allocation. Cardinality is bounded by construction: rules are
 //! keyed by the rules files (domain and rule path), never by request values, so a million distinct
-//! callers add no series.
+//! callers add no series; the one exception, `detailed_metric`, is capped per rule
+//! ([`DetailedValues`]).
 
-use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 /// A monotonically increasing count that saturates at `u64::MAX` instead of wrapping: a wrap would read
 /// as a counter reset to Prometheus, and hit counts add request costs, which a caller chooses.
@@ -129,6 +132,92 @@ impl RuleStats {
     }
 }
 
+/// The distinct values a `detailed_metric` rule counts apart by default.
+pub const DETAILED_METRIC_MAX_VALUES: usize = 1_000;
+
+/// envoyproxy/ratelimit's `detailed_metric`: a rule that asks for it is counted per request value
+/// (`domain.key_value.subkey_subvalue`, the descriptor as the request sent it) instead of per rule, up
+/// to a cap on the distinct values counted apart (`TOLLGATE_DETAILED_METRIC_MAX_VALUES`, by default
+/// [`DETAILED_METRIC_MAX_VALUES`]). Values beyond the cap fold into the rule's own series, and each
+/// fold is counted in [`Metrics::stats_folded`]: any caller can send any value, so without the cap a
+/// rule's series would grow with the callers.
+///
+/// Counting stays lock-free: a decision reads the values' map through an [`ArcSwap`] and adds to the
+/// counters it finds. Only a value seen for the first time, below the cap, takes the lock, copies the
+/// map with the value added (at most the cap's worth of entries, at most the cap's number of times per
+/// rule) and registers its counters in [`Metrics`], where the exports find them.
+///
+/// One per rule, kept across reloads by the registry (so the cap holds for the process, however often
+/// the rules change).
+#[derive(Debug)]
+pub struct DetailedValues {
+    /// The rule's domain, which the registry files the values' counters under.
+    domain: Arc<str>,
+    /// Each detailed path counted apart, and its counters (also in the registry).
+    by_path: ArcSwap<HashMap<Box<str>, Arc<RuleStats>>>,
+    /// Taken to add a path: one writer at a time, readers never wait.
+    adding: Mutex<()>,
+    /// The most paths counted apart.
+    max: usize,
+}
+
+impl DetailedValues {
+    /// No value of a rule of `domain` counted yet; at most `max` will be.
+    pub fn new(domain: Arc<str>, max: usize) -> Self {
+        Self {
+            domain,
+            by_path: ArcSwap::from_pointee(HashMap::new()),
+            adding: Mutex::new(()),
+            max,
+        }
+    }
+
+    /// The counters of `path` (registered in `metrics` the first time), or `None` when the cap is
+    /// reached and `path` is not among the values counted apart: the caller counts it in the rule's
+    /// own series, and the fold is counted.
+    pub fn stats(&self, path: &str, metrics: &Metrics) -> Option<Arc<RuleStats>> {
+        if let Some(answer) = self.known(path, metrics) {
+            return answer;
+        }
+        let _adding = self.adding.lock().unwrap_or_else(PoisonError::into_inner);
+        // Another decision may have added it, or filled the map, while this one waited.
+        if let Some(answer) = self.known(path, metrics) {
+            return answer;
+        }
+        let known = self.by_path.load();
+        let (_, stats) = metrics.rule_and_path(&self.domain, path);
+        let mut grown = HashMap::with_capacity(known.len() + 1);
+        grown.extend(known.iter().map(|(p, s)| (p.clone(), Arc::clone(s))));
+        grown.insert(path.into(), Arc::clone(&stats));
+        self.by_path.store(Arc::new(grown));
+        Some(stats)
+    }
+
+    /// What the map answers for `path` without adding to it: its counters, or a fold (counted) at the
+    /// cap; `None` when `path` is to be added.
+    fn known(&self, path: &str, metrics: &Metrics) -> Option<Option<Arc<RuleStats>>> {
+        let known = self.by_path.load();
+        if let Some(stats) = known.get(path) {
+            return Some(Some(Arc::clone(stats)));
+        }
+        if known.len() >= self.max {
+            metrics.stats_folded.add(1);
+            return Some(None);
+        }
+        None
+    }
+
+    /// How many values are counted apart.
+    pub fn len(&self) -> usize {
+        self.by_path.load().len()
+    }
+
+    /// Whether no value is counted apart yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// The API method a request came in through: the `grpc_method` label of the request metrics, as the Go
 /// service labels them. The HTTP twins count as their method: `/json` as `ShouldRateLimit`, `/v1/check`
 /// as `Check`, and so on.
@@ -228,13 +317,15 @@ pub struct Metrics {
     pub domain_not_found: Counter,
     /// Unknown domains counted one by one, at most [`MAX_UNKNOWN_DOMAINS`] of them.
     unknown_domains: Mutex<BTreeMap<String, u64>>,
+    /// The per-value counters of each `detailed_metric` rule, kept across reloads.
+    detailed: Mutex<BTreeMap<RuleName, Arc<DetailedValues>>>,
     /// Requests answered OK only because of global shadow mode (`SHADOW_MODE`): every rule counted,
     /// some said OVER_LIMIT.
     pub global_shadow_mode: Counter,
     /// Stat lines the statsd sink could not send (they are sent again with the next flush).
     pub statsd_lines_dropped: Counter,
     /// Values folded into another series by a cardinality cap (unknown domains beyond
-    /// [`MAX_UNKNOWN_DOMAINS`]).
+    /// [`MAX_UNKNOWN_DOMAINS`], `detailed_metric` values beyond their rule's cap).
     pub stats_folded: Counter,
     /// Descriptors allowed because the store failed and the rule says `failure_mode: open`.
     pub failure_mode_allowed: Counter,
@@ -295,6 +386,16 @@ impl Metrics {
                 (path, Arc::clone(new.insert(Arc::default())))
             }
         }
+    }
+
+    /// The per-value counters of the `detailed_metric` rule at `path`, created on first use with a cap
+    /// of `max_values` and kept across reloads (a later cap does not change it).
+    pub fn detailed(&self, domain: &Arc<str>, path: &Arc<str>, max_values: usize) -> Arc<DetailedValues> {
+        let mut detailed = self.detailed.lock().unwrap_or_else(PoisonError::into_inner);
+        let values = detailed
+            .entry((Arc::clone(domain), Arc::clone(path)))
+            .or_insert_with(|| Arc::new(DetailedValues::new(Arc::clone(domain), max_values)));
+        Arc::clone(values)
     }
 
     /// Records a request for `domain`, which no rules define.
@@ -447,5 +548,21 @@ mod tests {
         let rules = metrics.rules();
         assert_eq!(rules.len(), 1);
         assert_eq!(rules[0].1.total_hits.get(), 5);
+    }
+
+    #[test]
+    fn values_beyond_the_cap_fold_and_are_counted() {
+        let metrics = Metrics::new();
+        let values = DetailedValues::new("d".into(), 2);
+        let a = values.stats("d.k_a", &metrics).expect("below the cap");
+        a.total_hits.add(1);
+        assert!(values.stats("d.k_b", &metrics).is_some());
+        assert!(values.stats("d.k_c", &metrics).is_none(), "folded");
+        assert_eq!(metrics.stats_folded.get(), 1);
+        // A value counted apart stays so, and its counters are the registry's.
+        let again = values.stats("d.k_a", &metrics).expect("known");
+        assert!(Arc::ptr_eq(&a, &again));
+        assert_eq!(metrics.rule("d", "d.k_a").total_hits.get(), 1);
+        assert_eq!(values.len(), 2);
     }
 }

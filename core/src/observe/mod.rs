@@ -1,6 +1,6 @@
-//! What the limiter records for its operators: per-rule and per-method [`metrics`], the callers most
-//! often limited ([`offenders`]) and a sampled [`denial_log`]. Recording only: the server renders and
-//! exports them.
+//! What the limiter records for its operators: per-rule and per-method [`metrics`] (per request value
+//! for `detailed_metric` rules, up to a cap), the callers most often limited ([`offenders`]) and a
+//! sampled [`denial_log`]. Recording only: the server renders and exports them.
 
 pub mod denial_log;
 pub mod metrics;

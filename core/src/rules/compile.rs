@@ -26,6 +26,9 @@ pub struct CompileOptions {
     /// The largest rules file read (`TOLLGATE_RULES_MAX_FILE_BYTES`); the YAML parser's budgets grow
     /// with each file's size, so a file within it is never refused for its number of rules.
     pub max_file_bytes: u64,
+    /// The distinct request values a `detailed_metric` rule counts apart
+    /// (`TOLLGATE_DETAILED_METRIC_MAX_VALUES`); beyond them values fold into the rule's own series.
+    pub detailed_metric_max_values: usize,
 }
 
 impl Default for CompileOptions {
@@ -34,6 +37,7 @@ impl Default for CompileOptions {
             default_algorithm: Algorithm::default(),
             split_per_second: false,
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+            detailed_metric_max_values: crate::observe::metrics::DETAILED_METRIC_MAX_VALUES,
         }
     }
 }
@@ -217,6 +221,10 @@ impl Context<'_> {
             });
         }
         let (path, stats) = self.metrics.rule_and_path(&self.domain_name, path);
+        let detailed = d.detailed_metric.then(|| {
+            let max = self.options.detailed_metric_max_values;
+            self.metrics.detailed(&self.domain_name, &path, max)
+        });
         let rule = Arc::new(Rule {
             path,
             limits,
@@ -225,6 +233,7 @@ impl Context<'_> {
             quota_mode: d.quota_mode,
             metadata: d.metadata.clone(),
             stats,
+            detailed,
         });
         self.rules.push(Arc::clone(&rule));
         Ok(Some(rule))

@@ -133,6 +133,28 @@ impl Domain {
         })
     }
 
+    /// The name `detailed_metric` counts a matched descriptor under, as envoyproxy/ratelimit names it:
+    /// the domain, then `key_value` per entry, joined by dots, each value as it enters the storage
+    /// key (normalized, hashed where the rule hashes it or it is over-long, a `share_threshold`
+    /// pattern's text), never escaped. `None` when the descriptor does not match.
+    pub fn metric_path<E: DescriptorEntry>(&self, entries: &[E], hasher: &ValueHasher) -> Option<String> {
+        let mut path = self.name().to_owned();
+        let mut segment = String::new();
+        let mut level = &self.root;
+        let mut encodings_differ = false;
+        for (at, entry) in entries.iter().enumerate() {
+            segment.clear();
+            let node = level.select(entry, hasher, &mut segment, Writing::AS_GO, &mut encodings_differ)?;
+            path.push('.');
+            // `select` wrote `key_value_`: the name has no trailing separator.
+            path.push_str(&segment[..segment.len() - 1]);
+            if at + 1 < entries.len() {
+                level = node.children.as_deref()?;
+            }
+        }
+        Some(path)
+    }
+
     /// Appends the storage key of a descriptor that bypasses matching (a request limit override): raw
     /// entry keys and values, as envoyproxy/ratelimit keys them, except that over-long ones are hashed
     /// (nothing from the request makes a key component longer than [`MAX_RAW_VALUE_IN_KEY`]).

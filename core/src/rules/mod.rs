@@ -121,6 +121,9 @@ pub struct Rule {
     pub metadata: Option<BTreeMap<String, MetaValue>>,
     /// The rule's counters (shared with the metrics registry, kept across reloads).
     pub stats: Arc<crate::observe::metrics::RuleStats>,
+    /// With `detailed_metric`: the counters per request value, which replace [`Rule::stats`] for
+    /// values below the cap.
+    pub detailed: Option<Arc<crate::observe::metrics::DetailedValues>>,
 }
 
 impl Rule {
