@@ -13,6 +13,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use tollgate_core::observe::metrics::{Method, Metrics, RULE_SERIES};
+use tollgate_core::store::StoreCounters;
 
 use super::go_stats;
 use super::mapping::{self, Mapped, Mapping, StatKind};
@@ -31,16 +32,17 @@ pub enum GoSeries {
     Mapped(Arc<Mapping>),
 }
 
-/// Appends the Go series of `metrics`, named as `go` says.
-pub fn render(metrics: &Metrics, go: &GoSeries, out: &mut String) {
+/// Appends the Go series of `metrics` and `store`, named as `go` says.
+pub fn render(metrics: &Metrics, store: &StoreCounters, go: &GoSeries, out: &mut String) {
     match go {
-        GoSeries::Default { response_time_ms } => render_default(metrics, *response_time_ms, out),
-        GoSeries::Mapped(mapping) => render_mapped(metrics, mapping, out),
+        GoSeries::Default { response_time_ms } => render_default(metrics, store, *response_time_ms, out),
+        GoSeries::Mapped(mapping) => render_mapped(metrics, store, mapping, out),
     }
 }
 
-fn render_default(metrics: &Metrics, response_time_ms: bool, out: &mut String) {
+fn render_default(metrics: &Metrics, store: &StoreCounters, response_time_ms: bool, out: &mut String) {
     render_rules(metrics, out);
+    render_pools(store, out);
     for (name, help, value) in [
         (
             "ratelimit_service_config_load_success",
@@ -92,6 +94,24 @@ fn render_default(metrics: &Metrics, response_time_ms: bool, out: &mut String) {
     for method in Method::ALL {
         let labels = format!("grpc_method=\"{}\",", method.name());
         render_histogram(metrics.response_time(method), out, name, &labels, unit);
+    }
+}
+
+/// The Redis pools' Go stats, which the default mapping does not match: their Go names made
+/// Prometheus-safe (`ratelimit_redis_pool_cx_active`), for the pools there are.
+fn render_pools(store: &StoreCounters, out: &mut String) {
+    for stat in go_stats::pools(store) {
+        let name = stat.name.replace('.', "_");
+        let kind = if stat.kind == go_stats::Kind::Gauge {
+            "gauge"
+        } else {
+            "counter"
+        };
+        let _ = writeln!(
+            out,
+            "# HELP {name} Redis connections (envoyproxy/ratelimit's pool stats).\n# TYPE {name} {kind}\n{name} {}",
+            stat.value
+        );
     }
 }
 
@@ -169,12 +189,17 @@ fn default_rule_labels(key: &str) -> String {
 /// The Go series through a mapping file: every Go counter mapped, summed per name and labels; what no
 /// rule matches under its Prometheus-safe Go name; the response times as histograms where the mapping
 /// puts `ratelimit_server.<Method>.response_time`.
-fn render_mapped(metrics: &Metrics, mapping: &Mapping, out: &mut String) {
+fn render_mapped(metrics: &Metrics, store: &StoreCounters, mapping: &Mapping, out: &mut String) {
+    // Per kind, name and labels; the response-time timers are the histograms below.
     let mut counters: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
-    // The response-time timers are the histograms below.
-    let stats = go_stats::collect(metrics).into_iter();
-    for stat in stats.filter(|s| s.kind == go_stats::Kind::Counter) {
-        let (name, labels, scale) = match mapping.map(&stat.name, StatKind::Counter) {
+    let mut gauges: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    for stat in go_stats::collect(metrics, store) {
+        let (kind, series) = match stat.kind {
+            go_stats::Kind::Counter => (StatKind::Counter, &mut counters),
+            go_stats::Kind::Gauge => (StatKind::Gauge, &mut gauges),
+            go_stats::Kind::Timer { .. } => continue,
+        };
+        let (name, labels, scale) = match mapping.map(&stat.name, kind) {
             Mapped::To {
                 name, labels, scale, ..
             } => (name, labels, scale),
@@ -185,7 +210,7 @@ fn render_mapped(metrics: &Metrics, mapping: &Mapping, out: &mut String) {
             .iter()
             .map(|(label, value)| format!("{}=\"{}\"", mapping::metric_name(label), escape(value)))
             .collect();
-        *counters
+        *series
             .entry(name)
             .or_default()
             .entry(labels.join(","))
@@ -201,7 +226,7 @@ fn render_mapped(metrics: &Metrics, mapping: &Mapping, out: &mut String) {
             Mapped::Unmatched(name) => (name, Vec::new(), 1.0),
             Mapped::Dropped => continue,
         };
-        if counters.contains_key(&name) {
+        if counters.contains_key(&name) || gauges.contains_key(&name) {
             // statsd_exporter refuses one name for two kinds of metric; so does this.
             continue;
         }
@@ -215,10 +240,14 @@ fn render_mapped(metrics: &Metrics, mapping: &Mapping, out: &mut String) {
             .or_default()
             .push((labels, method, 1000.0 * scale));
     }
-    for (name, series) in counters {
+    let typed = (counters
+        .into_iter()
+        .map(|(name, series)| (name, series, "counter")))
+    .chain(gauges.into_iter().map(|(name, series)| (name, series, "gauge")));
+    for (name, series, kind) in typed {
         let _ = writeln!(
             out,
-            "# HELP {name} Metric autogenerated by statsd_exporter.\n# TYPE {name} counter"
+            "# HELP {name} Metric autogenerated by statsd_exporter.\n# TYPE {name} {kind}"
         );
         for (labels, value) in series {
             let labels = if labels.is_empty() {
@@ -300,7 +329,12 @@ mod tests {
         metrics.rule("d", "d.a").over_limit.add(1);
         metrics.request(Method::Check, std::time::Duration::from_millis(3));
         let mut out = String::new();
-        render(&metrics, &GoSeries::Mapped(Arc::new(mapping)), &mut out);
+        render(
+            &metrics,
+            &StoreCounters::default(),
+            &GoSeries::Mapped(Arc::new(mapping)),
+            &mut out,
+        );
         for line in [
             "hits{domain=\"d\",rule=\"a\"} 2",
             "ratelimit_service_config_load_success 0",
@@ -319,6 +353,7 @@ mod tests {
         let mut out = String::new();
         render(
             &metrics,
+            &StoreCounters::default(),
             &GoSeries::Default {
                 response_time_ms: true,
             },

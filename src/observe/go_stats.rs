@@ -12,12 +12,15 @@
 //! bucket's bound with a sample rate of one over their number: what statsd_exporter and DogStatsD
 //! count as that many observations, in a bounded number of lines however busy the server.
 //!
-//! Not (yet) emitted: the Redis pool's `cx_active`, `cx_total` and `cx_local_close` (Tollgate's
-//! multiplexed connections are not a pool), the local cache's and the Go runtime's gauges, and
-//! `detailed_metric`'s per-value names (rules are counted per rule).
+//! The Redis pool's `cx_active`, `cx_total` and `cx_local_close` (`ratelimit.redis_pool.*`, and
+//! `ratelimit.redis_per_second_pool.*`) count Tollgate's connections to a single Redis or a Sentinel's
+//! master as calls show them ([`StoreCounters::redis_pool`]); a Redis Cluster has none.
+//!
+//! Not emitted: the local cache's and the Go runtime's gauges.
 
 use crate::settings::ExtraTags;
 use tollgate_core::observe::metrics::{BUCKETS, Method, Metrics};
+use tollgate_core::store::{PoolCounters, StoreCounters};
 
 /// A statsd stat's kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -143,8 +146,9 @@ pub(super) fn clean_tags(tags: &ExtraTags) -> Vec<(&str, String)> {
     pairs
 }
 
-/// Every Go stat of `metrics`, counters at their totals; rules no request reached yet are left out.
-pub fn collect(metrics: &Metrics) -> Vec<GoStat> {
+/// Every Go stat of `metrics` and `store`, counters at their totals; rules no request reached yet are
+/// left out.
+pub fn collect(metrics: &Metrics, store: &StoreCounters) -> Vec<GoStat> {
     let counter = |name: String, value: u64| GoStat {
         name,
         kind: Kind::Counter,
@@ -186,6 +190,7 @@ pub fn collect(metrics: &Metrics) -> Vec<GoStat> {
     for (name, value) in service {
         stats.push(counter(format!("ratelimit.service.{name}"), value));
     }
+    stats.extend(pools(store));
     for method in Method::ALL {
         let name = format!("ratelimit_server.{}.total_requests", method.name());
         stats.push(counter(name, metrics.requests(method)));
@@ -199,6 +204,34 @@ pub fn collect(metrics: &Metrics) -> Vec<GoStat> {
         }
     }
     stats
+}
+
+/// The Redis pools' stats (`ratelimit.redis_pool.cx_active`…), for the pools `store` counts.
+pub fn pools(store: &StoreCounters) -> impl Iterator<Item = GoStat> {
+    let pools = [
+        ("redis_pool", store.redis_pool),
+        ("redis_per_second_pool", store.redis_per_second_pool),
+    ];
+    pools
+        .into_iter()
+        .flat_map(|(scope, pool)| {
+            let PoolCounters {
+                active,
+                total,
+                closed,
+            } = pool?;
+            let stat = |name: &str, kind, value| GoStat {
+                name: format!("ratelimit.{scope}.{name}"),
+                kind,
+                value,
+            };
+            Some([
+                stat("cx_active", Kind::Gauge, active),
+                stat("cx_total", Kind::Counter, total),
+                stat("cx_local_close", Kind::Counter, closed),
+            ])
+        })
+        .flatten()
 }
 
 #[cfg(test)]
@@ -238,7 +271,15 @@ mod tests {
         metrics.unknown_domain("ap:i");
         metrics.global_shadow_mode.add(1);
         metrics.request(Method::ShouldRateLimit, std::time::Duration::from_millis(1));
-        let stats = collect(&metrics);
+        let store = StoreCounters {
+            redis_pool: Some(PoolCounters {
+                active: 2,
+                total: 3,
+                closed: 1,
+            }),
+            ..StoreCounters::default()
+        };
+        let stats = collect(&metrics, &store);
         let value = |name: &str| {
             stats
                 .iter()
@@ -265,6 +306,13 @@ mod tests {
         assert_eq!(Kind::timer_ms(0), 0.05);
         assert_eq!(Kind::timer_ms(BUCKETS.len()), 1000.0);
         assert_eq!(value("ratelimit.service.config_load_success"), 0);
+        assert_eq!(value("ratelimit.redis_pool.cx_active"), 2);
+        assert_eq!(value("ratelimit.redis_pool.cx_total"), 3);
+        assert_eq!(value("ratelimit.redis_pool.cx_local_close"), 1);
+        assert!(
+            !stats.iter().any(|s| s.name.contains("per_second")),
+            "no per-second Redis, no stats of its pool"
+        );
         assert!(
             !stats.iter().any(|s| s.name.contains("idle")),
             "an idle rule has no stats"

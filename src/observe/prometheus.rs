@@ -19,7 +19,7 @@ use super::text_format::render_histogram;
 /// process' (`process_*`).
 pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String {
     let mut out = String::with_capacity(4096);
-    go_series::render(metrics, go, &mut out);
+    go_series::render(metrics, &store, go, &mut out);
     let counters: [(&str, &str, u64); 31] = [
         (
             "tollgate_domain_not_found_total",
@@ -235,6 +235,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use tollgate_core::store::PoolCounters;
 
     const DEFAULT: GoSeries = GoSeries::Default {
         response_time_ms: false,
@@ -267,6 +268,12 @@ mod tests {
                 memory_refused: 11,
                 memory_keys: 12,
                 lease_slots: Some(4),
+                redis_pool: Some(PoolCounters {
+                    active: 4,
+                    total: 6,
+                    closed: 2,
+                }),
+                redis_per_second_pool: None,
             },
             &DEFAULT,
         );
@@ -290,6 +297,13 @@ mod tests {
         assert!(text.contains("tollgate_memory_keys 12"));
         assert!(text.contains("tollgate_memory_refused_total 11"));
         assert!(text.contains("tollgate_leases_in_flight 4"));
+        // The Redis pool's Go stats, under their Go names (the default mapping matches none).
+        assert!(
+            text.contains("# TYPE ratelimit_redis_pool_cx_active gauge\nratelimit_redis_pool_cx_active 4")
+        );
+        assert!(text.contains("ratelimit_redis_pool_cx_total 6"));
+        assert!(text.contains("ratelimit_redis_pool_cx_local_close 2"));
+        assert!(!text.contains("redis_per_second_pool"));
         metrics.leases_acquired.add(2);
         metrics.store_call(StoreOperation::Refund, Duration::from_micros(30));
         assert!(

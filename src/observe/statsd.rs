@@ -31,6 +31,7 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpStream, UdpSocket};
 use tokio_util::sync::CancellationToken;
 use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::store::StoreCounters;
 
 use super::dogstatsd::Namer;
 use super::go_stats::{self, GoStat, Kind};
@@ -105,9 +106,13 @@ impl Naming {
     }
 }
 
-/// Sends the Go stats of `metrics` until `stop`, then once more (so the last increases are not lost).
-pub async fn run(options: StatsdOptions, metrics: Arc<Metrics>, stop: CancellationToken) {
-    let mut sink = Sink::new(options, metrics);
+/// Reads the store's counters (the Redis pools' stats) at each flush.
+pub type StoreReader = Box<dyn Fn() -> StoreCounters + Send + Sync>;
+
+/// Sends the Go stats of `metrics` and the store `store` reads until `stop`, then once more (so the
+/// last increases are not lost).
+pub async fn run(options: StatsdOptions, metrics: Arc<Metrics>, store: StoreReader, stop: CancellationToken) {
+    let mut sink = Sink::new(options, metrics, store);
     match sink.naming {
         Naming::Statsd { .. } => {
             tracing::info!(addr = %sink.options.addr, protocol = %sink.options.protocol, "sending stats to statsd");
@@ -133,6 +138,7 @@ pub async fn run(options: StatsdOptions, metrics: Arc<Metrics>, stop: Cancellati
 struct Sink {
     options: StatsdOptions,
     metrics: Arc<Metrics>,
+    store: StoreReader,
     naming: Naming,
     /// Each Go stat name's [`Naming::parts`], as the last flush used them.
     parts: HashMap<String, (String, String)>,
@@ -151,7 +157,7 @@ struct Batch {
 }
 
 impl Sink {
-    fn new(mut options: StatsdOptions, metrics: Arc<Metrics>) -> Self {
+    fn new(mut options: StatsdOptions, metrics: Arc<Metrics>, store: StoreReader) -> Self {
         if matches!(options.dialect, Dialect::DogStatsd { .. }) {
             options.protocol = StatsdProtocol::Udp;
         }
@@ -159,6 +165,7 @@ impl Sink {
             naming: Naming::new(&options),
             options,
             metrics,
+            store,
             parts: HashMap::new(),
             sent: HashMap::new(),
             tcp: None,
@@ -173,7 +180,7 @@ impl Sink {
             StatsdProtocol::Tcp => TCP_BATCH,
             StatsdProtocol::Udp => UDP_BATCH,
         };
-        let stats = go_stats::collect(&self.metrics);
+        let stats = go_stats::collect(&self.metrics, &(self.store)());
         let mut batches = self.batches(stats, limit).into_iter();
         while let Some(batch) = batches.next() {
             if let Err(error) = self.send(batch.text.as_bytes()).await {
@@ -333,7 +340,7 @@ mod tests {
             tags,
             dialect: Dialect::Statsd,
         };
-        Sink::new(options, Metrics::new())
+        Sink::new(options, Metrics::new(), Box::new(StoreCounters::default))
     }
 
     fn counter(name: &str, value: u64) -> GoStat {

@@ -179,7 +179,9 @@ pub async fn run(
             },
         };
         let metrics = Arc::clone(limiter.metrics());
-        tasks.spawn(crate::observe::statsd::run(options, metrics, stop.clone()));
+        let reader = Arc::clone(&limiter);
+        let store = Box::new(move || reader.store_counters());
+        tasks.spawn(crate::observe::statsd::run(options, metrics, store, stop.clone()));
     }
     tasks.spawn(log_offenders(Arc::clone(&limiter), stop.clone()));
     if let Some(tls) = &tls {

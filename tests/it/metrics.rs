@@ -519,6 +519,47 @@ async fn local_cache_refusals_global_shadow_and_unknown_domains_are_go_series() 
     server.stop().await;
 }
 
+/// envoyproxy/ratelimit's Redis pool stats under their Go names: the pool's connections open and
+/// opened; when Redis closes them (`CLIENT KILL`), the next call on each fails and counts it closed, and
+/// the call after it, on the connection redis-rs made again, counts it opened again.
+#[tokio::test]
+async fn the_redis_pool_is_counted_as_the_go_service_counts_it() {
+    crate::require_redis!();
+    let redis = crate::common::redis::RedisServer::start();
+    let url = redis.url();
+    let env = [("REDIS_URL", url.as_str()), ("REDIS_POOL_SIZE", "2")];
+    let server = TestServer::start(&[("m.yaml", RULES)], &env).await;
+    let pool = |text: &str| {
+        ["cx_active", "cx_total", "cx_local_close"]
+            .map(|name| series_value(text, &format!("ratelimit_redis_pool_{name} ")))
+    };
+    let text = server_metrics(&server).await;
+    assert_eq!(pool(&text), [Some(2), Some(2), Some(0)], "{text}");
+    assert!(!text.contains("redis_per_second_pool"), "no per-second Redis");
+    redis.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    let mut client = server.client().await;
+    // Each connection fails one call, then serves again: asking until both have done both.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let _ = client
+            .should_rate_limit(wire_request("m", &[&[("user", "alice")]]))
+            .await;
+        let text = server_metrics(&server).await;
+        let [active, total, closed] = pool(&text).map(|v| v.expect("pool stats"));
+        assert_eq!(active, total - closed, "open = opened - closed");
+        if active == 2 && closed >= 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pool stats never showed both connections closed and opened again: {:?}",
+            pool(&text)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.stop().await;
+}
+
 async fn server_metrics(server: &TestServer) -> String {
     let (status, text) = http(server.http, "GET", "/metrics", "").await;
     assert_eq!(status, 200);

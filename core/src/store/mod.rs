@@ -251,6 +251,22 @@ pub struct StoreCounters {
     /// Concurrency slots held by live leases, where this instance can count them: the embedded store
     /// (a Redis store's leases are the fleet's, and counting them would cost Redis a scan).
     pub lease_slots: Option<u64>,
+    /// The Redis connections, as envoyproxy/ratelimit's `redis_pool` stats count them: single Redis
+    /// and Sentinel (a Redis Cluster's connections are redis-rs's own, and not counted).
+    pub redis_pool: Option<PoolCounters>,
+    /// The same for `REDIS_PERSECOND`'s Redis (`redis_per_second_pool`).
+    pub redis_per_second_pool: Option<PoolCounters>,
+}
+
+/// A Redis connection pool's counters, as envoyproxy/ratelimit names them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolCounters {
+    /// `cx_active`: connections open now.
+    pub active: u64,
+    /// `cx_total`: connections opened so far (a reconnection counts).
+    pub total: u64,
+    /// `cx_local_close`: connections closed so far (failed, or replaced by the pool).
+    pub closed: u64,
 }
 
 impl AnyStore {
@@ -283,27 +299,34 @@ impl AnyStore {
                 ..StoreCounters::default()
             },
             #[cfg(feature = "redis")]
-            AnyStore::Redis(stores) => stores.all().fold(StoreCounters::default(), |sum, cache| {
-                let (sent, skipped, repaired) = cache.inner().expires();
-                StoreCounters {
-                    local_cache_hits: sum.local_cache_hits + cache.hits(),
-                    redis_batches: sum.redis_batches + cache.inner().batches(),
-                    redis_script_calls: sum.redis_script_calls + cache.inner().script_calls(),
-                    redis_pipelines: sum.redis_pipelines + cache.inner().pipelines(),
-                    redis_expires_sent: sum.redis_expires_sent + sent,
-                    redis_expires_skipped: sum.redis_expires_skipped + skipped,
-                    redis_ttl_repairs: sum.redis_ttl_repairs + repaired,
-                    redis_queue_full: sum.redis_queue_full + cache.inner().queue_full(),
-                    redis_abandoned: sum.redis_abandoned + cache.inner().abandoned(),
-                    redis_stalled_connections: sum.redis_stalled_connections
-                        + cache.inner().stalled_connections(),
-                    redis_impossible_states: sum.redis_impossible_states + cache.inner().impossible_states(),
-                    memory_evictions: 0,
-                    memory_refused: 0,
-                    memory_keys: 0,
-                    lease_slots: None,
-                }
-            }),
+            AnyStore::Redis(stores) => StoreCounters {
+                redis_pool: stores.main.inner().pool_counters(),
+                redis_per_second_pool: stores.per_second.as_ref().and_then(|s| s.inner().pool_counters()),
+                ..stores.all().fold(StoreCounters::default(), |sum, cache| {
+                    let (sent, skipped, repaired) = cache.inner().expires();
+                    StoreCounters {
+                        local_cache_hits: sum.local_cache_hits + cache.hits(),
+                        redis_batches: sum.redis_batches + cache.inner().batches(),
+                        redis_script_calls: sum.redis_script_calls + cache.inner().script_calls(),
+                        redis_pipelines: sum.redis_pipelines + cache.inner().pipelines(),
+                        redis_expires_sent: sum.redis_expires_sent + sent,
+                        redis_expires_skipped: sum.redis_expires_skipped + skipped,
+                        redis_ttl_repairs: sum.redis_ttl_repairs + repaired,
+                        redis_queue_full: sum.redis_queue_full + cache.inner().queue_full(),
+                        redis_abandoned: sum.redis_abandoned + cache.inner().abandoned(),
+                        redis_stalled_connections: sum.redis_stalled_connections
+                            + cache.inner().stalled_connections(),
+                        redis_impossible_states: sum.redis_impossible_states
+                            + cache.inner().impossible_states(),
+                        memory_evictions: 0,
+                        memory_refused: 0,
+                        memory_keys: 0,
+                        lease_slots: None,
+                        redis_pool: None,
+                        redis_per_second_pool: None,
+                    }
+                })
+            },
         }
     }
 }

@@ -417,6 +417,15 @@ impl RedisStore {
         }
     }
 
+    /// The connections as envoyproxy/ratelimit's pool stats count them (`None` on a Redis Cluster).
+    pub fn pool_counters(&self) -> Option<crate::store::PoolCounters> {
+        match self.connections.load().as_deref() {
+            Some(Connections::Node(pool)) => Some(pool.counters()),
+            Some(_) => None,
+            None => (!self.is_cluster()).then(crate::store::PoolCounters::default),
+        }
+    }
+
     /// Requests refused because the queue of requests waiting for a coalesced call was full.
     pub fn queue_full(&self) -> u64 {
         self.coalescer.counts().queue_full.load(Ordering::Relaxed)

@@ -28,6 +28,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::CallError;
 use super::sentinel::SentinelLink;
+use crate::store::PoolCounters;
 
 /// First and longest pause between two attempts at a new connection for a stalled one. Short: a
 /// stalled Redis that resumes should serve again within a fraction of a second.
@@ -55,11 +56,39 @@ pub(super) struct NodePool {
     connect_timeout: Duration,
     /// Connections found stalled so far.
     stalls: AtomicU64,
+    /// The Go service's pool stats, as far as calls show them.
+    counts: PoolCounts,
+}
+
+/// envoyproxy/ratelimit's Redis pool stats (`cx_active`, `cx_total`, `cx_local_close`), counted from
+/// what calls show: redis-rs reconnects a connection by itself and tells no one (it would only tell
+/// over RESP3), so a connection counts as closed when a call on it fails for its socket (or when the
+/// pool replaces it), and as opened again when a later call on it succeeds.
+#[derive(Default)]
+struct PoolCounts {
+    active: AtomicU64,
+    opened: AtomicU64,
+    closed: AtomicU64,
+}
+
+impl PoolCounts {
+    fn opened(&self) {
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        self.active.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn closed(&self) {
+        self.closed.fetch_add(1, Ordering::Relaxed);
+        self.active.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// One connection of the pool.
 struct Entry {
     conn: ArcSwap<ConnectionManager>,
+    /// Counted open in [`PoolCounts`]: made, and no call on it has failed for its socket since its
+    /// last success. Each change is one `swap`, so each open and close is counted once.
+    open: AtomicBool,
     /// A call on it outlived its timeout, and it is not known to be drained yet: nothing is written to it.
     stalled: AtomicBool,
     /// A background task is bringing it back or replacing it.
@@ -86,10 +115,15 @@ impl NodePool {
             .into_iter()
             .map(|conn| Entry {
                 conn: ArcSwap::from_pointee(conn),
+                open: AtomicBool::new(true),
                 stalled: AtomicBool::new(false),
                 replacing: AtomicBool::new(false),
             })
-            .collect();
+            .collect::<Box<[Entry]>>();
+        let counts = PoolCounts::default();
+        for _ in 0..entries.len() {
+            counts.opened();
+        }
         Arc::new(Self {
             entries,
             next: AtomicUsize::new(0),
@@ -97,7 +131,17 @@ impl NodePool {
             config,
             connect_timeout,
             stalls: AtomicU64::new(0),
+            counts,
         })
+    }
+
+    /// The pool's connections as envoyproxy/ratelimit counts them (see [`PoolCounts`]).
+    pub(super) fn counters(&self) -> PoolCounters {
+        PoolCounters {
+            active: self.counts.active.load(Ordering::Relaxed),
+            total: self.counts.opened.load(Ordering::Relaxed),
+            closed: self.counts.closed.load(Ordering::Relaxed),
+        }
     }
 
     /// The next connection that is not stalled (cheap: a clone of a multiplexed handle); `None` while
@@ -127,9 +171,20 @@ impl NodePool {
     /// Learns from a call made on `entry`: one that outlived its timeout stalls the connection; on
     /// Sentinel, one whose failure suggests the master moved has it replaced.
     pub(super) fn after_call<T>(self: &Arc<Self>, entry: usize, result: &Result<T, CallError>) {
+        let open = &self.entries[entry].open;
         let Err(error) = result else {
+            // redis-rs reconnected it since a call failed for its socket.
+            if !open.load(Ordering::Relaxed) && !open.swap(true, Ordering::AcqRel) {
+                self.counts.opened();
+            }
             return;
         };
+        if let CallError::Redis(error) = error
+            && (error.is_io_error() || error.is_connection_dropped() || error.is_connection_refusal())
+            && open.swap(false, Ordering::AcqRel)
+        {
+            self.counts.closed();
+        }
         if matches!(error, CallError::Timeout) {
             if !self.entries[entry].stalled.swap(true, Ordering::AcqRel) {
                 self.stalls.fetch_add(1, Ordering::Relaxed);
@@ -197,6 +252,11 @@ async fn bring_back(pool: Weak<NodePool>, entry: usize) {
             Back::Drained => tracing::info!(connection = entry, "a stalled Redis connection is drained"),
             Back::Replaced(conn) => {
                 slot.conn.store(Arc::new(conn));
+                // The old connection goes (unless a failed call counted it gone already).
+                if slot.open.swap(true, Ordering::AcqRel) {
+                    this.counts.closed();
+                }
+                this.counts.opened();
                 tracing::info!(connection = entry, "a Redis connection was replaced");
             }
         }
