@@ -569,7 +569,8 @@ async fn server_metrics(server: &TestServer) -> String {
 /// Adds the counters of `text`'s lines to `sums`, each under its name followed by its DogStatsD tags
 /// (`name|#tag,tag`) when it has any, failing on a counter of value 0 (gostats sends no counter that
 /// did not grow) or a line of another shape. A timer line (`name:ms|ms[|@rate]`) adds the
-/// observations it stands for, as statsd_exporter counts them (`int(1 / rate)`), under `name|ms`.
+/// observations it stands for, as statsd_exporter counts them (`int(1 / rate)`), under `name|ms`; a
+/// gauge's line (`name:value|g`) sets `name|g`.
 fn add_lines(text: &str, sums: &mut std::collections::HashMap<String, u64>) {
     for line in text.lines() {
         let (name, rest) = line
@@ -589,6 +590,12 @@ fn add_lines(text: &str, sums: &mut std::collections::HashMap<String, u64>) {
                 format!("|{tags}")
             };
             *sums.entry(format!("{name}|ms{tags}")).or_default() += (1.0 / rate) as u64;
+            continue;
+        }
+        if let Some((value, tags)) = rest.split_once("|g") {
+            // A gauge: its latest value, under `name|g`.
+            let value: u64 = value.parse().unwrap_or_else(|_| panic!("statsd gauge {line:?}"));
+            sums.insert(format!("{name}|g{tags}"), value);
             continue;
         }
         let (value, tags) = rest
@@ -654,6 +661,118 @@ async fn ask_times(
             .expect("answer");
     }
     client
+}
+
+/// Rules for every kind of hit the Go stats tell apart: a plain rule, an IPv4-valued one, and a shadow
+/// rule three levels deep.
+const EVERY_KIND: &str = "domain: s\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: remote_address\n    value: 10.0.0.1\n    rate_limit: {unit: hour, requests_per_unit: 100}\n  - key: a\n    value: x\n    descriptors:\n      - key: b\n        descriptors:\n          - key: c\n            shadow_mode: true\n            rate_limit: {unit: hour, requests_per_unit: 1}\n";
+
+/// Within, near, over (from Redis, then from the local cache), an IPv4-valued rule, a shadow rule three
+/// levels deep, an unknown domain and a reload, against `server` (on Redis, rules `EVERY_KIND` in
+/// `s.yaml`). Returns the Go stats they make, name first, as [`add_lines`] sums them with `suffix`
+/// after each name (and after `|ms` or `|g`).
+async fn every_kind_of_hit(server: &TestServer, suffix: &str) -> Vec<(String, u64)> {
+    let mut client = server.client().await;
+    let mut ask = async |entries: &[(&str, &str)]| {
+        client
+            .should_rate_limit(wire_request("s", &[entries]))
+            .await
+            .expect("answer");
+    };
+    for _ in 0..12 {
+        ask(&[("user", "alice")]).await;
+    }
+    ask(&[("remote_address", "10.0.0.1")]).await;
+    for _ in 0..2 {
+        ask(&[("a", "x"), ("b", "y"), ("c", "z")]).await;
+    }
+    let mut client = server.client().await;
+    client
+        .should_rate_limit(wire_request("nope", &[&[("user", "u")]]))
+        .await
+        .expect("answer");
+    std::fs::write(
+        server.dir.path().join("s.yaml"),
+        format!("{EVERY_KIND}# reloaded\n"),
+    )
+    .expect("rewrite");
+    let rule = "ratelimit.service.rate_limit.s";
+    [
+        (format!("{rule}.user.total_hits{suffix}"), 12),
+        (format!("{rule}.user.within_limit{suffix}"), 10),
+        (format!("{rule}.user.near_limit{suffix}"), 2),
+        (format!("{rule}.user.over_limit{suffix}"), 2),
+        (format!("{rule}.user.over_limit_with_local_cache{suffix}"), 1),
+        (format!("{rule}.remote_address_10_0_0_1.total_hits{suffix}"), 1),
+        (format!("{rule}.remote_address_10_0_0_1.within_limit{suffix}"), 1),
+        (format!("{rule}.a_x.b.c.total_hits{suffix}"), 2),
+        (format!("{rule}.a_x.b.c.within_limit{suffix}"), 1),
+        // Of a limit of 1, the one allowed hit is above the threshold (0).
+        (format!("{rule}.a_x.b.c.near_limit{suffix}"), 1),
+        (format!("{rule}.a_x.b.c.over_limit{suffix}"), 1),
+        (format!("{rule}.a_x.b.c.shadow_mode{suffix}"), 1),
+        (
+            format!("ratelimit.service.rate_limit.nope.domain_not_found{suffix}"),
+            1,
+        ),
+        (format!("ratelimit.service.config_load_success{suffix}"), 2),
+        (
+            format!("ratelimit_server.ShouldRateLimit.total_requests{suffix}"),
+            16,
+        ),
+        (
+            format!("ratelimit_server.ShouldRateLimit.response_time|ms{suffix}"),
+            16,
+        ),
+        (format!("ratelimit.redis_pool.cx_active|g{suffix}"), 1),
+        (format!("ratelimit.redis_pool.cx_total{suffix}"), 1),
+    ]
+    .into()
+}
+
+/// The Go service's exact lines for every kind of hit, to statsd (tags as name suffixes) and to
+/// DogStatsD (tags as tags).
+#[tokio::test]
+async fn statsd_and_dog_statsd_receive_every_kind_of_hit_as_go_names_it() {
+    crate::require_redis!();
+    let redis = crate::common::redis::RedisServer::start();
+    let url = redis.url();
+    for (dialect, suffix) in [
+        ("USE_STATSD", ".__env=prod_eu"),
+        ("USE_DOG_STATSD", "|#env:prod_eu"),
+    ] {
+        redis.cli(&["FLUSHALL"]);
+        let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+        let port = udp.local_addr().expect("addr").port().to_string();
+        let env = [
+            ("REDIS_URL", url.as_str()),
+            ("REDIS_POOL_SIZE", "1"),
+            (dialect, "true"),
+            ("STATSD_HOST", "127.0.0.1"),
+            ("STATSD_PORT", port.as_str()),
+            ("STATSD_PROTOCOL", "udp"),
+            ("STATS_FLUSH_INTERVAL", "100ms"),
+            ("EXTRA_TAGS", "env:prod.eu"),
+        ];
+        let server = TestServer::start(&[("s.yaml", EVERY_KIND)], &env).await;
+        let expected = every_kind_of_hit(&server, suffix).await;
+        let expected: Vec<(String, u64)> = expected
+            .into_iter()
+            .map(|(name, value)| match suffix.strip_prefix('|') {
+                Some(_) => (name, value),
+                // gostats' tags are part of the name, before the type.
+                None => {
+                    let name = ["|ms", "|g"].iter().fold(name, |name, kind| {
+                        name.replace(&format!("{kind}{suffix}"), &format!("{suffix}{kind}"))
+                    });
+                    (name, value)
+                }
+            })
+            .collect();
+        let expected: Vec<(&str, u64)> = expected.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+        expect_datagrams(udp, &expected).await;
+        server.stop().await;
+    }
 }
 
 /// The Go service's statsd lines, over UDP with `EXTRA_TAGS`, then over TCP (gostats' default): what a
