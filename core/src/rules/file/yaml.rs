@@ -248,25 +248,56 @@ impl<'de> Visitor<'de> for ValueVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut entries: Vec<(Node, Node)> = Vec::new();
-        // Position of each scalar key, so repeated keys are found without a quadratic scan.
-        let mut positions: HashMap<String, usize> = HashMap::new();
+        // Position of each scalar key, so repeated keys are found without a quadratic scan; built only
+        // for a map past `LINEAR_KEYS` entries (a rules file's maps have a handful), since building it
+        // costs more than comparing a few keys.
+        let mut positions: Option<HashMap<String, usize>> = None;
         while let Some((k, v)) = map.next_entry::<Node, Node>()? {
             // yaml.v2 (non-strict) lets a repeated key overwrite the earlier value; the earlier
             // value must not be validated either, so it is dropped here.
-            let existing = scalar_identity(&k.value).and_then(|id| match positions.entry(id) {
-                Entry::Occupied(slot) => Some(*slot.get()),
-                Entry::Vacant(slot) => {
-                    slot.insert(entries.len());
-                    None
-                }
-            });
+            let existing = match &mut positions {
+                None => entries
+                    .iter()
+                    .position(|(known, _)| same_scalar(&known.value, &k.value)),
+                Some(positions) => scalar_identity(&k.value).and_then(|id| match positions.entry(id) {
+                    Entry::Occupied(slot) => Some(*slot.get()),
+                    Entry::Vacant(slot) => {
+                        slot.insert(entries.len());
+                        None
+                    }
+                }),
+            };
             match existing.and_then(|i| entries.get_mut(i)) {
                 Some(entry) => *entry = (k, v),
                 None => entries.push((k, v)),
             }
+            if positions.is_none() && entries.len() > LINEAR_KEYS {
+                let ids = entries.iter().enumerate();
+                positions = Some(
+                    ids.filter_map(|(at, (k, _))| Some((scalar_identity(&k.value)?, at)))
+                        .collect(),
+                );
+            }
         }
         entries.shrink_to_fit();
         Ok(Value::Map(entries))
+    }
+}
+
+/// Most entries a map's repeated keys are found in by comparing keys one by one.
+const LINEAR_KEYS: usize = 16;
+
+/// Whether two keys are the same scalar key: what [`scalar_identity`] says, without building the
+/// identities (`1` and `0x1` are the same key, `"1"` is not; collections are never the same key).
+fn same_scalar(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Null, Value::Null) => true,
+        (Value::Bool(a), Value::Bool(b)) => a == b,
+        (Value::Int(a), Value::Int(b)) => a == b,
+        (Value::UInt(a), Value::UInt(b)) => a == b,
+        (Value::Float(a), Value::Float(b)) => a.to_bits() == b.to_bits(),
+        (Value::Str(a), Value::Str(b)) => a == b,
+        _ => false,
     }
 }
 
@@ -598,6 +629,16 @@ mod tests {
             panic!("not a map");
         };
         assert_eq!(entries.len(), 2);
+        // The same in a map too long to compare keys one by one, before and after it grew so.
+        let keys: String = (0..40).map(|i| format!("k{i}: {i}\n")).collect();
+        let n = parse(&format!("k3: first\n{keys}0x1: a\n1: b\nk3: last\nk39: again\n"));
+        let Value::Map(entries) = &n.value else {
+            panic!("not a map");
+        };
+        assert_eq!(entries.len(), 41);
+        assert_eq!(n.get("k3").map(|n| &n.value), Some(&Value::Str("last".into())));
+        assert_eq!(n.get("k39").map(|n| &n.value), Some(&Value::Str("again".into())));
+        assert_eq!(entries[0].0.value, Value::Str("k3".into()), "kept in first place");
     }
 
     #[test]
