@@ -148,7 +148,7 @@ impl Context<'_> {
             Some(Box::new(self.level(&d.descriptors, path)?))
         };
         let rule = self.rule(d, path)?;
-        let shared_key_value = if d.share_threshold { d.value.clone() } else { None };
+        let shared_key_value = d.value.as_deref().filter(|_| d.share_threshold).map(Box::from);
         Ok(Node {
             rule,
             shared_key_value,

@@ -93,7 +93,7 @@ pub(crate) struct KeyGroup {
 pub(crate) struct Node {
     pub(crate) rule: Option<Arc<Rule>>,
     /// With `share_threshold`, every matching value shares one counter keyed by this pattern text.
-    pub(crate) shared_key_value: Option<String>,
+    pub(crate) shared_key_value: Option<Box<str>>,
     pub(crate) children: Option<Box<Level>>,
 }
 

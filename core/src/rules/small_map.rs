@@ -14,8 +14,8 @@ pub(crate) const MAX_FEW: usize = 8;
 pub(crate) enum SmallMap<V> {
     /// At most [`MAX_FEW`] entries, in insertion order.
     Few(Vec<(Box<str>, V)>),
-    /// More.
-    Many(HashMap<Box<str>, V>),
+    /// More. Boxed: a vector is half a hash table's size inline, and most maps stay vectors.
+    Many(Box<HashMap<Box<str>, V>>),
 }
 
 impl<V> Default for SmallMap<V> {
@@ -64,7 +64,7 @@ impl<V> SmallMap<V> {
                 }
                 let mut map: HashMap<Box<str>, V> = std::mem::take(entries).into_iter().collect();
                 map.insert(key, value);
-                *self = Self::Many(map);
+                *self = Self::Many(Box::new(map));
                 None
             }
             Self::Many(map) => map.insert(key, value),
