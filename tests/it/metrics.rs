@@ -29,12 +29,7 @@ fn series_value(text: &str, series: &str) -> Option<u64> {
 async fn metrics_use_envoyproxy_ratelimit_names_on_both_ports() {
     let server = TestServer::start(&[("m.yaml", RULES)], &[]).await;
     let mut client = ask_times(&server, "alice", 12).await;
-    for _ in 0..3 {
-        client
-            .should_rate_limit(wire_request("m", &[&[("path", "/login"), ("ip", "10.0.0.1")]]))
-            .await
-            .expect("answer");
-    }
+    ask(&mut client, "m", &[("path", "/login"), ("ip", "10.0.0.1")], 3).await;
     let (status, text) = http(server.http, "GET", "/metrics", "").await;
     assert_eq!(status, 200);
     let user = "{domain=\"m\",key1=\"user\"}";
@@ -231,17 +226,9 @@ async fn detailed_metric_counts_each_value_up_to_the_cap() {
     let server = TestServer::start(&[("m.yaml", rules)], &env).await;
     let mut client = server.client().await;
     for (client_id, times) in [("10.0.0.1", 3), ("bob", 1), ("carol", 2), ("dave", 1)] {
-        for _ in 0..times {
-            client
-                .should_rate_limit(wire_request("m", &[&[("client", client_id)]]))
-                .await
-                .expect("answer");
-        }
+        ask(&mut client, "m", &[("client", client_id)], times).await;
     }
-    client
-        .should_rate_limit(wire_request("m", &[&[("client", "bob"), ("path", "/a")]]))
-        .await
-        .expect("answer");
+    ask(&mut client, "m", &[("client", "bob"), ("path", "/a")], 1).await;
     let text = server_metrics(&server).await;
     let hits = |labels: &str| {
         series_value(
@@ -291,18 +278,8 @@ async fn top_offenders(env: &[(&str, &str)]) -> (Vec<serde_json::Value>, String)
     let rules = "domain: t\ndescriptors:\n  - key: ip\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: email\n    hash: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
     let server = TestServer::start(&[("t.yaml", rules)], env).await;
     let mut client = server.client().await;
-    for _ in 0..5 {
-        client
-            .should_rate_limit(wire_request("t", &[&[("ip", "203.0.113.9")]]))
-            .await
-            .expect("answer");
-    }
-    for _ in 0..3 {
-        client
-            .should_rate_limit(wire_request("t", &[&[("email", "alice@example.com")]]))
-            .await
-            .expect("answer");
-    }
+    ask(&mut client, "t", &[("ip", "203.0.113.9")], 5).await;
+    ask(&mut client, "t", &[("email", "alice@example.com")], 3).await;
     let (status, text) = http(server.debug, "GET", "/top", "").await;
     assert_eq!(status, 200);
     let top: serde_json::Value = serde_json::from_str(&text).expect("JSON");
@@ -339,10 +316,7 @@ async fn top_offenders_sharing_a_budget_are_one_entry() {
         let mut client = server.client().await;
         for host in 1..=4 {
             let address = format!("2001:db8:1:2::{host}");
-            client
-                .should_rate_limit(wire_request("t", &[&[("ip", &address)]]))
-                .await
-                .expect("answer");
+            ask(&mut client, "t", &[("ip", &address)], 1).await;
         }
         let (_, text) = http(server.debug, "GET", "/top", "").await;
         let top: serde_json::Value = serde_json::from_str(&text).expect("JSON");
@@ -403,10 +377,7 @@ async fn use_prometheus_serves_the_metrics_where_the_go_service_does() {
     ];
     let server = TestServer::start(&[("m.yaml", RULES)], &env).await;
     let mut client = server.client().await;
-    client
-        .should_rate_limit(wire_request("m", &[&[("user", "alice")]]))
-        .await
-        .expect("answer");
+    ask(&mut client, "m", &[("user", "alice")], 1).await;
     let prometheus = addr.parse().expect("addr");
     let (status, text) = http(prometheus, "GET", "/stats/prometheus", "").await;
     assert_eq!(status, 200, "{text}");
@@ -488,10 +459,7 @@ async fn local_cache_refusals_global_shadow_and_unknown_domains_are_go_series() 
             .expect("answer");
         assert_eq!(answer.into_inner().overall_code, 1, "OK under global shadow mode");
     }
-    client
-        .should_rate_limit(wire_request("nope", &[&[("user", "u")]]))
-        .await
-        .expect("answer");
+    ask(&mut client, "nope", &[("user", "u")], 1).await;
     let text = server_metrics(&server).await;
     let user = "{domain=\"m\",key1=\"user\"}";
     assert_eq!(
@@ -647,19 +615,23 @@ async fn expect_datagrams(udp: tokio::net::UdpSocket, expected: &[(&str, u64)]) 
     }
 }
 
-/// A client of `server` that has asked `times` times for user `user` of domain `m`.
-async fn ask_times(
-    server: &TestServer,
-    user: &str,
-    times: usize,
-) -> tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel> {
-    let mut client = server.client().await;
+/// Asks `times` times for the descriptor `entries` of `domain`, each answered.
+async fn ask(client: &mut RlsClient, domain: &str, entries: &[(&str, &str)], times: usize) {
     for _ in 0..times {
         client
-            .should_rate_limit(wire_request("m", &[&[("user", user)]]))
+            .should_rate_limit(wire_request(domain, &[entries]))
             .await
             .expect("answer");
     }
+}
+
+type RlsClient =
+    tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel>;
+
+/// A client of `server` that has asked `times` times for user `user` of domain `m`.
+async fn ask_times(server: &TestServer, user: &str, times: usize) -> RlsClient {
+    let mut client = server.client().await;
+    ask(&mut client, "m", &[("user", user)], times).await;
     client
 }
 
@@ -673,24 +645,10 @@ const EVERY_KIND: &str = "domain: s\ndescriptors:\n  - key: user\n    rate_limit
 /// after each name (and after `|ms` or `|g`).
 async fn every_kind_of_hit(server: &TestServer, suffix: &str) -> Vec<(String, u64)> {
     let mut client = server.client().await;
-    let mut ask = async |entries: &[(&str, &str)]| {
-        client
-            .should_rate_limit(wire_request("s", &[entries]))
-            .await
-            .expect("answer");
-    };
-    for _ in 0..12 {
-        ask(&[("user", "alice")]).await;
-    }
-    ask(&[("remote_address", "10.0.0.1")]).await;
-    for _ in 0..2 {
-        ask(&[("a", "x"), ("b", "y"), ("c", "z")]).await;
-    }
-    let mut client = server.client().await;
-    client
-        .should_rate_limit(wire_request("nope", &[&[("user", "u")]]))
-        .await
-        .expect("answer");
+    ask(&mut client, "s", &[("user", "alice")], 12).await;
+    ask(&mut client, "s", &[("remote_address", "10.0.0.1")], 1).await;
+    ask(&mut client, "s", &[("a", "x"), ("b", "y"), ("c", "z")], 2).await;
+    ask(&mut client, "nope", &[("user", "u")], 1).await;
     std::fs::write(
         server.dir.path().join("s.yaml"),
         format!("{EVERY_KIND}# reloaded\n"),
@@ -791,10 +749,7 @@ async fn statsd_receives_the_go_services_lines_over_udp_and_tcp() {
     ];
     let server = TestServer::start(&[("m.yaml", RULES)], &env).await;
     let mut client = ask_times(&server, "alice", 12).await;
-    client
-        .should_rate_limit(wire_request("nope", &[&[("user", "u")]]))
-        .await
-        .expect("answer");
+    ask(&mut client, "nope", &[("user", "u")], 1).await;
     let expected = [
         ("ratelimit.service.rate_limit.m.user.total_hits.__env=prod_eu", 12),
         (
@@ -951,16 +906,8 @@ async fn a_mapping_file_names_the_go_series_as_envoy_gateway_configures_them() {
     let path = file.to_string_lossy().into_owned();
     let server = TestServer::start(&[("m.yaml", rules)], &[("PROMETHEUS_MAPPER_YAML", path.as_str())]).await;
     let mut client = server.client().await;
-    for _ in 0..2 {
-        client
-            .should_rate_limit(wire_request("m", &[&[("user", "alice")]]))
-            .await
-            .expect("answer");
-    }
-    client
-        .should_rate_limit(wire_request("m", &[&[("path", "/login"), ("ip", "10.0.0.1")]]))
-        .await
-        .expect("answer");
+    ask(&mut client, "m", &[("user", "alice")], 2).await;
+    ask(&mut client, "m", &[("path", "/login"), ("ip", "10.0.0.1")], 1).await;
     let text = server_metrics(&server).await;
     for (series, value) in [
         (
