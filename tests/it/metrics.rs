@@ -224,6 +224,9 @@ async fn detailed_metric_counts_each_value_up_to_the_cap() {
         ("STATS_FLUSH_INTERVAL", "100ms"),
     ];
     let server = TestServer::start(&[("m.yaml", rules)], &env).await;
+    // A peek is not a hit: it takes no place under the cap.
+    let peek = r#"{"domain":"m","descriptors":[{"entries":[{"key":"client","value":"eve"}]}],"mode":"peek"}"#;
+    assert_eq!(http(server.http, "POST", "/v1/check", peek).await.0, 200);
     let mut client = server.client().await;
     for (client_id, times) in [("10.0.0.1", 3), ("bob", 1), ("carol", 2), ("dave", 1)] {
         ask(&mut client, "m", &[("client", client_id)], times).await;
@@ -249,6 +252,7 @@ async fn detailed_metric_counts_each_value_up_to_the_cap() {
     assert_eq!(hits("key1=\"client_bob\""), Some(1));
     assert_eq!(hits("key1=\"client\""), Some(3), "folded: {text}");
     assert_eq!(hits("key1=\"client_carol\""), None);
+    assert!(!text.contains("client_eve"), "{text}");
     assert_eq!(series_value(&text, "tollgate_stats_folded_total "), Some(3));
     // The nested rule has a cap of its own.
     assert_eq!(hits("key1=\"client_bob\",key2=\"path_/a\""), Some(1), "{text}");

@@ -385,6 +385,9 @@ impl<S: Store> Limiter<S> {
         let decisions = self.decide(&mut targets, policy, placement, once).await?;
         // Peeks and refunds are not hits: they neither count in the rule's stats nor make offenders.
         let counted = matches!(mode, Some(Mode::Consume | Mode::AllOrNothing));
+        if counted {
+            self.attach_detailed_stats(domain_rules, descriptors, &mut targets);
+        }
         let mut verdict = self.verdict(domain, descriptors, targets, decisions, counted);
         if counted && self.options.global_shadow_mode && overall_code(&verdict.statuses) == Code::OverLimit {
             self.metrics.global_shadow_mode.add(1);

@@ -57,8 +57,8 @@ pub(super) struct Target {
     pub(super) unlimited: bool,
     pub(super) key: String,
     pub(super) cost: u64,
-    /// With a `detailed_metric` rule: the counters of this descriptor's values (`None` once the
-    /// rule's cap folds them into its own).
+    /// With a `detailed_metric` rule, once the request is known to count: the counters of this
+    /// descriptor's values (`None` when the rule's cap folds them into its own).
     pub(super) detailed_stats: Option<Arc<RuleStats>>,
 }
 
@@ -324,10 +324,6 @@ impl<S: Store> Limiter<S> {
                 ValueEncoding::Escaped,
             );
         }
-        let detailed_stats = rule.detailed.as_ref().and_then(|values| {
-            let path = domain.metric_path(descriptor.entries(), &self.hasher)?;
-            values.stats(&path, &self.metrics)
-        });
         Ok(Target {
             rule: Some(Arc::clone(rule)),
             override_limit: None,
@@ -335,7 +331,25 @@ impl<S: Store> Limiter<S> {
             unlimited: rule.limits.iter().any(|l| l.rate.is_none()),
             key,
             cost,
-            detailed_stats,
+            detailed_stats: None,
         })
+    }
+
+    /// Gives each target whose rule asks for `detailed_metric` the counters of its descriptor's values.
+    /// Only for hits: a peek or a refund counts nothing, and must not take a place under the cap.
+    pub(super) fn attach_detailed_stats<D: RequestDescriptor>(
+        &self,
+        domain: &crate::rules::Domain,
+        descriptors: &[D],
+        targets: &mut [Target],
+    ) {
+        for (target, descriptor) in targets.iter_mut().zip(descriptors) {
+            let Some(values) = target.rule.as_ref().and_then(|r| r.detailed.as_ref()) else {
+                continue;
+            };
+            let path = domain.metric_path(descriptor.entries(), &self.hasher);
+            let stats = path.and_then(|path| values.stats(&path, &self.metrics));
+            target.detailed_stats = stats;
+        }
     }
 }
