@@ -14,7 +14,9 @@ pub(crate) const MAX_FEW: usize = 8;
 pub(crate) enum SmallMap<V> {
     /// At most [`MAX_FEW`] entries, in insertion order.
     Few(Vec<(Box<str>, V)>),
-    /// More. Boxed: a vector is half a hash table's size inline, and most maps stay vectors.
+    /// More. Boxed: a vector is half a hash table's size inline, and most maps stay vectors, so the
+    /// rare large map pays one more allocation for every small one to be 24 bytes smaller.
+    #[allow(clippy::box_collection)]
     Many(Box<HashMap<Box<str>, V>>),
 }
 
