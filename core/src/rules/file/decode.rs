@@ -177,11 +177,27 @@ fn map_field<'a>(map: &'a Node, key: &str) -> Decoded<Option<Option<&'a Node>>> 
     }
 }
 
-pub(super) fn decode_root(root: &Node) -> Decoded<RawRoot> {
+/// Decodes a file's root, consuming its tree: each top-level descriptor's subtree is dropped as soon as
+/// it is decoded, so the tree (several times the file's size) and the decoded rules are never both
+/// whole, and what the one frees the other reuses.
+pub(super) fn decode_root(mut root: Node) -> Decoded<RawRoot> {
+    let domain = string_field(&root, "domain")?;
+    let all_or_nothing = bool_field(&root, "all_or_nothing")?;
+    list_field(&root, "descriptors")?;
+    let items = match root.take("descriptors").map(|n| n.value) {
+        Some(Value::Seq(items)) => items,
+        // Absent or null: checked by `list_field` above.
+        _ => Vec::new(),
+    };
+    drop(root);
+    let descriptors = items
+        .into_iter()
+        .map(|item| decode_descriptor(&item))
+        .collect::<Decoded<_>>()?;
     Ok(RawRoot {
-        domain: string_field(root, "domain")?,
-        all_or_nothing: bool_field(root, "all_or_nothing")?,
-        descriptors: decode_descriptors(root)?,
+        domain,
+        all_or_nothing,
+        descriptors,
     })
 }
 

@@ -121,12 +121,11 @@ pub fn by_domain(
 fn parse_text(file: &str, text: &str) -> Result<DomainConfig, String> {
     let root = yaml::parse_document(text).map_err(|e| format!("error loading config file: {e}"))?;
     yaml::validate_structure(&root)?;
-    let raw = decode::decode_root(&root).map_err(|e| match e {
+    // The node tree is the largest thing a load builds (several times the file's size): decoding
+    // consumes it, so it is gone before the validated rules are built.
+    let raw = decode::decode_root(root).map_err(|e| match e {
         decode::DecodeError::Type(m) => format!("error loading config file: {m}"),
         decode::DecodeError::Metadata(m) => format!("error parsing metadata: {m}"),
     })?;
-    // The node tree is the largest thing a load builds (several times the file's size): gone before
-    // the validated rules are built, it is not part of the load's peak with them.
-    drop(root);
     validate::build(raw, file)
 }

@@ -20,7 +20,9 @@ pub(super) fn build(raw: RawRoot, file: &str) -> Result<DomainConfig, String> {
     if raw.domain.is_empty() {
         return Err("config file cannot have empty domain".to_owned());
     }
-    let descriptors = build_level(&raw.descriptors, &raw.domain)?;
+    // The top level consumes the decoded descriptors, each dropped once built: the two copies of
+    // the rules are never both whole.
+    let descriptors = build_level(raw.descriptors, &raw.domain)?;
     Ok(DomainConfig {
         domain: raw.domain,
         file: file.to_owned(),
@@ -76,10 +78,13 @@ impl Siblings {
     }
 }
 
-fn build_level(raws: &[RawDescriptor], parent: &str) -> Result<Vec<DescriptorConfig>, String> {
+fn build_level<R: std::borrow::Borrow<RawDescriptor>>(
+    raws: impl IntoIterator<Item = R>,
+    parent: &str,
+) -> Result<Vec<DescriptorConfig>, String> {
     let mut siblings = Siblings::default();
-    raws.iter()
-        .map(|r| build_descriptor(r, parent, &mut siblings))
+    raws.into_iter()
+        .map(|r| build_descriptor(r.borrow(), parent, &mut siblings))
         .collect()
 }
 

@@ -128,6 +128,27 @@ impl Node {
         }
     }
 
+    /// Takes the last value stored under string key `key` out of a mapping node (a null left in its
+    /// place).
+    pub(crate) fn take(&mut self, key: &str) -> Option<Node> {
+        match &mut self.value {
+            Value::Map(entries) => entries
+                .iter_mut()
+                .rev()
+                .find(|(k, _)| matches!(&k.value, Value::Str(s) if s == key))
+                .map(|(_, v)| {
+                    let null = Node {
+                        value: Value::Null,
+                        raw: None,
+                        line: v.line,
+                        span: None,
+                    };
+                    std::mem::replace(v, null)
+                }),
+            _ => None,
+        }
+    }
+
     /// Fill `raw` for non-string scalars from the text they were parsed from.
     fn fill_raw(&mut self, text: &str) {
         match &mut self.value {
