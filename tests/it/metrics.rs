@@ -115,23 +115,29 @@ async fn a_broken_reload_is_counted_and_the_version_is_published() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn a_million_distinct_values_add_no_series() {
+/// A limiter on the embedded store (a manual clock) over the rules file `text`, fixed windows by
+/// default, recording into the registry it returns.
+fn fixed_window_limiter(text: &str) -> (Limiter<MemoryStore>, Arc<Metrics>) {
     let metrics = Metrics::new();
-    let domain = parse_file("m.yaml", RULES).expect("rules");
+    let domain = parse_file("rules.yaml", text).expect("rules");
     let options = CompileOptions {
         default_algorithm: Algorithm::FixedWindow,
         ..Default::default()
     };
     let rules = RuleSet::compile_with_metrics(&[domain], options, &metrics).expect("compile");
-    let clock = ManualClock::new(T0_US);
     let limiter = Limiter::new(
         Arc::new(ArcSwapOption::from_pointee(rules)),
-        MemoryStore::new(Arc::new(clock)),
+        MemoryStore::new(Arc::new(ManualClock::new(T0_US))),
         ValueHasher::default(),
         LimiterOptions::default(),
     )
     .with_metrics(Arc::clone(&metrics));
+    (limiter, metrics)
+}
+
+#[tokio::test]
+async fn a_million_distinct_values_add_no_series() {
+    let (limiter, metrics) = fixed_window_limiter(RULES);
     let series = |text: &str| text.lines().filter(|l| !l.starts_with('#')).count();
     let decide = |i: u32| {
         let user = d(&[("user", &i.to_string())]);
@@ -171,20 +177,7 @@ async fn a_million_distinct_values_add_no_series() {
 #[tokio::test]
 async fn hits_that_cross_the_limit_are_split_as_the_go_service_splits_them() {
     let rules = "domain: g\ndescriptors:\n  - {key: k, value: a, rate_limit: {unit: hour, requests_per_unit: 20}}\n  - {key: k, value: b, rate_limit: {unit: hour, requests_per_unit: 8}}\n  - {key: k, value: c, rate_limit: {unit: hour, requests_per_unit: 20}}\n  - {key: k, value: d, rate_limit: {unit: hour, requests_per_unit: 20}}\n  - {key: k, value: e, rate_limit: {unit: hour, requests_per_unit: 20}}\n  - {key: k, value: f, rate_limit: {unit: hour, requests_per_unit: 10}}\n";
-    let metrics = Metrics::new();
-    let domain = parse_file("g.yaml", rules).expect("rules");
-    let options = CompileOptions {
-        default_algorithm: Algorithm::FixedWindow,
-        ..Default::default()
-    };
-    let rules = RuleSet::compile_with_metrics(&[domain], options, &metrics).expect("compile");
-    let limiter = Limiter::new(
-        Arc::new(ArcSwapOption::from_pointee(rules)),
-        MemoryStore::new(Arc::new(ManualClock::new(T0_US))),
-        ValueHasher::default(),
-        LimiterOptions::default(),
-    )
-    .with_metrics(Arc::clone(&metrics));
+    let (limiter, metrics) = fixed_window_limiter(rules);
     // (value, hits already counted, hits of the request) -> (over, near, within) of the request.
     let cases = [
         ("a", 2, 3, (0, 0, 3)),  // all under the limit and under the threshold (16)
