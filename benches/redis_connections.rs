@@ -36,7 +36,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis_server::RedisServer;
 use tollgate_core::algorithm::{Algorithm, Limit};
 use tollgate_core::store::CommitPolicy;
-use tollgate_core::store::redis::script::{BatchScript, ScriptItem};
+use tollgate_core::store::redis::script::{BatchScript, ScriptItem, Tail};
 
 /// Distinct keys cycled through.
 const KEYS: usize = 10_000;
@@ -148,7 +148,7 @@ impl Client {
             ttl_secs: 0,
         };
         let items = [item];
-        let invocation = script.invocation(&items, CommitPolicy::Independent, None);
+        let invocation = script.invocation(&items, CommitPolicy::Independent, Tail::None);
         let reply = match self {
             Client::Managers { pool, next } => {
                 let mut conn = pool[next.fetch_add(1, Ordering::Relaxed) % pool.len()].clone();

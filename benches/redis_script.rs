@@ -24,7 +24,7 @@ use redis::aio::MultiplexedConnection;
 use redis_server::RedisServer;
 use tollgate_core::algorithm::{Algorithm, Limit};
 use tollgate_core::store::CommitPolicy;
-use tollgate_core::store::redis::script::{BatchScript, ScriptItem};
+use tollgate_core::store::redis::script::{BatchScript, ScriptItem, Tail};
 
 /// Items per call: about what a coalesced call carries at 64 requests in flight.
 const ITEMS: usize = 16;
@@ -163,7 +163,7 @@ async fn calls(
             })
             .collect();
         script
-            .call(conn, &items, CommitPolicy::Independent, None)
+            .call(conn, &items, CommitPolicy::Independent, Tail::None)
             .await
             .expect("the batch call");
     }

@@ -51,7 +51,7 @@
 -- KEYS: one per item, in batch order (duplicates allowed). Fixed window: the caller-named window
 --   counter (Go's key). Others: the caller's state key. In Redis Cluster all must share a slot.
 -- ARGV: [1] policy (0 Independent, 1 AllOrNothing, 2 StopIncrementWhenOverLimit, 3 Peek,
---   4 Refund) in decimal; [2] the call's distinct limits, 32 bytes each: algorithm (0
+--   4 Refund, 5 Reserve: one item and its reservers hash, see reserve below) in decimal; [2] the call's distinct limits, 32 bytes each: algorithm (0
 --   fixed_window, 1 sliding_window, 2 sliding_log, 3 token_bucket, 4 gcra), requests, window_us,
 --   burst; [3] the items, 40 bytes each: the index of the item's limit in [2] (from 1), cost (a
 --   refund's amount), group (unused by peeks and refunds), window_start_us (fixed window; else
@@ -64,7 +64,7 @@
 -- Returns: one binary string, 8 + 25 bytes per item: now_us as a little-endian double, then per
 --   item struct '<Bddd': flags (1: allowed; 2: its key held an impossible value, see exact.lua,
 --   decided as none and removed or overwritten unless peeking), remaining, reset_after_us,
---   retry_after_us. Doubles hold
+--   retry_after_us; a reservation's reply then ends with the extra units granted, a double. Doubles hold
 --   every value exactly below 2^53 (beyond, only for absurd limits, the caller saturates them at
 --   u64::MAX as Rust does). One string instead of an array of 1 + 4n integers: Redis turns each
 --   array element into a reply of its own, which cost more than packing. Malformed arguments ->
@@ -428,6 +428,93 @@ local function remove_broken()
   end
 end
 
+-- Hot-key reservations (policy 5; src/store/redis/reserve.rs sends them, src/store/hot_keys.rs
+-- states the guarantee). One item, whose cost is what the request in hand takes; KEYS[2] is the key's
+-- reservers hash, in the item's slot: one field per replica holding units of the key, valued
+-- "<units it holds>:<its lease's end, ms>:<the window they belong to, µs>". In one atomic step:
+--   1. Reservers whose lease has ended are dropped (their units are not given back: some of them may
+--      have been admitted, and only the replica knew how many); the others, this one included, are
+--      counted.
+--   2. `give_back` units go back to the key (the algorithm's refund), at most the units of this
+--      replica's last grant, and for a window algorithm only in the window that granted them: a
+--      replica returns only what it was granted. (It gives back all it has not admitted on each call,
+--      so after the call it holds the new grant alone.)
+--   3. The item is decided with its cost plus an extra slice for the replica to admit from locally:
+--      at most `want`, at most what the key admits divided by twice the reservers, at least nothing.
+--      So as the key runs out the slices shrink to none and each decision is made here again. A
+--      denied item is counted as any consuming call counts it (a fixed window counts denials).
+-- Returns the extra units granted (0 when denied). ARGV[4..8]: want, give_back, the replica's id,
+-- the lease in ms, how long the hash outlives its last reservation in ms.
+local MAX_RESERVERS = 256
+local ZERO = { 0 }
+
+-- The window a slice belongs to: a window algorithm's current window start; 0 for the buckets, whose
+-- units stay good until the lease ends.
+local function slice_window(now)
+  if alg_of[1] == 0 then
+    return start_of[1]
+  elseif alg_of[1] == 1 then
+    return now - math.fmod(now, lim_of[1].w)
+  end
+  return 0
+end
+
+local function reserve(keys, now, want, give_back, replica, lease_ms, keep_ms)
+  local reservers, now_ms, window = keys[2], math.floor(now / 1000), slice_window(now)
+  local take, held, live, mine = cost_of[1], 0, 1, false
+  -- held: the units of this replica's last grant in this window, the most it may give back.
+  local fields = redis.call('HGETALL', reservers)
+  for j = 1, #fields, 2 do
+    local units, until_ms, at = string.match(fields[j + 1], '^(%d+):(%d+):(%d+)$')
+    if fields[j] == replica then
+      mine = true
+      if tonumber(at) == window then
+        held = tonumber(units)
+      end
+    elseif until_ms and tonumber(until_ms) > now_ms then
+      live = live + 1
+    else
+      redis.call('HDEL', reservers, fields[j])
+    end
+  end
+  local back = math.min(give_back, held)
+  if back > 0 then
+    cost_of[1] = back
+    refund_all(1, now)
+    write_refunded_counters(1)
+    write_states(1)
+    remove_broken()
+    -- The decision below starts from what the refund left.
+    raw[1] = redis.call('GET', keys[1])
+    written[1] = false
+  end
+  local grant = take
+  -- A new reserver is admitted while the hash has room; past MAX_RESERVERS, decisions are made here.
+  if want > 0 and take > 0 and (mine or #fields < 2 * MAX_RESERVERS) then
+    run(1, ZERO, now)
+    local room = remaining[1]
+    if allowed[1] and room >= take then
+      grant = math.min(room, take + want, math.max(take, math.floor(room / (2 * live))))
+    end
+  end
+  cost_of[1] = grant
+  run(1, cost_of, now)
+  write_counters(1, cost_of)
+  write_states(1)
+  remove_broken()
+  -- The replica gives back everything it has not admitted whenever it calls, so what it holds from
+  -- now on is this grant alone (units of an earlier grant it admitted are spent, not held).
+  local extra = allowed[1] and grant - take or 0
+  if extra > 0 then
+    redis.call('HSET', reservers, replica,
+      int_str(extra) .. ':' .. int_str(now_ms + lease_ms) .. ':' .. int_str(window))
+    redis.call('PEXPIRE', reservers, keep_ms)
+  elseif mine then
+    redis.call('HDEL', reservers, replica)
+  end
+  return extra
+end
+
 local function tollgate_batch(keys, args)
   for j = 1, broken_count do
     broken[broken_slots[j]] = nil
@@ -442,8 +529,17 @@ local function tollgate_batch(keys, args)
   local policy, limits, items = tonumber(args[1]), args[2], args[3]
   -- A refund with a token (a fourth argument) sends one single-use marker key per item after the
   -- items' keys.
-  local marker_ttl = nil
-  if #args == 4 and policy == 4 and n % 2 == 0 then
+  local marker_ttl, reservation = nil, nil
+  if policy == 5 then
+    -- A reservation: one item, then its reservers hash (see reserve above).
+    local want, give_back, lease_ms, keep_ms = tonumber(args[4]), tonumber(args[5]), tonumber(args[7]), tonumber(args[8])
+    if n ~= 2 or #args ~= 8 or not (want and give_back and lease_ms and keep_ms and want >= 0
+        and give_back >= 0 and lease_ms >= 1 and keep_ms >= lease_ms and #args[6] > 0) then
+      return redis.error_reply('ERR tollgate: a reservation takes one item, its reservers key, want, give back, a replica id, a lease and a keep time')
+    end
+    n = 1
+    reservation = { want = want, give_back = give_back, replica = args[6], lease_ms = lease_ms, keep_ms = keep_ms }
+  elseif #args == 4 and policy == 4 and n % 2 == 0 then
     n = n / 2
     marker_ttl = tonumber(args[4])
     if not (marker_ttl and marker_ttl >= 1 and marker_ttl % 1 == 0) then
@@ -453,8 +549,8 @@ local function tollgate_batch(keys, args)
     return redis.error_reply('ERR tollgate: expected a policy, the limits and the items (and, for a refund, a marker TTL)')
   end
   if #items ~= 40 * n or #limits % 32 ~= 0 or not (policy == 0 or policy == 1 or policy == 2
-      or policy == 3 or policy == 4) then
-    return redis.error_reply('ERR tollgate: expected a policy 0..4, 32 bytes per limit and 40 per key')
+      or policy == 3 or policy == 4 or policy == 5) then
+    return redis.error_reply('ERR tollgate: expected a policy 0..5, 32 bytes per limit and 40 per key')
   end
   -- Unsigned integers, so every field is a non-negative integer without a check.
   local unpack_fields, pos = struct.unpack, 1
@@ -508,7 +604,11 @@ local function tollgate_batch(keys, args)
     end
   end
 
-  if policy == 4 then
+  local extra = nil
+  if reservation then
+    local r = reservation
+    extra = reserve(keys, now, r.want, r.give_back, r.replica, r.lease_ms, r.keep_ms)
+  elseif policy == 4 then
     refund_all(n, now, marker_ttl and keys, marker_ttl)
     write_refunded_counters(n)
     write_states(n)
@@ -546,6 +646,11 @@ local function tollgate_batch(keys, args)
     if broken[first_of[i]] then
       reply_parts[i + 1] = pack('<Bddd', (allowed[i] and 1 or 0) + 2, remaining[i], reset[i], retry[i])
     end
+  end
+  if extra then
+    -- A reservation's reply ends with the extra units granted.
+    reply_parts[n + 2] = pack('<d', extra)
+    return table.concat(reply_parts, '', 1, n + 2)
   end
   return table.concat(reply_parts, '', 1, n + 1)
 end

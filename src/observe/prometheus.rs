@@ -20,7 +20,7 @@ use super::text_format::render_histogram;
 pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String {
     let mut out = String::with_capacity(4096);
     go_series::render(metrics, &store, go, &mut out);
-    let counters: [(&str, &str, u64); 31] = [
+    let counters: [(&str, &str, u64); 36] = [
         (
             "tollgate_domain_not_found_total",
             "Requests for an unknown domain.",
@@ -95,6 +95,31 @@ pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String 
             "tollgate_redis_impossible_states_total",
             "Items whose Redis key held a value no Tollgate could have written (NaN, an infinity, a negative count, a time far ahead): decided as no state and repaired.",
             store.redis_impossible_states,
+        ),
+        (
+            "tollgate_hot_key_reservations_total",
+            "Hot-key reservation calls to Redis (TOLLGATE_HOT_KEY_RATE): each decides a request and grants this replica a slice of the key, or gives unspent units back.",
+            store.hot_keys.reservations,
+        ),
+        (
+            "tollgate_hot_key_units_granted_total",
+            "Units Redis granted to this replica's hot-key slices beyond the requests that asked.",
+            store.hot_keys.units_granted,
+        ),
+        (
+            "tollgate_hot_key_units_returned_total",
+            "Unspent hot-key units offered back to Redis when a slice was renewed or its lease ended (Redis takes them only within the window that granted them).",
+            store.hot_keys.units_returned,
+        ),
+        (
+            "tollgate_hot_key_local_decisions_total",
+            "Decisions admitted from a hot-key slice, without a Redis call.",
+            store.hot_keys.local_decisions,
+        ),
+        (
+            "tollgate_hot_key_table_full_total",
+            "Hot-key decisions made in Redis because 4,096 keys already held slices.",
+            store.hot_keys.table_full,
         ),
         (
             "tollgate_memory_evictions_total",
@@ -195,6 +220,12 @@ pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String 
         "# HELP {name} Entries in the embedded store (and the failure_mode: local fallback).\n# TYPE {name} gauge\n{name} {}",
         store.memory_keys
     );
+    let hot = store.hot_keys;
+    let _ = writeln!(
+        out,
+        "# HELP tollgate_hot_keys Keys holding a hot-key slice on this replica.\n# TYPE tollgate_hot_keys gauge\ntollgate_hot_keys {}\n# HELP tollgate_hot_key_units_held Units held in hot-key slices, not yet admitted.\n# TYPE tollgate_hot_key_units_held gauge\ntollgate_hot_key_units_held {}",
+        hot.keys, hot.units_held
+    );
     let name = "tollgate_store_up";
     let _ = writeln!(
         out,
@@ -274,6 +305,11 @@ mod tests {
                     closed: 2,
                 }),
                 redis_per_second_pool: None,
+                hot_keys: tollgate_core::store::HotKeyCounters {
+                    local_decisions: 13,
+                    units_held: 14,
+                    ..Default::default()
+                },
             },
             &DEFAULT,
         );
@@ -283,6 +319,8 @@ mod tests {
         );
         assert!(text.contains("ratelimit_service_rate_limit_over_limit{domain=\"api\",key1=\"path_/login\",key2=\"remote_address\"} 1"), "{text}");
         assert!(text.contains("tollgate_local_cache_hits_total 7"));
+        assert!(text.contains("tollgate_hot_key_local_decisions_total 13"));
+        assert!(text.contains("tollgate_hot_key_units_held 14"));
         assert!(text.contains("tollgate_redis_batches_total 40"));
         assert!(text.contains("tollgate_redis_script_calls_total 3"));
         assert!(text.contains("tollgate_redis_expires_sent_total 6"));

@@ -37,12 +37,12 @@ pub(super) fn pinged(store: &AnyStore) -> Pinged {
     match store {
         AnyStore::Memory(_) => Vec::new(),
         AnyStore::Redis(stores) => {
-            let mut pinged = vec![("redis", Arc::clone(stores.main.inner()))];
+            let mut pinged = vec![("redis", Arc::clone(stores.main.redis()))];
             pinged.extend(
                 stores
                     .per_second
                     .as_ref()
-                    .map(|cache| ("redis_persecond", Arc::clone(cache.inner()))),
+                    .map(|cache| ("redis_persecond", Arc::clone(cache.redis()))),
             );
             pinged
         }

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use tollgate_core::store::hot_keys::{self, HotKeyOptions};
 use tollgate_core::store::redis::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONNECTIONS, DEFAULT_DEADLINE, DEFAULT_EXPIRATION_JITTER_SECS,
     RedisOptions, RedisTarget, without_userinfo,
@@ -45,11 +46,19 @@ pub struct StoreSettings {
     /// service's commands) instead of the batch script: the same answers and keys for a fraction of
     /// Redis' CPU. Off sends every request through the script.
     pub redis_pipeline_fixed_windows: bool,
+    /// Decisions per second on one Redis key, on this replica, from which the replica admits from
+    /// slices reserved in Redis (0, the default: never; see `tollgate_core::store::hot_keys`).
+    pub hot_key_rate: u64,
+    /// How long a reserved slice may be admitted from before its unspent units go back.
+    pub hot_key_lease: Duration,
     /// `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`: once Redis has answered, readiness follows whether it
     /// answers (by default a Redis outage leaves the service ready and the rules' failure modes answer,
     /// as in the Go service).
     pub redis_health_check_active_connection: bool,
 }
+
+/// The longest hot-key lease accepted.
+const MAX_HOT_KEY_LEASE: Duration = Duration::from_secs(60);
 
 /// One Redis: the main one (`REDIS_*`) or the per-second one (`REDIS_PERSECOND_*`).
 #[derive(Clone)]
@@ -148,6 +157,8 @@ impl StoreSettings {
                 DEFAULT_EXPIRATION_JITTER_SECS,
             )?,
             redis_pipeline_fixed_windows: r.get("redis_pipeline_fixed_windows", Go::None, true)?,
+            hot_key_rate: r.get("hot_key_rate", Go::None, 0)?,
+            hot_key_lease: r.get("hot_key_lease", Go::None, hot_keys::DEFAULT_LEASE)?,
             redis_health_check_active_connection: r.get(
                 "redis_health_check_active_connection",
                 Go::Same,
@@ -176,6 +187,13 @@ impl StoreSettings {
         if self.redis_deadline.is_zero() {
             return Err(origins.bad("redis_deadline", "0s", "must be longer than zero"));
         }
+        if self.hot_key_lease.is_zero() || self.hot_key_lease > MAX_HOT_KEY_LEASE {
+            return Err(origins.bad(
+                "hot_key_lease",
+                &format!("{:?}", self.hot_key_lease),
+                "must be longer than zero and at most 60s (units a replica holds are lost to the others until it ends)",
+            ));
+        }
         if self.memory_max_keys == 0 {
             return Err(origins.bad(
                 "memory_max_keys",
@@ -198,6 +216,12 @@ impl StoreSettings {
     }
 
     pub(super) fn unused(&self, warnings: &mut Vec<String>) {
+        if self.hot_key_rate > 0 && self.redis.url.trim().is_empty() {
+            warnings.push(
+                "ignoring TOLLGATE_HOT_KEY_RATE: there is no REDIS_URL, and the embedded store decides locally anyway"
+                    .into(),
+            );
+        }
         if !self.redis_persecond && !self.per_second.url.is_empty() {
             warnings.push(
                 "ignoring REDIS_PERSECOND_URL: REDIS_PERSECOND is false, every limit is in REDIS_URL".into(),
@@ -235,6 +259,10 @@ impl StoreSettings {
             per_second: self
                 .per_second_target(origins)?
                 .map(|target| redis(target, &self.per_second)),
+            hot_keys: HotKeyOptions {
+                rate: self.hot_key_rate,
+                lease: self.hot_key_lease,
+            },
         })
     }
 

@@ -16,6 +16,7 @@ mod faults;
 mod grpc;
 mod headers;
 mod hostile_input;
+mod hot_keys;
 mod json_endpoint;
 mod limiter;
 mod metrics;

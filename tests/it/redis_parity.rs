@@ -13,7 +13,7 @@ use redis::aio::MultiplexedConnection;
 use tollgate_core::algorithm::{Algorithm, Limit};
 use tollgate_core::clock::ManualClock;
 use tollgate_core::store::memory::MemoryStore;
-use tollgate_core::store::redis::script::{BatchScript, ScriptItem, ScriptReply};
+use tollgate_core::store::redis::script::{BatchScript, ScriptItem, ScriptReply, Tail};
 use tollgate_core::store::{Batch, BatchItem, CommitPolicy, Store};
 
 use crate::common::redis::{RedisServer, command_calls};
@@ -127,7 +127,7 @@ impl Harness {
     async fn call(&mut self, items: &[ScriptItem<'_>], policy: CommitPolicy) -> ScriptReply {
         let reply: redis::Value = self
             .script
-            .call(&mut self.conn, items, policy, None)
+            .call(&mut self.conn, items, policy, Tail::None)
             .await
             .expect("script runs");
         BatchScript::decode(reply, items.len()).expect("reply decodes")
@@ -1084,7 +1084,7 @@ async fn malformed_arguments_are_rejected() {
     let function = h.script.function().to_owned();
     let reply = h
         .script
-        .call(&mut h.conn, &[], CommitPolicy::Independent, None)
+        .call(&mut h.conn, &[], CommitPolicy::Independent, Tail::None)
         .await
         .expect("empty batch (loads the library)");
     assert_eq!(

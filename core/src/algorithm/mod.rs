@@ -203,6 +203,10 @@ pub struct Decision {
     /// The denial came from the over-limit cache in front of the store, which the request never
     /// reached (envoyproxy/ratelimit's `over_limit_with_local_cache`).
     pub from_local_cache: bool,
+    /// The admission came from a hot-key slice this replica holds (`crate::store::hot_keys`), whose
+    /// `remaining` is a lower bound (the slice's units), not the key's count: stats do not read it as
+    /// nearness to the limit.
+    pub from_slice: bool,
 }
 
 impl Decision {
@@ -214,6 +218,7 @@ impl Decision {
             reset_after_us,
             retry_after_us: 0,
             from_local_cache: false,
+            from_slice: false,
         }
     }
 
@@ -225,6 +230,7 @@ impl Decision {
             reset_after_us,
             retry_after_us,
             from_local_cache: false,
+            from_slice: false,
         }
     }
 }

@@ -406,6 +406,11 @@ impl<S> Limiter<S> {
             return true;
         }
         stats.within_limit.add(hits);
+        if decision.from_slice {
+            // A slice's remaining is what this replica holds, not what the key has left: no nearness
+            // can be read from it (the key's last decisions before its limit are made in Redis).
+            return false;
+        }
         let used = limit.saturating_sub(decision.remaining);
         let near = used.saturating_sub(threshold).min(hits);
         stats.near_limit.add(near);

@@ -8,6 +8,8 @@
 //! Backends: [`memory::MemoryStore`] (embedded, the default when no Redis is configured) and
 //! [`redis::RedisStore`], which [`local_cache::LocalCache`] fronts with the over-limit cache.
 
+#[cfg(feature = "redis")]
+pub mod hot_keys;
 pub mod lease;
 pub mod local_cache;
 pub mod memory;
@@ -188,6 +190,9 @@ pub struct StoreOptions {
     /// The per-second Redis, for limits whose every window is one second; `None`: they stay in `redis`.
     #[cfg(feature = "redis")]
     pub per_second: Option<redis::RedisOptions>,
+    /// When Redis keys are hot enough to admit from reserved slices ([`hot_keys`]; off by default).
+    #[cfg(feature = "redis")]
+    pub hot_keys: hot_keys::HotKeyOptions,
 }
 
 impl Default for StoreOptions {
@@ -199,6 +204,8 @@ impl Default for StoreOptions {
             redis: None,
             #[cfg(feature = "redis")]
             per_second: None,
+            #[cfg(feature = "redis")]
+            hot_keys: hot_keys::HotKeyOptions::default(),
         }
     }
 }
@@ -256,6 +263,27 @@ pub struct StoreCounters {
     pub redis_pool: Option<PoolCounters>,
     /// The same for `REDIS_PERSECOND`'s Redis (`redis_per_second_pool`).
     pub redis_per_second_pool: Option<PoolCounters>,
+    /// Hot-key reservation ([`hot_keys`]), summed over every Redis.
+    pub hot_keys: HotKeyCounters,
+}
+
+/// What hot-key reservation ([`hot_keys`]) has done: calls, units, and where things stand now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HotKeyCounters {
+    /// Reservation calls made (one decides a request and grants a slice, or gives units back).
+    pub reservations: u64,
+    /// Units granted to slices beyond the requests that asked.
+    pub units_granted: u64,
+    /// Unspent units offered back when a slice was renewed or its lease ended.
+    pub units_returned: u64,
+    /// Decisions answered from a slice, without a Redis call.
+    pub local_decisions: u64,
+    /// Hot keys decided in Redis because the slice table was full.
+    pub table_full: u64,
+    /// Keys holding a slice now.
+    pub keys: u64,
+    /// Units held in slices now, not yet admitted.
+    pub units_held: u64,
 }
 
 /// A Redis connection pool's counters, as envoyproxy/ratelimit names them.
@@ -278,7 +306,8 @@ impl AnyStore {
         if let Some(main) = options.redis {
             let cached = |redis| {
                 let store = redis::RedisStore::start(redis, Arc::clone(&clock), stop.clone());
-                local_cache::LocalCache::new(store, options.local_cache_bytes, Arc::clone(&clock))
+                let hot = hot_keys::HotKeys::start(store, options.hot_keys, Arc::clone(&clock), stop.clone());
+                local_cache::LocalCache::new(hot, options.local_cache_bytes, Arc::clone(&clock))
             };
             let main = cached(main);
             let per_second = options.per_second.map(cached);
@@ -300,30 +329,47 @@ impl AnyStore {
             },
             #[cfg(feature = "redis")]
             AnyStore::Redis(stores) => StoreCounters {
-                redis_pool: stores.main.inner().pool_counters(),
-                redis_per_second_pool: stores.per_second.as_ref().and_then(|s| s.inner().pool_counters()),
+                redis_pool: stores.main.redis().pool_counters(),
+                redis_per_second_pool: stores.per_second.as_ref().and_then(|s| s.redis().pool_counters()),
+                hot_keys: stores.all().fold(HotKeyCounters::default(), |sum, cache| {
+                    let hot = cache.inner();
+                    let counts = hot.counts();
+                    let read = |counter: &std::sync::atomic::AtomicU64| {
+                        counter.load(std::sync::atomic::Ordering::Relaxed)
+                    };
+                    HotKeyCounters {
+                        reservations: sum.reservations + read(&counts.reservations),
+                        units_granted: sum.units_granted + read(&counts.units_granted),
+                        units_returned: sum.units_returned + read(&counts.units_returned),
+                        local_decisions: sum.local_decisions + read(&counts.local_decisions),
+                        table_full: sum.table_full + read(&counts.table_full),
+                        keys: sum.keys + hot.keys(),
+                        units_held: sum.units_held + hot.held_units(),
+                    }
+                }),
                 ..stores.all().fold(StoreCounters::default(), |sum, cache| {
-                    let (sent, skipped, repaired) = cache.inner().expires();
+                    let (sent, skipped, repaired) = cache.redis().expires();
                     StoreCounters {
                         local_cache_hits: sum.local_cache_hits + cache.hits(),
-                        redis_batches: sum.redis_batches + cache.inner().batches(),
-                        redis_script_calls: sum.redis_script_calls + cache.inner().script_calls(),
-                        redis_pipelines: sum.redis_pipelines + cache.inner().pipelines(),
+                        redis_batches: sum.redis_batches + cache.redis().batches(),
+                        redis_script_calls: sum.redis_script_calls + cache.redis().script_calls(),
+                        redis_pipelines: sum.redis_pipelines + cache.redis().pipelines(),
                         redis_expires_sent: sum.redis_expires_sent + sent,
                         redis_expires_skipped: sum.redis_expires_skipped + skipped,
                         redis_ttl_repairs: sum.redis_ttl_repairs + repaired,
-                        redis_queue_full: sum.redis_queue_full + cache.inner().queue_full(),
-                        redis_abandoned: sum.redis_abandoned + cache.inner().abandoned(),
+                        redis_queue_full: sum.redis_queue_full + cache.redis().queue_full(),
+                        redis_abandoned: sum.redis_abandoned + cache.redis().abandoned(),
                         redis_stalled_connections: sum.redis_stalled_connections
-                            + cache.inner().stalled_connections(),
+                            + cache.redis().stalled_connections(),
                         redis_impossible_states: sum.redis_impossible_states
-                            + cache.inner().impossible_states(),
+                            + cache.redis().impossible_states(),
                         memory_evictions: 0,
                         memory_refused: 0,
                         memory_keys: 0,
                         lease_slots: None,
                         redis_pool: None,
                         redis_per_second_pool: None,
+                        hot_keys: HotKeyCounters::default(),
                     }
                 })
             },
@@ -338,9 +384,9 @@ impl std::fmt::Display for AnyStore {
             AnyStore::Memory(_) => f.write_str("embedded"),
             #[cfg(feature = "redis")]
             AnyStore::Redis(stores) => {
-                write!(f, "redis {}", stores.main.inner().target())?;
+                write!(f, "redis {}", stores.main.redis().target())?;
                 if let Some(per_second) = &stores.per_second {
-                    write!(f, ", per-second redis {}", per_second.inner().target())?;
+                    write!(f, ", per-second redis {}", per_second.redis().target())?;
                 }
                 Ok(())
             }
@@ -354,7 +400,7 @@ impl AnyStore {
         match self {
             AnyStore::Memory(_) => false,
             #[cfg(feature = "redis")]
-            AnyStore::Redis(stores) => stores.all().any(|cache| cache.inner().is_cluster()),
+            AnyStore::Redis(stores) => stores.all().any(|cache| cache.redis().is_cluster()),
         }
     }
 }

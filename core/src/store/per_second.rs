@@ -21,13 +21,21 @@
 
 use std::sync::Arc;
 
+use super::hot_keys::HotKeys;
 use super::local_cache::LocalCache;
 use super::redis::RedisStore;
 use super::{Batch, BatchItem, CommitPolicy, Store, StoreError, lease};
 use crate::algorithm::Decision;
 
-/// A Redis store behind its local over-limit cache.
-pub type CachedRedis = LocalCache<Arc<RedisStore>>;
+/// A Redis store behind hot-key reservation and its local over-limit cache.
+pub type CachedRedis = LocalCache<Arc<HotKeys<Arc<RedisStore>>>>;
+
+impl CachedRedis {
+    /// The Redis store underneath.
+    pub fn redis(&self) -> &Arc<RedisStore> {
+        self.inner().inner()
+    }
+}
 
 /// The main Redis and, with `REDIS_PERSECOND`, the per-second one.
 #[derive(Debug)]

@@ -23,7 +23,7 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 
 use super::coalesce::Answers;
-use super::script::{BatchScript, ReplyError, ScriptItem};
+use super::script::{BatchScript, ReplyError, ScriptItem, Tail};
 use super::slot_map::Routes;
 use super::{CallError, RedisStore, by_slot, place, within};
 use crate::algorithm::Decision;
@@ -117,7 +117,7 @@ impl RedisStore {
         // A refused call comes back in its place; the others ran.
         pipe.ignore_errors();
         for (_, items) in parts {
-            pipe.add_command(self.script.fcall(items, CommitPolicy::Independent, None));
+            pipe.add_command(self.script.fcall(items, CommitPolicy::Independent, Tail::None));
         }
         self.pipelines.fetch_add(1, Ordering::Relaxed);
         self.script_calls.fetch_add(parts.len() as u64, Ordering::Relaxed);

@@ -92,6 +92,19 @@ pub(crate) fn refund_marker(redis_key: &str, descriptor_key: &str, group: u32, i
     marker
 }
 
+/// The hash that counts the replicas reserving units of `redis_key` (hot-key reservations, see
+/// `lua/batch.lua`): in the key's cluster slot, so the reservation is one script call, and of a length
+/// that does not grow with the key.
+pub(crate) fn reservers_key(redis_key: &str) -> String {
+    let digest = blake3::hash(redis_key.as_bytes());
+    let mut name = String::with_capacity(64);
+    name.push('{');
+    name.push_str(&SLOT_TAGS[usize::from(slot(redis_key))]);
+    name.push_str("}reservers:");
+    name.push_str(&digest.to_hex()[..32]);
+    name
+}
+
 /// For every cluster slot, a short hash tag that lands in it (found once, by counting in base 36:
 /// about 160,000 CRC16s, a few milliseconds).
 static SLOT_TAGS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
@@ -215,6 +228,16 @@ mod tests {
         assert_eq!(slot("foo{{bar}}zap"), crc16_xmodem(b"{bar") % SLOTS);
         assert_eq!(slot("foo{bar}{zap}"), slot("bar"));
         assert_eq!(slot("foo"), 12182);
+    }
+
+    #[test]
+    fn reservers_share_their_keys_slot_whatever_the_key() {
+        for key in ["d_k_v_60", "{t}x", "a{}b", "}{", "{", "x{y", ""] {
+            let reservers = reservers_key(key);
+            assert_eq!(slot(&reservers), slot(key), "{key:?} -> {reservers}");
+            assert!(reservers.len() < 64, "{reservers}");
+        }
+        assert_ne!(reservers_key("d_k_v_60"), reservers_key("d_k_v_120"));
     }
 
     #[test]

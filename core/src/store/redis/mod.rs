@@ -17,8 +17,7 @@
 //!   automatic; a `Function not found` after a restart or `FUNCTION FLUSH` (`NOSCRIPT` after `SCRIPT
 //!   FLUSH` on the EVAL fallback) costs one reload, not a failed request.
 //!
-//! Connections are redis-rs multiplexed connections: one socket carries many requests in flight, so a
-//! checkout pool only adds waiting (docs/performance.md, "Redis connections: measured").
+//! Connections are redis-rs multiplexed (a checkout pool only adds waiting: docs/performance.md).
 
 mod clock_offset;
 mod cluster_rebuild;
@@ -30,6 +29,7 @@ mod lease;
 mod node_pool;
 mod options;
 mod pipeline;
+mod reserve;
 pub mod script;
 mod sentinel;
 mod slot_map;
@@ -549,7 +549,7 @@ impl RedisStore {
     ) -> Result<Vec<Decision>, CallError> {
         let sent_at = self.clock.now_us();
         self.script_calls.fetch_add(1, Ordering::Relaxed);
-        let call = within(timeout, self.script.call(conn, items, policy, markers));
+        let call = within(timeout, self.script.call(conn, items, policy, markers.into()));
         let reply = if self.traced() {
             // A child of the RPC span (the current span), named as the database semantic conventions
             // name client calls: the operation. Coalesced calls serve several requests and have no

@@ -31,6 +31,7 @@ use redis::aio::ConnectionLike;
 
 use crate::algorithm::{Algorithm, Decision, Limit};
 use crate::store::CommitPolicy;
+use crate::store::hot_keys::ReserveRequest;
 
 /// The Lua files in load order, concatenated with `extra` text after them: the shared helpers, every
 /// algorithm, then the driver (which must come last: it refers to the functions defined before it).
@@ -99,6 +100,73 @@ pub struct Markers<'a> {
     pub keys: &'a [&'a str],
     /// How long a claimed marker lives, in ms (at least 1).
     pub ttl_ms: u64,
+}
+
+/// A hot-key reservation (`lua/batch.lua`, policy 5): the call's single item is decided with a slice
+/// of extra units for the replica to admit from locally, after giving back units it holds. Its
+/// reservers hash is sent after the item's key, in the same slot.
+#[derive(Debug, Clone, Copy)]
+pub struct Reservation<'a> {
+    /// The key's reservers hash (one field per replica holding units of the key).
+    pub reservers: &'a str,
+    /// What to give back and ask for, by whom, for how long.
+    pub request: ReserveRequest<'a>,
+}
+
+/// What a call sends after its items' keys and arguments.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum Tail<'a> {
+    /// Nothing: a plain batch.
+    #[default]
+    None,
+    /// A refund token's single-use markers.
+    Markers(Markers<'a>),
+    /// A hot-key reservation (policy 5 whatever the batch's policy).
+    Reserve(Reservation<'a>),
+}
+
+impl<'a> From<Option<Markers<'a>>> for Tail<'a> {
+    fn from(markers: Option<Markers<'a>>) -> Self {
+        markers.map_or(Tail::None, Tail::Markers)
+    }
+}
+
+impl Tail<'_> {
+    /// The policy code the script runs (`ARGV[1]`).
+    fn policy_code(&self, policy: CommitPolicy) -> u8 {
+        match self {
+            Tail::Reserve(_) => 5,
+            _ => policy_code(policy),
+        }
+    }
+
+    /// The keys sent after the items'.
+    fn keys(&self) -> &[&str] {
+        match self {
+            Tail::None => &[],
+            Tail::Markers(markers) => markers.keys,
+            Tail::Reserve(reservation) => std::slice::from_ref(&reservation.reservers),
+        }
+    }
+
+    /// The arguments sent after the items'.
+    fn args(&self) -> Vec<String> {
+        match self {
+            Tail::None => Vec::new(),
+            Tail::Markers(markers) => vec![markers.ttl_ms.max(1).to_string()],
+            Tail::Reserve(Reservation { request: r, .. }) => {
+                let lease_ms = r.lease_us.div_ceil(1_000).max(1);
+                vec![
+                    r.want.to_string(),
+                    r.give_back.to_string(),
+                    r.replica.to_owned(),
+                    lease_ms.to_string(),
+                    // The hash only counts reservers: it must outlive every lease in it.
+                    lease_ms.saturating_mul(2).to_string(),
+                ]
+            }
+        }
+    }
 }
 
 /// The decisions of one script call and the Redis clock reading it used.
@@ -248,42 +316,37 @@ impl BatchScript {
 
     /// The `FCALL` command of one batch, to send as it is (a pipeline of them, in a Redis Cluster) when
     /// [`BatchScript::has_functions`]; its reply decodes with [`BatchScript::decode`].
-    pub fn fcall(
-        &self,
-        items: &[ScriptItem<'_>],
-        policy: CommitPolicy,
-        markers: Option<Markers<'_>>,
-    ) -> redis::Cmd {
+    pub fn fcall(&self, items: &[ScriptItem<'_>], policy: CommitPolicy, tail: Tail<'_>) -> redis::Cmd {
         let mut fcall = redis::cmd("FCALL");
-        let marker_keys = markers.map_or(&[][..], |m| m.keys);
-        fcall.arg(&self.function).arg(items.len() + marker_keys.len());
+        let tail_keys = tail.keys();
+        fcall.arg(&self.function).arg(items.len() + tail_keys.len());
         for item in items {
             fcall.arg(item.key);
         }
-        for marker in marker_keys {
-            fcall.arg(*marker);
+        for key in tail_keys {
+            fcall.arg(*key);
         }
         let (limits, fields) = pack_items(items);
-        fcall.arg(policy_code(policy)).arg(limits).arg(fields);
-        if let Some(markers) = markers {
-            fcall.arg(markers.ttl_ms.max(1));
+        fcall.arg(tail.policy_code(policy)).arg(limits).arg(fields);
+        for arg in tail.args() {
+            fcall.arg(arg);
         }
         fcall
     }
 
-    /// Runs one batch and returns the raw reply (see [`BatchScript::decode`]); a refund may claim
-    /// `markers` (see [`Markers`]). `FCALL`, and on `Function not found` a `FUNCTION LOAD REPLACE` and
-    /// a retry (up to `MAX_LOADS` times); on a server without `FCALL`, `EVALSHA` from then on
-    /// (NOSCRIPT: one `SCRIPT LOAD` and one retry).
+    /// Runs one batch and returns the raw reply (see [`BatchScript::decode`]; a reservation's decodes
+    /// with [`BatchScript::decode_reserved`]); a refund may claim markers (see [`Markers`]). `FCALL`,
+    /// and on `Function not found` a `FUNCTION LOAD REPLACE` and a retry (up to `MAX_LOADS` times); on
+    /// a server without `FCALL`, `EVALSHA` from then on (NOSCRIPT: one `SCRIPT LOAD` and one retry).
     pub async fn call<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         items: &[ScriptItem<'_>],
         policy: CommitPolicy,
-        markers: Option<Markers<'_>>,
+        tail: Tail<'_>,
     ) -> redis::RedisResult<redis::Value> {
         if self.functions.load(Ordering::Relaxed) {
-            let fcall = self.fcall(items, policy, markers);
+            let fcall = self.fcall(items, policy, tail);
             let mut loads = 0;
             loop {
                 match fcall.query_async(conn).await {
@@ -314,7 +377,7 @@ impl BatchScript {
                 }
             }
         }
-        self.invocation(items, policy, markers).invoke_async(conn).await
+        self.invocation(items, policy, tail).invoke_async(conn).await
     }
 
     /// KEYS and ARGV of the EVAL form for one batch. [`redis::ScriptInvocation::invoke_async`] sends
@@ -324,29 +387,45 @@ impl BatchScript {
         &self,
         items: &[ScriptItem<'_>],
         policy: CommitPolicy,
-        markers: Option<Markers<'_>>,
+        tail: Tail<'_>,
     ) -> redis::ScriptInvocation<'_> {
         let mut invocation = self.script.prepare_invoke();
         for item in items {
             invocation.key(item.key);
         }
-        for marker in markers.map_or(&[][..], |m| m.keys) {
-            invocation.key(*marker);
+        for key in tail.keys() {
+            invocation.key(*key);
         }
         let (limits, fields) = pack_items(items);
-        invocation.arg(policy_code(policy)).arg(limits).arg(fields);
-        if let Some(markers) = markers {
-            invocation.arg(markers.ttl_ms.max(1));
+        invocation.arg(tail.policy_code(policy)).arg(limits).arg(fields);
+        for arg in tail.args() {
+            invocation.arg(arg);
         }
         invocation
     }
 
+    /// Decodes a reservation's reply (see `lua/batch.lua`): its one decision, and the extra units
+    /// granted beyond the item's cost.
+    pub fn decode_reserved(reply: redis::Value) -> Result<(ScriptReply, u64), ReplyError> {
+        let mut bytes = bulk_bytes(reply)?;
+        let extra_at = 8 + REPLY_ITEM_BYTES;
+        if bytes.len() != extra_at + 8 {
+            return Err(ReplyError::WrongLength {
+                expected: extra_at + 8,
+                got: bytes.len(),
+            });
+        }
+        let extra = double_at(&bytes, extra_at);
+        bytes.truncate(extra_at);
+        Ok((Self::decode_bytes(bytes, 1)?, extra))
+    }
+
     /// Decodes the script's reply for `items` items: `8 + 25 × items` bytes (see `lua/batch.lua`).
     pub fn decode(reply: redis::Value, items: usize) -> Result<ScriptReply, ReplyError> {
-        let bytes = match reply {
-            redis::Value::BulkString(bytes) => bytes,
-            other => return Err(ReplyError::WrongType(format!("{other:?}"))),
-        };
+        Self::decode_bytes(bulk_bytes(reply)?, items)
+    }
+
+    fn decode_bytes(bytes: Vec<u8>, items: usize) -> Result<ScriptReply, ReplyError> {
         let expected = items.checked_mul(REPLY_ITEM_BYTES).and_then(|n| n.checked_add(8));
         if expected != Some(bytes.len()) {
             return Err(ReplyError::WrongLength {
@@ -376,6 +455,7 @@ impl BatchScript {
                 reset_after_us: double_at(item, 9),
                 retry_after_us: double_at(item, 17),
                 from_local_cache: false,
+                from_slice: false,
             });
         }
         Ok(ScriptReply {
@@ -383,6 +463,14 @@ impl BatchScript {
             decisions,
             impossible,
         })
+    }
+}
+
+/// The bytes of a reply that must be a bulk string (the script's).
+fn bulk_bytes(reply: redis::Value) -> Result<Vec<u8>, ReplyError> {
+    match reply {
+        redis::Value::BulkString(bytes) => Ok(bytes),
+        other => Err(ReplyError::WrongType(format!("{other:?}"))),
     }
 }
 
@@ -476,6 +564,22 @@ mod tests {
     }
 
     #[test]
+    fn a_reservations_reply_ends_with_the_extra_units_and_nothing_else() {
+        let Value::BulkString(mut bytes) = reply(5.0, &[(1, [7.0, 1.0, 0.0])]) else {
+            unreachable!("reply() builds a bulk string")
+        };
+        assert!(BatchScript::decode_reserved(Value::BulkString(bytes.clone())).is_err());
+        bytes.extend_from_slice(&42.0f64.to_le_bytes());
+        let (decoded, extra) = BatchScript::decode_reserved(Value::BulkString(bytes.clone())).expect("valid");
+        assert_eq!(
+            (decoded.now_us, decoded.decisions[0].remaining, extra),
+            (5, 7, 42)
+        );
+        bytes.push(0);
+        assert!(BatchScript::decode_reserved(Value::BulkString(bytes)).is_err());
+    }
+
+    #[test]
     fn decodes_doubles_saturating_as_the_rust_algorithms_do() {
         let got = BatchScript::decode(
             reply(
@@ -495,6 +599,7 @@ mod tests {
                     reset_after_us: u64::MAX,
                     retry_after_us: 0,
                     from_local_cache: false,
+                    from_slice: false,
                 },
                 Decision {
                     allowed: false,
@@ -503,6 +608,7 @@ mod tests {
                     reset_after_us: 9_007_199_254_740_992,
                     retry_after_us: 3,
                     from_local_cache: false,
+                    from_slice: false,
                 }
             ]
         );

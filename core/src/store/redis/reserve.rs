@@ -1,0 +1,74 @@
+//! Hot-key reservations on Redis: one script call that decides a request's item and grants the replica
+//! a slice of the key to admit from locally ([`crate::store::hot_keys`] decides when, and states the
+//! guarantee; `lua/batch.lua`, policy 5, does it). Never coalesced: a reservation is rare (about one
+//! per slice) and its reply is shaped differently.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::keys::reservers_key;
+use super::script::{BatchScript, Reservation, ScriptItem, ScriptReply, Tail};
+use super::{CallError, Connections, RedisStore, within};
+use crate::algorithm::Algorithm;
+use crate::store::hot_keys::{Reserve, ReserveRequest, Reserved};
+use crate::store::{Batch, CommitPolicy, StoreError};
+
+impl Reserve for Arc<RedisStore> {
+    async fn reserve(&self, request: ReserveRequest<'_>) -> Result<Reserved, StoreError> {
+        let batch = Batch::new(vec![request.item.clone()], CommitPolicy::Independent);
+        let named = self.script_items(&batch);
+        let (key, item) = &named[0];
+        let item = ScriptItem { key, ..*item };
+        let reservers = reservers_key(key);
+        let tail = Tail::Reserve(Reservation {
+            reservers: &reservers,
+            request,
+        });
+        let Some(connections) = self.connections.load_full() else {
+            return Err(StoreError::Unavailable("not connected to Redis yet".into()));
+        };
+        let slot = matches!(*connections, Connections::Cluster(_)).then(|| super::slot(key));
+        let sent_at = self.clock.now_us();
+        self.script_calls.fetch_add(1, Ordering::Relaxed);
+        let deadline = self.options.deadline;
+        let reply = connections
+            .on_whole(async |mut conn| {
+                let reply = within(
+                    deadline,
+                    self.script
+                        .call(&mut conn, &[item], CommitPolicy::Independent, tail),
+                )
+                .await;
+                reply.and_then(|value| BatchScript::decode_reserved(value).map_err(CallError::Reply))
+            })
+            .await;
+        self.observe(slot, &reply);
+        let (
+            ScriptReply {
+                now_us,
+                decisions,
+                impossible,
+            },
+            extra,
+        ) = reply.map_err(|e| e.into_store_error(deadline))?;
+        if !impossible.is_empty() {
+            self.impossible.found(1, key, now_us);
+        }
+        self.offsets.record(slot, sent_at, self.clock.now_us(), now_us);
+        let decision = decisions[0];
+        let valid_for_us = match item.limit.algorithm {
+            // The window that lent the units ends then (the fixed window's reset is its end).
+            Algorithm::FixedWindow => decision.reset_after_us,
+            Algorithm::SlidingWindow => {
+                let window = item.limit.window_us.max(1);
+                window - now_us % window
+            }
+            _ => u64::MAX,
+        };
+        Ok(Reserved {
+            decision,
+            extra,
+            valid_for_us,
+        })
+    }
+}
