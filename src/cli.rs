@@ -1,4 +1,4 @@
-//! The `tollgate` command line: `serve`, `check-config`, `query`.
+//! The `tollgate` command line: `serve`, `check-config`, `query`, `bench`, `healthcheck`, `noop-serve`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,6 +35,9 @@ enum Command {
     /// Ask a running server's gRPC health service; exit 0 when SERVING (for Docker's HEALTHCHECK in an
     /// image without a shell or curl).
     Healthcheck(HealthcheckArgs),
+    /// Serve Envoy's RateLimitService answering OK to everything and deciding nothing: the floor a rate
+    /// limit server is measured against (scripts/bench-floor.sh).
+    NoopServe(NoopServeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -81,6 +84,13 @@ fn parse_descriptor(text: &str) -> Result<Descriptor, String> {
         })
         .collect::<Result<_, _>>()
         .map(Descriptor)
+}
+
+#[derive(Debug, Args)]
+struct NoopServeArgs {
+    /// The gRPC listener's address (port 0: any free port; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    grpc_addr: std::net::SocketAddr,
 }
 
 #[derive(Debug, Args)]
@@ -223,6 +233,7 @@ pub fn main() -> ExitCode {
         Command::Query(args) => query(args),
         Command::Bench(args) => report(bench(args)),
         Command::Healthcheck(args) => healthcheck(args),
+        Command::NoopServe(args) => report(noop_serve(args)),
     }
 }
 
@@ -282,18 +293,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let settings = Settings::load(args.settings.as_deref(), &flags)?;
-    let runtime = match settings.listen.workers() {
-        // One worker: tokio's current-thread scheduler does the same work with no cross-thread wakeups
-        // or work-stealing queues. Measured with Redis on a shared 2-core host: 31,100 decisions/s at a
-        // p99 of 3.7 ms, against 30,000 at 4.4 ms on a one-worker multi-thread runtime.
-        1 => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?,
-        workers => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers)
-            .enable_all()
-            .build()?,
-    };
+    let runtime = runtime(settings.listen.workers())?;
     let _context = runtime.enter();
     let traces = crate::observe::telemetry::TraceSettings::from_settings(&settings.telemetry)?;
     let telemetry = crate::observe::telemetry::init(
@@ -315,6 +315,25 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         telemetry.shutdown().await;
         result
     })
+}
+
+/// The runtime a server runs on, with `workers` worker threads.
+fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    match workers {
+        // One worker: tokio's current-thread scheduler does the same work with no cross-thread wakeups
+        // or work-stealing queues. Measured with Redis on a shared 2-core host: 31,100 decisions/s at a
+        // p99 of 3.7 ms, against 30,000 at 4.4 ms on a one-worker multi-thread runtime.
+        1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        workers => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build(),
+    }
+}
+
+/// The no-op server, on the runtime `serve` would pick by default on this machine.
+fn noop_serve(args: NoopServeArgs) -> anyhow::Result<()> {
+    runtime(crate::settings::default_workers())?.block_on(crate::loadgen::noop::serve(args.grpc_addr))
 }
 
 fn bench(args: BenchArgs) -> anyhow::Result<()> {

@@ -270,6 +270,11 @@ impl ListenSettings {
         if self.worker_threads > 0 {
             return self.worker_threads;
         }
-        std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
+        default_workers()
     }
+}
+
+/// The runtime worker threads when `WORKER_THREADS` is 0: the CPUs but one, at least one.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
 }

@@ -28,7 +28,10 @@ mod values;
 
 pub use answers::AnswerSettings;
 pub use decisions::DecisionSettings;
-pub use listen::{DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_REQUEST_BYTES, ListenSettings, RESERVED_FILES};
+pub use listen::{
+    DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_REQUEST_BYTES, ListenSettings, RESERVED_FILES,
+    default_workers,
+};
 pub use rules::{DEFAULT_CONFIG_DIR, RulesSettings, XdsSettings};
 pub use stats::{Mogrifier, StatsSettings};
 pub use store::{RedisEndpoint, StoreSettings};

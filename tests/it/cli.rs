@@ -1496,3 +1496,29 @@ async fn bench_open_loop_sends_at_the_offered_rate() {
     assert!(stdout.contains("p99.9"), "{stdout}");
     served.terminate().await;
 }
+
+/// `tollgate noop-serve`, the benchmarks' floor, answers every request OK with a status per descriptor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noop_serve_answers_ok_and_decides_nothing() {
+    let mut command = tollgate(&["noop-serve", "--grpc-addr", "127.0.0.1:0"], &[]);
+    command.stdout(Stdio::piped());
+    let mut child = Guard(command.spawn().expect("spawn tollgate"));
+    let stdout = child.0.stdout.take().expect("stdout piped");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    })
+    .await
+    .expect("reader")
+    .expect("the bound address is printed");
+    let grpc: SocketAddr = line
+        .trim()
+        .strip_prefix("tollgate noop-serve: grpc ")
+        .and_then(|addr| addr.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    for _ in 0..3 {
+        let answer = ask_user(grpc, "any-domain", "u").await;
+        assert_eq!(answer.overall_code, WireCode::Ok as i32);
+        assert_eq!(answer.statuses.len(), 1);
+    }
+}
