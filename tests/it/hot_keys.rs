@@ -470,3 +470,54 @@ async fn a_reservation_cancelled_in_flight_does_not_stall_its_key() {
     );
     stop.cancel();
 }
+
+/// A request with a hot descriptor and a cold one of two limits: the hot one is answered from a slice
+/// or a reservation, the cold group goes to Redis as one batch, and every decision comes back in its
+/// place; the hot key still admits exactly its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_descriptor_beside_cold_ones_keeps_every_decision_in_its_place() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let (replicas, stop) = replicas(&redis.url(), "single", 1, Duration::from_secs(1)).await;
+    let replica = &replicas[0];
+    let hot = limit(Algorithm::TokenBucket, 100);
+    let (per_hour, per_day) = (
+        limit(Algorithm::FixedWindow, 7),
+        Limit {
+            window_us: 86_400_000_000,
+            ..limit(Algorithm::FixedWindow, 9)
+        },
+    );
+    let mut admitted = 0;
+    for i in 0..300 {
+        let item = |key: String, limit, group| BatchItem {
+            key,
+            limit,
+            cost: 1,
+            group,
+        };
+        let batch = Batch::new(
+            vec![
+                item(format!("cold_{i}_"), per_hour, 0),
+                item(format!("cold_{i}_"), per_day, 0),
+                item("mixed_hot_".into(), hot, 1),
+            ],
+            CommitPolicy::Independent,
+        );
+        let decisions = replica.apply(&batch).await.expect("Redis answers");
+        assert_eq!(decisions.len(), 3);
+        assert!(
+            decisions[0].allowed && decisions[1].allowed,
+            "request {i}: {decisions:?}"
+        );
+        assert_eq!(
+            (decisions[0].remaining, decisions[1].remaining),
+            (6, 8),
+            "request {i}"
+        );
+        admitted += usize::from(decisions[2].allowed);
+    }
+    assert_eq!(admitted, 100);
+    assert!(replica.counts().local_decisions.load(Ordering::Relaxed) > 0);
+    stop.cancel();
+}

@@ -516,7 +516,12 @@ impl<S: Reserve> Store for Arc<HotKeys<S>> {
         let now = self.clock.now_us();
         let items = &batch.items;
         let mut plans: Vec<Plan<'_, S>> = if items.len() == 1 {
-            vec![self.plan_alone(&items[0], now).await]
+            // The common request, one descriptor: a cold key goes on with nothing allocated here.
+            match self.plan_alone(&items[0], now).await {
+                Plan::Send | Plan::Wait(_) => return self.inner.apply(batch).await,
+                Plan::Local(decision) => return Ok(vec![decision]),
+                plan => vec![plan],
+            }
         } else {
             (0..items.len())
                 .map(|at| match alone(items, at).then(|| self.plan(&items[at], now)) {
