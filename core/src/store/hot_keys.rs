@@ -190,13 +190,15 @@ enum Plan<'a, S: Reserve> {
 struct Pending<'a, S: Reserve> {
     hot: &'a HotKeys<S>,
     item: &'a BatchItem,
+    /// The item's hash in the slice table.
+    hash: u64,
     landed: bool,
 }
 
 impl<S: Reserve> Drop for Pending<'_, S> {
     fn drop(&mut self) {
         if !self.landed {
-            self.hot.land(self.item, None, 0);
+            self.hot.land(self.item, self.hash, None, 0);
         }
     }
 }
@@ -277,19 +279,32 @@ impl<S: Reserve> HotKeys<S> {
         lock(&self.slices[(hash >> 60) as usize % SHARDS])
     }
 
-    /// What to do with `item`, a descriptor's only limit, at `now_us`.
-    fn plan<'a>(&'a self, item: &'a BatchItem, now_us: u64) -> Plan<'a, S> {
+    /// The item's hash in the slice table and its rate on this replica, counting this decision; `None`
+    /// for an item that never reserves (a peek, a sliding log).
+    fn measure(&self, item: &BatchItem, now_us: u64) -> Option<(u64, u64)> {
         if item.cost == 0 || item.limit.algorithm == Algorithm::SlidingLog {
-            return Plan::Send;
+            return None;
         }
         let hash = self.hasher.hash_one((&item.key, &item.limit));
-        let rate = self.rate(hash, now_us);
+        Some((hash, self.rate(hash, now_us)))
+    }
+
+    /// What to do with `item`, a descriptor's only limit, at `now_us`.
+    fn plan<'a>(&'a self, item: &'a BatchItem, now_us: u64) -> Plan<'a, S> {
+        match self.measure(item, now_us) {
+            Some((hash, rate)) => self.plan_measured(item, hash, rate, now_us),
+            None => Plan::Send,
+        }
+    }
+
+    /// [`HotKeys::plan`] for an item measured already.
+    fn plan_measured<'a>(&'a self, item: &'a BatchItem, hash: u64, rate: u64, now_us: u64) -> Plan<'a, S> {
         // A key cooling down still spends the slice it holds.
         if rate.saturating_mul(2) < self.options.rate {
             return Plan::Send;
         }
         let mut shard = self.shard(hash);
-        let found = shard.find_mut(hash, |s| s.limit == item.limit && s.key == item.key);
+        let found = shard.find_mut(hash, same_key(item));
         let slice = match found {
             Some(Slice {
                 busy: Some(landed), ..
@@ -334,6 +349,7 @@ impl<S: Reserve> HotKeys<S> {
             pending: Pending {
                 hot: self,
                 item,
+                hash,
                 landed: false,
             },
         }
@@ -352,21 +368,9 @@ impl<S: Reserve> HotKeys<S> {
         give_back: u64,
         sent_us: u64,
     ) -> Result<Decision, StoreError> {
-        self.counts.reservations.fetch_add(1, Ordering::Relaxed);
-        self.counts.units_returned.fetch_add(give_back, Ordering::Relaxed);
-        let item = pending.item;
-        let result = self
-            .inner
-            .reserve(ReserveRequest {
-                item,
-                want,
-                give_back,
-                replica: &self.replica,
-                lease_us: self.lease_us(),
-            })
-            .await;
+        let result = self.call(pending.item, want, give_back).await;
         pending.landed = true;
-        self.land(item, result.as_ref().ok(), sent_us);
+        self.land(pending.item, pending.hash, result.as_ref().ok(), sent_us);
         let reserved = result?;
         Ok(Decision {
             // What the key admits now is at least what Redis left plus this replica's slice.
@@ -375,12 +379,25 @@ impl<S: Reserve> HotKeys<S> {
         })
     }
 
-    /// Files what a reservation for `item` brought (`None`: failed or cancelled) and wakes the requests
-    /// waiting for it. A slice granted nothing is dropped.
-    fn land(&self, item: &BatchItem, reserved: Option<&Reserved>, sent_us: u64) {
-        let hash = self.hasher.hash_one((&item.key, &item.limit));
+    /// One reservation call (a give-back alone when `item` costs nothing and `want` is 0), counted.
+    async fn call(&self, item: &BatchItem, want: u64, give_back: u64) -> Result<Reserved, StoreError> {
+        self.counts.reservations.fetch_add(1, Ordering::Relaxed);
+        self.counts.units_returned.fetch_add(give_back, Ordering::Relaxed);
+        let request = ReserveRequest {
+            item,
+            want,
+            give_back,
+            replica: &self.replica,
+            lease_us: self.lease_us(),
+        };
+        self.inner.reserve(request).await
+    }
+
+    /// Files what a reservation for `item` (at `hash`) brought (`None`: failed or cancelled) and wakes
+    /// the requests waiting for it. A slice granted nothing is dropped.
+    fn land(&self, item: &BatchItem, hash: u64, reserved: Option<&Reserved>, sent_us: u64) {
         let mut shard = self.shard(hash);
-        let Ok(mut slice) = shard.find_entry(hash, |s| s.limit == item.limit && s.key == item.key) else {
+        let Ok(mut slice) = shard.find_entry(hash, same_key(item)) else {
             return;
         };
         if let Some(waiting) = slice.get_mut().busy.take() {
@@ -403,7 +420,10 @@ impl<S: Reserve> HotKeys<S> {
     /// for it (at most a lease) rather than adding a Redis call: on a hot key that is one round trip
     /// anyway, and the new slice usually answers. Waits once; a second in-flight reservation sends.
     async fn plan_alone<'a>(&'a self, item: &'a BatchItem, now_us: u64) -> Plan<'a, S> {
-        let notify = match self.plan(item, now_us) {
+        let Some((hash, rate)) = self.measure(item, now_us) else {
+            return Plan::Send;
+        };
+        let notify = match self.plan_measured(item, hash, rate, now_us) {
             Plan::Wait(notify) => notify,
             other => return other,
         };
@@ -411,26 +431,24 @@ impl<S: Reserve> HotKeys<S> {
         tokio::pin!(landed);
         // Registered before looking again, so a reservation landing in between is not missed.
         landed.as_mut().enable();
-        if self.busy(item) {
+        let busy = self
+            .shard(hash)
+            .find(hash, same_key(item))
+            .is_some_and(|slice| slice.busy.is_some());
+        if busy {
             let _ = tokio::time::timeout(self.options.lease, landed).await;
         }
-        match self.plan(item, self.clock.now_us()) {
+        // The same decision, counted once in the rate.
+        match self.plan_measured(item, hash, rate, self.clock.now_us()) {
             Plan::Wait(_) => Plan::Send,
             other => other,
         }
     }
 
-    /// Whether a reservation for `item`'s key is in flight.
-    fn busy(&self, item: &BatchItem) -> bool {
-        let hash = self.hasher.hash_one((&item.key, &item.limit));
-        self.shard(hash)
-            .find(hash, |s| s.limit == item.limit && s.key == item.key)
-            .is_some_and(|slice| slice.busy.is_some())
-    }
-
     /// Gives back the unspent units of every slice whose lease has ended and drops it.
     async fn give_back_ended(&self) {
         let now = self.clock.now_us();
+        // Each ended slice's key, as a costless item, and its unspent units.
         let mut ended = Vec::new();
         for shard in &self.slices {
             let mut shard = lock(shard);
@@ -439,29 +457,19 @@ impl<S: Reserve> HotKeys<S> {
                     return true;
                 }
                 if slice.units > 0 {
-                    ended.push(BatchItem {
+                    let item = BatchItem {
                         key: slice.key.clone(),
                         limit: slice.limit,
-                        cost: slice.units,
+                        cost: 0,
                         group: 0,
-                    });
+                    };
+                    ended.push((item, slice.units));
                 }
                 false
             });
         }
-        for item in ended {
-            let give_back = item.cost;
-            let item = BatchItem { cost: 0, ..item };
-            self.counts.reservations.fetch_add(1, Ordering::Relaxed);
-            self.counts.units_returned.fetch_add(give_back, Ordering::Relaxed);
-            let request = ReserveRequest {
-                item: &item,
-                want: 0,
-                give_back,
-                replica: &self.replica,
-                lease_us: self.lease_us(),
-            };
-            if let Err(error) = self.inner.reserve(request).await {
+        for (item, give_back) in ended {
+            if let Err(error) = self.call(&item, 0, give_back).await {
                 tracing::debug!(%error, "unspent hot-key units could not be given back; they lapse");
             }
         }
@@ -480,6 +488,11 @@ async fn sweep<S: Reserve>(hot: Weak<HotKeys<S>>, every: Duration, stop: Cancell
         let Some(hot) = hot.upgrade() else { return };
         hot.give_back_ended().await;
     }
+}
+
+/// Finds `item`'s slice in the table.
+fn same_key(item: &BatchItem) -> impl Fn(&Slice) -> bool + '_ {
+    move |slice| slice.limit == item.limit && slice.key == item.key
 }
 
 fn lock(shard: &Mutex<HashTable<Slice>>) -> MutexGuard<'_, HashTable<Slice>> {
