@@ -59,7 +59,7 @@ fn rules_yaml() -> String {
 fn limiter(algorithm: Algorithm) -> Limiter<MemoryStore> {
     let domain = parse_file("bench.yaml", &rules_yaml()).expect("valid rules");
     let rules = RuleSet::compile(
-        &[domain],
+        vec![domain],
         CompileOptions {
             default_algorithm: algorithm,
             ..Default::default()

@@ -197,7 +197,7 @@ impl LimiterBuilder {
                     .iter()
                     .map(|(name, text)| Ok((name.clone(), parse_file(name, text)?)));
                 let domains = by_domain(named, self.merge_domains)?;
-                let set = RuleSet::compile_with_metrics(&domains, compile, &metrics)?;
+                let set = RuleSet::compile_with_metrics(domains, compile, &metrics)?;
                 install(set, "embedded", "rules_yaml", &metrics, &rules);
             }
         }

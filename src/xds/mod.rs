@@ -296,7 +296,9 @@ impl XdsClient {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let domains = load_xds(&configs, self.merge_domains).map_err(|e| e.to_string())?;
-        RuleSet::compile_with_metrics(&domains, self.options, &self.metrics).map_err(|e| e.to_string())
+        // Freed before compiling, which reuses their memory (see `RuleSet::compile`).
+        drop(configs);
+        RuleSet::compile_with_metrics(domains, self.options, &self.metrics).map_err(|e| e.to_string())
     }
 }
 

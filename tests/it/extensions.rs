@@ -327,7 +327,7 @@ fn more_than_sixty_four_limits_on_one_key_are_refused_by_name() {
         default_algorithm: Algorithm::FixedWindow,
         ..Default::default()
     };
-    let error = tollgate_core::rules::RuleSet::compile(&[domain], options).expect_err("65 limits");
+    let error = tollgate_core::rules::RuleSet::compile(vec![domain], options).expect_err("65 limits");
     assert!(
         error.to_string().contains("many.yaml") && error.to_string().contains("at most 64"),
         "{error}"
@@ -346,7 +346,7 @@ async fn the_sliding_log_cap_holds_for_the_default_algorithm_and_for_overrides()
         default_algorithm: Algorithm::SlidingLog,
         ..Default::default()
     };
-    let error = tollgate_core::rules::RuleSet::compile(&[domain], options).expect_err("over the cap");
+    let error = tollgate_core::rules::RuleSet::compile(vec![domain], options).expect_err("over the cap");
     assert!(
         error.to_string().contains("log.yaml")
             && error.to_string().contains("MAX_SLIDING_LOG_REQUESTS_PER_UNIT"),
@@ -378,7 +378,7 @@ fn override_keys_stay_bounded_whatever_the_entry_key() {
     let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
     let domain = tollgate_core::rules::file::parse_file("d.yaml", yaml).expect("valid");
     let options = tollgate_core::rules::CompileOptions::default();
-    let rules = tollgate_core::rules::RuleSet::compile(&[domain], options).expect("compiles");
+    let rules = tollgate_core::rules::RuleSet::compile(vec![domain], options).expect("compiles");
     let domain = rules.domain("d").expect("domain d");
     let hasher = ValueHasher::new("test");
     let (long_key, long_value) = ("k".repeat(3 << 20), "v".repeat(3 << 20));

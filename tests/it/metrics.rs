@@ -124,7 +124,7 @@ fn fixed_window_limiter(text: &str) -> (Limiter<MemoryStore>, Arc<Metrics>) {
         default_algorithm: Algorithm::FixedWindow,
         ..Default::default()
     };
-    let rules = RuleSet::compile_with_metrics(&[domain], options, &metrics).expect("compile");
+    let rules = RuleSet::compile_with_metrics(vec![domain], options, &metrics).expect("compile");
     let limiter = Limiter::new(
         Arc::new(ArcSwapOption::from_pointee(rules)),
         MemoryStore::new(Arc::new(ManualClock::new(T0_US))),

@@ -1588,7 +1588,7 @@ async fn per_second_limits_are_counted_in_their_own_redis() {
         split_per_second: true,
         ..Default::default()
     };
-    let error = tollgate_core::rules::RuleSet::compile(&[domain], options).expect_err("two Redis");
+    let error = tollgate_core::rules::RuleSet::compile(vec![domain], options).expect_err("two Redis");
     assert!(error.to_string().contains("REDIS_PERSECOND"), "{error}");
 
     // A single all-or-nothing call across the two: FAILED_PRECONDITION, nothing counted.

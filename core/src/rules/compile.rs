@@ -44,13 +44,17 @@ impl Default for CompileOptions {
 
 impl RuleSet {
     /// Compiles validated domains. Fails only when normalisation makes two sibling values collide.
-    pub fn compile(domains: &[DomainConfig], options: CompileOptions) -> Result<Self, ConfigError> {
+    ///
+    /// The configs are consumed: each node's config is freed once it is compiled, so the compiled rules
+    /// reuse its memory instead of adding to it (at 100,000 rules that is the difference between the
+    /// load's peak and twice it, which the allocator keeps long after).
+    pub fn compile(domains: Vec<DomainConfig>, options: CompileOptions) -> Result<Self, ConfigError> {
         Self::compile_with_metrics(domains, options, &Metrics::default())
     }
 
     /// [`RuleSet::compile`], with each rule's counters taken from (and kept in) `metrics`.
     pub fn compile_with_metrics(
-        domains: &[DomainConfig],
+        domains: Vec<DomainConfig>,
         options: CompileOptions,
         metrics: &Metrics,
     ) -> Result<Self, ConfigError> {
@@ -63,7 +67,7 @@ impl RuleSet {
                 metrics,
                 rules: Vec::new(),
             };
-            let root = ctx.level(&config.descriptors, &config.domain)?;
+            let root = ctx.level(config.descriptors, &config.domain)?;
             if options.split_per_second && config.all_or_nothing {
                 check_one_store(&ctx.rules).map_err(|message| ConfigError::Invalid {
                     file: config.file.clone(),
@@ -119,10 +123,10 @@ struct Context<'a> {
 }
 
 impl Context<'_> {
-    fn level(&mut self, descriptors: &[DescriptorConfig], parent: &str) -> Result<Level, ConfigError> {
+    fn level(&mut self, descriptors: Vec<DescriptorConfig>, parent: &str) -> Result<Level, ConfigError> {
         let mut level = Level::default();
         // Normalisation is per key and level: settle it before inserting any value of that key.
-        for d in descriptors {
+        for d in &descriptors {
             let group = level.keys.get_or_default(&d.key);
             let normalizer = Normalizer::new(&d.normalize);
             if !normalizer.is_identity() {
@@ -130,22 +134,24 @@ impl Context<'_> {
             }
             group.hash |= d.normalize.hash;
         }
-        for d in descriptors {
+        for mut d in descriptors {
             // The path validation named the rule by (errors, `/rlconfig`, per-rule metrics).
             let path = format!("{parent}.{}", final_key(&d.key, d.value.as_deref()));
-            let node = self.node(d, &path)?;
+            let node = self.node(&mut d, &path)?;
             let group = level.keys.get_or_default(&d.key);
-            self.insert(group, d, node, &path)?;
+            self.insert(group, &d, node, &path)?;
         }
         level.shrink_to_fit();
         Ok(level)
     }
 
-    fn node(&mut self, d: &DescriptorConfig, path: &str) -> Result<Node, ConfigError> {
+    /// The node of `d`, its children taken out of it (compiled and freed before the caller drops the
+    /// rest).
+    fn node(&mut self, d: &mut DescriptorConfig, path: &str) -> Result<Node, ConfigError> {
         let children = if d.descriptors.is_empty() {
             None
         } else {
-            Some(Box::new(self.level(&d.descriptors, path)?))
+            Some(Box::new(self.level(std::mem::take(&mut d.descriptors), path)?))
         };
         let rule = self.rule(d, path)?;
         let shared_key_value = d.value.as_deref().filter(|_| d.share_threshold).map(Box::from);
@@ -188,7 +194,7 @@ impl Context<'_> {
         Ok(())
     }
 
-    fn rule(&mut self, d: &DescriptorConfig, path: &str) -> Result<Option<Arc<Rule>>, ConfigError> {
+    fn rule(&mut self, d: &mut DescriptorConfig, path: &str) -> Result<Option<Arc<Rule>>, ConfigError> {
         if d.rate_limits.is_empty() && d.concurrency.is_none() {
             return Ok(None);
         }
@@ -201,11 +207,12 @@ impl Context<'_> {
                 ),
             });
         }
-        let limits: Vec<RuleLimit> = d
-            .rate_limits
-            .iter()
-            .map(|rl| self.limit(rl, path))
-            .collect::<Result<_, _>>()?;
+        // Sized up front: collecting `Result`s loses the length, and a grown vector keeps room for
+        // four limits where most rules have one (some 300 bytes a rule, as long as the rules live).
+        let mut limits = Vec::with_capacity(d.rate_limits.len());
+        for config in &d.rate_limits {
+            limits.push(self.limit(config, path)?);
+        }
         // Limits of one node are told apart in the store by algorithm and window; two equal ones (for
         // example an unset algorithm and the default named explicitly) would share one counter.
         let mut windows: Vec<_> = limits
@@ -231,7 +238,7 @@ impl Context<'_> {
             concurrency: d.concurrency,
             shadow_mode: d.shadow_mode,
             quota_mode: d.quota_mode,
-            metadata: d.metadata.clone(),
+            metadata: d.metadata.take(),
             stats,
             detailed,
         });

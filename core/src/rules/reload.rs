@@ -29,21 +29,23 @@ pub fn load_rules(
     metrics: &Metrics,
 ) -> Result<RuleSet, ConfigError> {
     compile(
-        &Snapshot::read(dir, options.max_file_bytes)?,
+        Snapshot::read(dir, options.max_file_bytes)?,
         merge_domains,
         options,
         metrics,
     )
 }
 
+/// Parses and compiles `snapshot`, which is freed once parsed: the compiled rules reuse its memory.
 fn compile(
-    snapshot: &Snapshot,
+    snapshot: Snapshot,
     merge_domains: bool,
     options: CompileOptions,
     metrics: &Metrics,
 ) -> Result<RuleSet, ConfigError> {
     let domains = snapshot.parse(merge_domains)?;
-    RuleSet::compile_with_metrics(&domains, options, metrics)
+    drop(snapshot);
+    RuleSet::compile_with_metrics(domains, options, metrics)
 }
 
 /// Keeps the loaded rules in step with the rules directory.
@@ -66,7 +68,7 @@ impl Reloader {
     pub fn load_into(&self, rules: &RulesHandle) -> Result<String, ConfigError> {
         let snapshot = self.read()?;
         let version = snapshot.fingerprint();
-        let set = compile(&snapshot, self.merge_domains, self.options, &self.metrics)?;
+        let set = compile(snapshot, self.merge_domains, self.options, &self.metrics)?;
         self.install(set, &version, rules);
         Ok(version)
     }
@@ -107,20 +109,14 @@ impl Reloader {
                 _ = stop.cancelled() => return,
                 _ = ticker.tick() => {}
             }
-            let reading = Arc::clone(&reloader);
-            let snapshot = match tokio::task::spawn_blocking(move || {
-                Snapshot::read(&reading.dir, reading.options.max_file_bytes)
-            })
-            .await
-            {
-                Ok(Ok(snapshot)) => snapshot,
-                Ok(Err(error)) => {
-                    tracing::error!(%error, "cannot read rules directory; keeping the loaded rules");
-                    continue;
-                }
-                Err(_) => continue,
+            // A poll hashes the files without holding them; only a confirmed change is read whole.
+            let polling = Arc::clone(&reloader);
+            let Some(current) =
+                off_runtime(move || Snapshot::fingerprint_of(&polling.dir, polling.options.max_file_bytes))
+                    .await
+            else {
+                continue;
             };
-            let current = snapshot.fingerprint();
             match step(version.as_deref(), pending.as_deref(), &current) {
                 Step::Unchanged => {
                     pending = None;
@@ -132,6 +128,18 @@ impl Reloader {
                 }
                 Step::Load => pending = None,
             }
+            let reading = Arc::clone(&reloader);
+            let Some(snapshot) =
+                off_runtime(move || Snapshot::read(&reading.dir, reading.options.max_file_bytes)).await
+            else {
+                continue;
+            };
+            // Changed again since it was hashed: what was confirmed is gone; confirm the new one.
+            let read = snapshot.fingerprint();
+            if read != current {
+                pending = Some(read);
+                continue;
+            }
             for link in snapshot.skipped() {
                 tracing::warn!(
                     link = %link.display(),
@@ -141,7 +149,7 @@ impl Reloader {
             let compiling = Arc::clone(&reloader);
             let compiled = tokio::task::spawn_blocking(move || {
                 compile(
-                    &snapshot,
+                    snapshot,
                     compiling.merge_domains,
                     compiling.options,
                     &compiling.metrics,
@@ -159,6 +167,21 @@ impl Reloader {
             // A broken version is remembered too, so its error is logged once, not every poll.
             version = Some(current);
         }
+    }
+}
+
+/// Reads the rules directory on a blocking thread: a large one must not stall the runtime's workers.
+/// `None` when it cannot be read (logged: the loaded rules stay).
+async fn off_runtime<T: Send + 'static>(
+    read: impl FnOnce() -> Result<T, ConfigError> + Send + 'static,
+) -> Option<T> {
+    match tokio::task::spawn_blocking(read).await {
+        Ok(Ok(value)) => Some(value),
+        Ok(Err(error)) => {
+            tracing::error!(%error, "cannot read rules directory; keeping the loaded rules");
+            None
+        }
+        Err(_) => None,
     }
 }
 

@@ -131,7 +131,7 @@ pub fn rules(files: &[&str], default_algorithm: Algorithm) -> RuleSet {
         .map(|(i, text)| parse_file(&format!("test-{i}.yaml"), text).expect("valid rules"))
         .collect();
     RuleSet::compile(
-        &domains,
+        domains,
         CompileOptions {
             default_algorithm,
             ..CompileOptions::default()

@@ -108,7 +108,7 @@ fn type_error(node: &Node, target: &str, key: &str) -> DecodeError {
 }
 
 /// Go `string` field: any scalar, spelled as in the file (yaml.v2 semantics); absent = "".
-fn string_field(map: &Node, key: &str) -> Decoded<String> {
+pub(super) fn string_field(map: &Node, key: &str) -> Decoded<String> {
     Ok(opt_string_field(map, key)?.unwrap_or_default())
 }
 
@@ -125,7 +125,7 @@ fn opt_string_field(map: &Node, key: &str) -> Decoded<Option<String>> {
 }
 
 /// Go `bool` field: only booleans (YAML 1.1 spellings included) or null (= false).
-fn bool_field(map: &Node, key: &str) -> Decoded<bool> {
+pub(super) fn bool_field(map: &Node, key: &str) -> Decoded<bool> {
     match map.get(key).map(|n| (n, &n.value)) {
         None | Some((_, Value::Null)) => Ok(false),
         Some((_, Value::Bool(b))) => Ok(*b),
@@ -209,7 +209,7 @@ fn decode_descriptors(parent: &Node) -> Decoded<Vec<RawDescriptor>> {
         .collect()
 }
 
-fn decode_descriptor(d: &Node) -> Decoded<RawDescriptor> {
+pub(super) fn decode_descriptor(d: &Node) -> Decoded<RawDescriptor> {
     let rate_limit = match map_field(d, "rate_limit")? {
         None => None,
         Some(None) => Some(None),

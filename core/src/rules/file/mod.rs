@@ -28,7 +28,8 @@
 //!
 //! Layout: `model` holds the validated types; `yaml` parses to a generic node tree and runs Go's
 //! structural checks; `decode` turns the tree into raw descriptors (Go's typed unmarshal);
-//! `validate` checks their meaning and builds the model; `load` walks directories. Rules from
+//! `validate` checks their meaning and builds the model; `stream` does all three per top-level
+//! descriptor as the file is parsed, for files that pass; `load` walks directories. Rules from
 //! elsewhere (the server's xDS client) are built as the raw form and validated by [`validate_raw`].
 
 mod decode;
@@ -36,6 +37,7 @@ mod load;
 
 pub use load::{DEFAULT_MAX_FILE_BYTES, Snapshot};
 mod model;
+mod stream;
 mod validate;
 pub(crate) use validate::final_key;
 mod yaml;
@@ -115,10 +117,21 @@ pub fn by_domain(
     load::by_domain(named, merge_domains)
 }
 
-/// Parses, structurally validates, decodes and semantically validates one file's text, in Go's order
-/// (so a file with several problems reports the same one first). Errors are the bare message; the
-/// caller prefixes the file name.
+/// Parses, structurally validates, decodes and semantically validates one file's text. Errors are the
+/// bare message; the caller prefixes the file name.
+///
+/// A valid file is read in one pass that builds each top-level descriptor as it is parsed
+/// ([`stream`]). A file that fails it is read again whole, in Go's order (so a file with several
+/// problems reports the same one first): only a file that fails pays for two reads.
 fn parse_text(file: &str, text: &str) -> Result<DomainConfig, String> {
+    match stream::parse(file, text) {
+        Some(config) => Ok(config),
+        None => parse_text_in_go_order(file, text),
+    }
+}
+
+/// [`parse_text`] in Go's order: the whole file's keys checked, then decoded, then validated.
+fn parse_text_in_go_order(file: &str, text: &str) -> Result<DomainConfig, String> {
     let root = yaml::parse_document(text).map_err(|e| format!("error loading config file: {e}"))?;
     yaml::validate_structure(&root)?;
     // The node tree is the largest thing a load builds (several times the file's size): decoding

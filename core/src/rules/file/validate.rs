@@ -83,12 +83,17 @@ fn build_level<R: std::borrow::Borrow<RawDescriptor>>(
     parent: &str,
 ) -> Result<Vec<DescriptorConfig>, String> {
     let mut siblings = Siblings::default();
-    raws.into_iter()
-        .map(|r| build_descriptor(r.borrow(), parent, &mut siblings))
-        .collect()
+    // Sized up front: collecting `Result`s loses the length, and a grown vector keeps room for four
+    // nodes where most levels hold one.
+    let raws = raws.into_iter();
+    let mut built = Vec::with_capacity(raws.size_hint().0);
+    for r in raws {
+        built.push(build_descriptor(r.borrow(), parent, &mut siblings)?);
+    }
+    Ok(built)
 }
 
-fn build_descriptor(
+pub(super) fn build_descriptor(
     r: &RawDescriptor,
     parent: &str,
     siblings: &mut Siblings,

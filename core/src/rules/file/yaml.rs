@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::fmt;
 
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::granit_parser::{Event, Parser};
 use serde_saphyr::{Budget, DuplicateKeyPolicy, NonFiniteFloatPolicy, Spanned};
 
@@ -149,8 +149,18 @@ impl Node {
         }
     }
 
+    /// A mapping of `entries` assembled from parts, with no place in the source.
+    pub(crate) fn map(entries: Vec<(Node, Node)>) -> Node {
+        Node {
+            value: Value::Map(entries),
+            raw: None,
+            line: 0,
+            span: None,
+        }
+    }
+
     /// Fill `raw` for non-string scalars from the text they were parsed from.
-    fn fill_raw(&mut self, text: &str) {
+    pub(crate) fn fill_raw(&mut self, text: &str) {
         match &mut self.value {
             Value::Bool(_) | Value::Int(_) | Value::UInt(_) | Value::Float(_) => {
                 self.raw = self
@@ -310,7 +320,7 @@ const LINEAR_KEYS: usize = 16;
 
 /// Whether two keys are the same scalar key: what [`scalar_identity`] says, without building the
 /// identities (`1` and `0x1` are the same key, `"1"` is not; collections are never the same key).
-fn same_scalar(a: &Value, b: &Value) -> bool {
+pub(crate) fn same_scalar(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::Null, Value::Null) => true,
         (Value::Bool(a), Value::Bool(b)) => a == b,
@@ -341,7 +351,30 @@ fn scalar_identity(v: &Value) -> Option<String> {
 /// Errors are the parser's one-line message (the caller adds `error loading config file: `).
 pub(crate) fn parse_document(text: &str) -> Result<Node, String> {
     let doc = first_document(text);
-    let options = serde_saphyr::options! {
+    let mut node: Node = serde_saphyr::from_str_with_options(doc, options_for(doc.len()))
+        .map_err(|e| explain(e, doc.len()))?;
+    node.fill_raw(doc);
+    Ok(node)
+}
+
+/// Runs `seed` over the first YAML document of `text`, with the options of [`parse_document`]; the
+/// seed is given that document's text (what [`Node::fill_raw`] needs). `None` if the parser or the
+/// seed failed: the caller falls back to [`parse_document`], whose error is the one to report.
+pub(crate) fn deserialize_document<'t, S>(text: &'t str, seed: impl FnOnce(&'t str) -> S) -> Option<S::Value>
+where
+    S: DeserializeSeed<'t>,
+{
+    let doc = first_document(text);
+    let seed = seed(doc);
+    serde_saphyr::with_deserializer_from_str_with_options(doc, options_for(doc.len()), |de| {
+        seed.deserialize(de)
+    })
+    .ok()
+}
+
+/// The parser's options for a document of `len` bytes.
+fn options_for(len: usize) -> serde_saphyr::Options {
+    serde_saphyr::options! {
         // Messages become `<file>: error loading config file: <msg>`: keep them on one line.
         with_snippet: false,
         // YAML 1.1 like yaml.v2: `010` is octal 8, not the float 10.
@@ -349,12 +382,8 @@ pub(crate) fn parse_document(text: &str) -> Result<Node, String> {
         // `.inf`/`.nan` must reach the validator as floats (Go rejects them there).
         non_finite_float_policy: NonFiniteFloatPolicy::PassThrough,
         duplicate_keys: DuplicateKeyPolicy::LastWins,
-        budget: Some(budget_for(doc.len())),
-    };
-    let mut node: Node =
-        serde_saphyr::from_str_with_options(doc, options).map_err(|e| explain(e, doc.len()))?;
-    node.fill_raw(doc);
-    Ok(node)
+        budget: Some(budget_for(len)),
+    }
 }
 
 /// The parser's budget for a document of `len` bytes: serde-saphyr's defaults (250,000 nodes,
@@ -441,7 +470,8 @@ pub(crate) fn validate_structure(root: &Node) -> Result<(), String> {
     }
 }
 
-fn validate_map(entries: &[(Node, Node)]) -> Result<(), String> {
+/// Go's `validateYamlKeys` over one mapping's entries.
+pub(crate) fn validate_map(entries: &[(Node, Node)]) -> Result<(), String> {
     for (k, v) in entries {
         let Value::Str(key) = &k.value else {
             return Err(format!(

@@ -1,0 +1,268 @@
+//! The fast path of reading a rules file: each top-level descriptor is checked, decoded and validated
+//! as soon as the parser has read it, and its YAML subtree dropped, so a load never holds the node
+//! tree of the whole file (several times the file's size: most of the time and memory a large load
+//! took went to allocating it).
+//!
+//! Go checks the whole file's keys before it decodes anything, and decodes everything before it
+//! validates, so which error a file with several reports depends on seeing the whole file. The fast
+//! path therefore only ever succeeds: at the first problem of any kind it gives up, and the caller
+//! reads the file again the slow way ([`super::parse_text`]'s tree), which finds the error Go would
+//! report. It also gives up on what it does not need to handle fast: a repeated top-level key (the
+//! last one wins, so the earlier one must not have been built) and a `domain` after the descriptors.
+
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use std::fmt;
+
+use super::decode;
+use super::model::{DescriptorConfig, DomainConfig};
+use super::validate::{self, Siblings};
+use super::yaml::{self, Node, Value};
+
+/// `file`'s text as a validated config, or `None` if the fast path gave up (see the module docs).
+pub(super) fn parse(file: &str, text: &str) -> Option<DomainConfig> {
+    let root = yaml::deserialize_document(text, |doc| Root {
+        doc,
+        entries: Vec::new(),
+        top: None,
+        descriptors: Vec::new(),
+        seen_descriptors: false,
+    })?;
+    let root_node = Node::map(root.entries);
+    yaml::validate_map(match &root_node.value {
+        Value::Map(entries) => entries,
+        _ => return None,
+    })
+    .ok()?;
+    let domain = decode::string_field(&root_node, "domain").ok()?;
+    let all_or_nothing = decode::bool_field(&root_node, "all_or_nothing").ok()?;
+    if domain.is_empty() || root.top.is_some_and(|(built_for, _)| built_for != domain) {
+        return None;
+    }
+    let mut descriptors = root.descriptors;
+    descriptors.shrink_to_fit();
+    Some(DomainConfig {
+        domain,
+        file: file.to_owned(),
+        all_or_nothing,
+        descriptors,
+    })
+}
+
+/// The document's root mapping as it is read.
+struct Root<'t> {
+    /// The document's text (spans are relative to it).
+    doc: &'t str,
+    /// The root's entries but `descriptors`.
+    entries: Vec<(Node, Node)>,
+    /// The domain the top level is built under and its sibling checks, from the first descriptor on.
+    top: Option<(String, Siblings)>,
+    /// The top-level descriptors built so far.
+    descriptors: Vec<DescriptorConfig>,
+    /// Whether `descriptors` was read already.
+    seen_descriptors: bool,
+}
+
+/// Why the fast path gave up; never shown (the slow path words the error).
+fn give_up<E: de::Error>() -> E {
+    E::custom("the fast path gave up")
+}
+
+impl Root<'_> {
+    /// Checks, decodes and validates one top-level descriptor.
+    fn build(&mut self, mut item: Node) -> Option<()> {
+        let Value::Map(entries) = &item.value else {
+            return None;
+        };
+        yaml::validate_map(entries).ok()?;
+        item.fill_raw(self.doc);
+        let raw = decode::decode_descriptor(&item).ok()?;
+        drop(item);
+        if self.top.is_none() {
+            let domain = self.domain()?;
+            self.top = Some((domain, Siblings::default()));
+        }
+        let (domain, siblings) = self.top.as_mut()?;
+        let built = validate::build_descriptor(&raw, domain, siblings).ok()?;
+        self.descriptors.push(built);
+        Some(())
+    }
+
+    /// The domain read so far, decoded as the slow path decodes it; `None` if there is none yet.
+    fn domain(&self) -> Option<String> {
+        let (_, value) = self
+            .entries
+            .iter()
+            .rev()
+            .find(|(k, _)| matches!(&k.value, Value::Str(s) if s == "domain"))?;
+        value.scalar_text().filter(|d| !d.is_empty())
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Root<'_> {
+    type Value = Self;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Root<'_> {
+    type Value = Self;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a rules file's root mapping")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Self, A::Error> {
+        while let Some(mut key) = map.next_key::<Node>()? {
+            if matches!(&key.value, Value::Str(s) if s == "descriptors") {
+                if std::mem::replace(&mut self.seen_descriptors, true) {
+                    return Err(give_up());
+                }
+                map.next_value_seed(Descriptors(&mut self))?;
+                continue;
+            }
+            let repeated = self
+                .entries
+                .iter()
+                .any(|(k, _)| yaml::same_scalar(&k.value, &key.value));
+            let late_domain = self.top.is_some() && matches!(&key.value, Value::Str(s) if s == "domain");
+            if repeated || late_domain {
+                return Err(give_up());
+            }
+            let mut value = map.next_value::<Node>()?;
+            key.fill_raw(self.doc);
+            value.fill_raw(self.doc);
+            self.entries.push((key, value));
+        }
+        Ok(self)
+    }
+}
+
+/// The root's `descriptors`: each item built as it is read.
+struct Descriptors<'r, 't>(&'r mut Root<'t>);
+
+impl<'de> DeserializeSeed<'de> for Descriptors<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Descriptors<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of descriptors")
+    }
+
+    /// `descriptors:` with nothing: no descriptors, as in the slow path.
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(item) = seq.next_element::<Node>()? {
+            self.0.build(item).ok_or_else(give_up)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::parse_text_in_go_order;
+    use super::parse;
+
+    /// Files the fast path must read, each exactly as the whole-file path does.
+    const VALID: &[&str] = &[
+        "domain: d\ndescriptors:\n  - key: k\n    value: v\n    descriptors:\n      - key: u\n        \
+         rate_limit: {unit: minute, requests_per_unit: 100}\n",
+        // yaml.v2 spellings: a non-string scalar in a string field keeps its spelling.
+        "domain: 010\ndescriptors:\n  - key: yes\n    value: 0x1F\n    rate_limit:\n      unit: SECOND\n      \
+         requests_per_unit: 010\n  - {key: n, value: ~, shadow_mode: on}\n",
+        // Every extension, metadata, and a key known only elsewhere (ignored, as Go does).
+        "domain: ext\nall_or_nothing: true\ndescriptors:\n  - key: path\n    value: /api/*\n    lowercase: true\n    \
+         trim: true\n    share_threshold: true\n    detailed_metric: true\n    metadata: {team: a, n: 1.5, l: [1, x]}\n    \
+         rate_limits:\n      - {unit: minute, requests_per_unit: 100, algorithm: gcra, burst: 20, failure_mode: closed}\n      \
+         - {unit: day, requests_per_unit: 10000, unit_multiplier: 2, name: daily}\n  - key: ip\n    value: 10.0.0.0/8\n    \
+         match: cidr\n    hash: true\n    ip_prefix: {v4: 24, v6: 64}\n    concurrency: {max_in_flight: 5, lease_ttl: 30s}\n  \
+         - key: user\n    name: ignored\n    rate_limit: {unlimited: true}\n    replaces: ignored\n",
+        // Anchors and aliases, also across top-level descriptors.
+        "domain: a\ndescriptors:\n  - key: k1\n    rate_limit: &r {unit: hour, requests_per_unit: 5}\n  - key: k2\n    \
+         rate_limit: *r\n",
+        // Empty `descriptors` may come before the domain: no descriptor needed it.
+        "descriptors:\ndomain: d\n",
+        "domain: d\n",
+        "domain: d\ndescriptors: []\nmetadata: {x: 1}\n",
+        "---\ndomain: d\ndescriptors:\n  - key: k\n...\n---\nignored: [\n",
+    ];
+
+    /// Files the fast path gives up on although they are valid: the whole-file path reads them.
+    const SLOW_BUT_VALID: &[&str] = &[
+        // The domain after the descriptors.
+        "descriptors:\n  - key: k\ndomain: d\n",
+        // A repeated key: the last one wins.
+        "domain: d\ndescriptors:\n  - key: a\ndescriptors:\n  - key: b\n",
+        "domain: x\ndomain: d\ndescriptors:\n  - key: k\n",
+    ];
+
+    /// Files with an error: the fast path must give up on each, whatever the error.
+    const INVALID: &[&str] = &[
+        "",
+        "[1, 2]\n",
+        "domain: ''\ndescriptors:\n  - key: k\n",
+        "domain: d\ndescriptors:\n  - key: k\n    ratelimit: {}\n",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+        "domain: d\ndescriptors:\n  - key: k\n  - key: k\n",
+        "domain: d\ndescriptors:\n  - a\n",
+        "domain: d\ndescriptors: 5\n",
+        "domain: [d]\ndescriptors:\n  - key: k\n",
+        "domain: d\nrate_limit: 1.5\ndescriptors:\n  - key: k\n",
+        // Go reports the unknown key of the second descriptor, not the first one's type error.
+        "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n  - key: j\n    bogus: 1\n",
+        "domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: u\n        value: [x]\n",
+        "domain: d\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {unit: second, requests_per_unit: 1}\n    \
+         rate_limits: [{unit: second, requests_per_unit: 1}]\n",
+        "domain: d\ndescriptors: [\n",
+    ];
+
+    #[test]
+    fn valid_files_are_read_fast_and_as_the_whole_file_path_reads_them() {
+        for text in VALID {
+            let slow = parse_text_in_go_order("f.yaml", text);
+            assert!(slow.is_ok(), "{text:?}: {slow:?}");
+            assert_eq!(parse("f.yaml", text).ok_or(()), slow.map_err(|_| ()), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn what_the_fast_path_gives_up_on_is_read_the_slow_way() {
+        for text in SLOW_BUT_VALID {
+            assert_eq!(parse("f.yaml", text), None, "{text:?}");
+            let config = super::super::parse_text("f.yaml", text).expect("valid");
+            assert_eq!(config.domain, "d", "{text:?}");
+        }
+        let last_wins = super::super::parse_text("f.yaml", SLOW_BUT_VALID[1]).expect("valid");
+        assert_eq!(last_wins.descriptors[0].key, "b");
+    }
+
+    #[test]
+    fn a_file_with_an_error_gets_the_error_go_reports() {
+        for text in INVALID {
+            assert_eq!(parse("f.yaml", text), None, "{text:?}");
+            let slow = parse_text_in_go_order("f.yaml", text);
+            assert!(slow.is_err(), "{text:?}");
+            assert_eq!(super::super::parse_text("f.yaml", text), slow, "{text:?}");
+        }
+        assert_eq!(
+            super::super::parse_text("f.yaml", INVALID[10]),
+            Err("config error, unknown key 'bogus'".to_owned())
+        );
+    }
+}
