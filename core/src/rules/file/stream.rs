@@ -1,7 +1,7 @@
 //! The fast path of reading a rules file: each top-level descriptor is checked, decoded and validated
 //! as soon as the parser has read it, and its YAML subtree dropped, so a load never holds the node
-//! tree of the whole file (several times the file's size: most of the time and memory a large load
-//! took went to allocating it).
+//! tree of the whole file (several times the file's size: most of a large load's peak memory, and the
+//! time the kernel took to hand it fresh pages).
 //!
 //! Go checks the whole file's keys before it decodes anything, and decodes everything before it
 //! validates, so which error a file with several reports depends on seeing the whole file. The fast
