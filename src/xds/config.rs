@@ -19,30 +19,34 @@ use crate::proto::rls_config::{RateLimitConfig, RateLimitDescriptor, RateLimitPo
 /// Validates rule sets pushed over xDS into one config per domain, with the checks and messages of
 /// files (each config's `name` standing for the file name) and the same per-domain merging as a rules
 /// directory.
+///
+/// The configs are consumed, each freed once converted.
 pub(super) fn load_xds(
-    configs: &[RateLimitConfig],
+    configs: Vec<RateLimitConfig>,
     merge_domains: bool,
 ) -> Result<Vec<DomainConfig>, ConfigError> {
-    let named = configs
-        .iter()
-        .map(|config| Ok((config.name.clone(), parse_config(config)?)));
+    let named = configs.into_iter().map(|config| {
+        let name = config.name.clone();
+        Ok((name, parse_config(config)?))
+    });
     by_domain(named, merge_domains)
 }
 
 /// Validates one pushed config, as a file is validated.
-fn parse_config(config: &RateLimitConfig) -> Result<DomainConfig, ConfigError> {
+fn parse_config(config: RateLimitConfig) -> Result<DomainConfig, ConfigError> {
     let raw = RawRoot {
-        domain: config.domain.clone(),
+        domain: config.domain,
         all_or_nothing: false,
-        descriptors: config.descriptors.iter().map(descriptor).collect(),
+        descriptors: config.descriptors.into_iter().map(descriptor).collect(),
     };
     validate_raw(raw, &config.name)
 }
 
-fn descriptor(d: &RateLimitDescriptor) -> RawDescriptor {
+/// The raw form of `d`, its strings moved, not copied.
+fn descriptor(d: RateLimitDescriptor) -> RawDescriptor {
     RawDescriptor {
-        key: d.key.clone(),
-        value: d.value.clone(),
+        key: d.key,
+        value: d.value,
         rate_limit: d.rate_limit.as_ref().map(|policy| Some(limit(policy))),
         rate_limits: None,
         concurrency: None,
@@ -57,7 +61,7 @@ fn descriptor(d: &RateLimitDescriptor) -> RawDescriptor {
         hash: false,
         ip_prefix: None,
         match_kind: None,
-        descriptors: d.descriptors.iter().map(descriptor).collect(),
+        descriptors: d.descriptors.into_iter().map(descriptor).collect(),
     }
 }
 

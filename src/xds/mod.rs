@@ -278,28 +278,33 @@ impl XdsClient {
             }),
         }
     }
+}
 
-    /// Validates and compiles a response's rule sets.
-    fn compile(&self, response: &DiscoveryResponse) -> Result<RuleSet, String> {
-        if response.type_url != RATE_LIMIT_CONFIG_TYPE {
-            return Err(format!("unexpected resource type {:?}", response.type_url));
-        }
-        let configs = response
-            .resources
-            .iter()
-            .map(|any| {
-                if any.type_url != RATE_LIMIT_CONFIG_TYPE {
-                    return Err(format!("unexpected resource type {:?}", any.type_url));
-                }
-                RateLimitConfig::decode(any.value.as_slice())
-                    .map_err(|e| format!("cannot decode a RateLimitConfig: {e}"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let domains = load_xds(&configs, self.merge_domains).map_err(|e| e.to_string())?;
-        // Freed before compiling, which reuses their memory (see `RuleSet::compile`).
-        drop(configs);
-        RuleSet::compile_with_metrics(domains, self.options, &self.metrics).map_err(|e| e.to_string())
+/// Validates and compiles a response's rule sets (`type_url`, `resources`), consuming them: each resource
+/// is freed once decoded, each decoded set once converted, so the copies of a large set are never all
+/// whole.
+fn compile(
+    type_url: &str,
+    resources: Vec<prost_types::Any>,
+    merge_domains: bool,
+    options: CompileOptions,
+    metrics: &Metrics,
+) -> Result<RuleSet, String> {
+    if type_url != RATE_LIMIT_CONFIG_TYPE {
+        return Err(format!("unexpected resource type {type_url:?}"));
     }
+    let configs = resources
+        .into_iter()
+        .map(|any| {
+            if any.type_url != RATE_LIMIT_CONFIG_TYPE {
+                return Err(format!("unexpected resource type {:?}", any.type_url));
+            }
+            RateLimitConfig::decode(any.value.as_slice())
+                .map_err(|e| format!("cannot decode a RateLimitConfig: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let domains = load_xds(configs, merge_domains).map_err(|e| e.to_string())?;
+    RuleSet::compile_with_metrics(domains, options, metrics).map_err(|e| e.to_string())
 }
 
 /// One ADS stream.
@@ -341,7 +346,7 @@ impl Session<'_> {
                 Err(status) => return StreamError::Broken(status),
             };
             self.delivered = true;
-            let answer = self.apply(&response).await;
+            let answer = self.apply(response).await;
             if requests.send(answer).await.is_err() {
                 return StreamError::Closed;
             }
@@ -350,9 +355,19 @@ impl Session<'_> {
 
     /// Installs the response's rules and returns the ACK, or keeps the current rules and returns a
     /// NACK.
-    async fn apply(&mut self, response: &DiscoveryResponse) -> DiscoveryRequest {
+    async fn apply(&mut self, mut response: DiscoveryResponse) -> DiscoveryRequest {
         let client = self.client;
-        match client.compile(response) {
+        let type_url = std::mem::take(&mut response.type_url);
+        let resources = std::mem::take(&mut response.resources);
+        let (merge_domains, options, metrics) =
+            (client.merge_domains, client.options, Arc::clone(&client.metrics));
+        // 100,000 routes take a second or more to compile: not on a thread that answers requests.
+        let compiled = tokio::task::spawn_blocking(move || {
+            compile(&type_url, resources, merge_domains, options, &metrics)
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("compiling the rules failed: {e}")));
+        match compiled {
             Ok(set) => {
                 let source = format!("xds:{}", client.server.url);
                 let domains = set.len();
