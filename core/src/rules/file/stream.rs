@@ -27,12 +27,8 @@ pub(super) fn parse(file: &str, text: &str) -> Option<DomainConfig> {
         descriptors: Vec::new(),
         seen_descriptors: false,
     })?;
+    yaml::validate_map(&root.entries).ok()?;
     let root_node = Node::map(root.entries);
-    yaml::validate_map(match &root_node.value {
-        Value::Map(entries) => entries,
-        _ => return None,
-    })
-    .ok()?;
     let domain = decode::string_field(&root_node, "domain").ok()?;
     let all_or_nothing = decode::bool_field(&root_node, "all_or_nothing").ok()?;
     if domain.is_empty() || root.top.is_some_and(|(built_for, _)| built_for != domain) {
