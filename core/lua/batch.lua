@@ -432,9 +432,10 @@ end
 -- states the guarantee). One item, whose cost is what the request in hand takes; KEYS[2] is the key's
 -- reservers hash, in the item's slot: one field per replica holding units of the key, valued
 -- "<units it holds>:<its lease's end, ms>:<the window they belong to, µs>". In one atomic step:
---   1. Reservers whose lease has ended are dropped (their units are not given back: some of them may
---      have been admitted, and only the replica knew how many); the others, this one included, are
---      counted.
+--   1. Reservers whose lease ended a lease ago (as long as this caller's) are dropped: their units
+--      are not given back (some may have been admitted, and only the replica knew how many). One
+--      whose lease ended more recently is kept, uncounted, so its owner's give-back, sent once the
+--      lease has ended, still finds its grant. The others, this one included, are counted.
 --   2. `give_back` units go back to the key (the algorithm's refund), at most the units of this
 --      replica's last grant, and for a window algorithm only in the window that granted them: a
 --      replica returns only what it was granted. (It gives back all it has not admitted on each call,
@@ -473,7 +474,9 @@ local function reserve(keys, now, want, give_back, replica, lease_ms, keep_ms)
       end
     elseif until_ms and tonumber(until_ms) > now_ms then
       live = live + 1
-    else
+    elseif not until_ms or tonumber(until_ms) + lease_ms <= now_ms then
+      -- Ended a lease ago: its owner, had it been alive, would have given its units back by now.
+      -- (Until then the record stays, not counted live, so the owner's give-back still finds it.)
       redis.call('HDEL', reservers, fields[j])
     end
   end
