@@ -85,12 +85,9 @@ impl Root<'_> {
 
     /// The domain read so far, decoded as the slow path decodes it; `None` if there is none yet.
     fn domain(&self) -> Option<String> {
-        let (_, value) = self
-            .entries
-            .iter()
-            .rev()
-            .find(|(k, _)| matches!(&k.value, Value::Str(s) if s == "domain"))?;
-        value.scalar_text().filter(|d| !d.is_empty())
+        yaml::lookup(&self.entries, "domain")?
+            .scalar_text()
+            .filter(|d| !d.is_empty())
     }
 }
 
@@ -111,7 +108,7 @@ impl<'de> Visitor<'de> for Root<'_> {
 
     fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Self, A::Error> {
         while let Some(mut key) = map.next_key::<Node>()? {
-            if matches!(&key.value, Value::Str(s) if s == "descriptors") {
+            if key.is_key("descriptors") {
                 if std::mem::replace(&mut self.seen_descriptors, true) {
                     return Err(give_up());
                 }
@@ -122,7 +119,7 @@ impl<'de> Visitor<'de> for Root<'_> {
                 .entries
                 .iter()
                 .any(|(k, _)| yaml::same_scalar(&k.value, &key.value));
-            let late_domain = self.top.is_some() && matches!(&key.value, Value::Str(s) if s == "domain");
+            let late_domain = self.top.is_some() && key.is_key("domain");
             if repeated || late_domain {
                 return Err(give_up());
             }

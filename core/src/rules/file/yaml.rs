@@ -71,6 +71,11 @@ pub(crate) struct Node {
     span: Option<(u32, u32)>,
 }
 
+/// Last value stored under string key `key` among a mapping's entries.
+pub(crate) fn lookup<'n>(entries: &'n [(Node, Node)], key: &str) -> Option<&'n Node> {
+    entries.iter().rev().find(|(k, _)| k.is_key(key)).map(|(_, v)| v)
+}
+
 /// Resolved YAML value (YAML 1.1 resolution, as yaml.v2: `yes`/`no`/`on`/`off` are booleans,
 /// `010` is octal).
 #[derive(Debug, Clone, PartialEq)]
@@ -116,14 +121,15 @@ impl Node {
         }
     }
 
+    /// Whether this node is the string `key` (a mapping's key names a field only as a string).
+    pub(crate) fn is_key(&self, key: &str) -> bool {
+        matches!(&self.value, Value::Str(s) if s == key)
+    }
+
     /// Last value stored under string key `key` in a mapping node.
     pub(crate) fn get(&self, key: &str) -> Option<&Node> {
         match &self.value {
-            Value::Map(entries) => entries
-                .iter()
-                .rev()
-                .find(|(k, _)| matches!(&k.value, Value::Str(s) if s == key))
-                .map(|(_, v)| v),
+            Value::Map(entries) => lookup(entries, key),
             _ => None,
         }
     }
@@ -135,7 +141,7 @@ impl Node {
             Value::Map(entries) => entries
                 .iter_mut()
                 .rev()
-                .find(|(k, _)| matches!(&k.value, Value::Str(s) if s == key))
+                .find(|(k, _)| k.is_key(key))
                 .map(|(_, v)| {
                     let null = Node {
                         value: Value::Null,
