@@ -122,10 +122,11 @@ async fn rules_pushed_over_xds_are_served_acked_and_replaced() {
             config("api-rules", "api", "key", 1),
         ],
     );
-    loop {
-        if codes(&server, "api", "key", "probe", 1).await == [OK]
-            && codes(&server, "api", "key", "probe", 1).await == [OVER]
-        {
+    // A fresh value each round: the set may arrive between a round's two requests, and a value that
+    // spent its one unit then would be refused in every later round.
+    for round in 0.. {
+        let probe = format!("probe-{round}");
+        if codes(&server, "api", "key", &probe, 2).await == [OK, OVER] {
             break;
         }
         assert!(pushed.elapsed() < Duration::from_secs(10), "v2 never applied");
