@@ -4,16 +4,18 @@
 //! that unspent units go back.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio_util::sync::CancellationToken;
 use tollgate::proto::rls::rate_limit_response::Code;
+use tollgate_core::algorithm::Decision;
 use tollgate_core::algorithm::{Algorithm, Limit};
 use tollgate_core::clock::SystemClock;
-use tollgate_core::store::hot_keys::{HotKeyOptions, HotKeys, Reserve, ReserveRequest};
+use tollgate_core::store::hot_keys::{HotKeyOptions, HotKeys, Reserve, ReserveRequest, Reserved};
+use tollgate_core::store::lease::{AcquireRequest, LeaseSlot, LeaseStore, ReleaseRequest, Released};
 use tollgate_core::store::redis::RedisStore;
-use tollgate_core::store::{Batch, BatchItem, CommitPolicy, Store};
+use tollgate_core::store::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 
 use crate::common::redis::{RedisCluster, RedisSentinel, RedisServer, connected_store};
 use crate::common::{TestServer, wire_request};
@@ -70,8 +72,8 @@ fn one(key: &str, limit: Limit) -> Batch {
 
 /// Decisions on `key` through `replica`, `lanes` at a time, until `requests` (which other calls may
 /// share: a burst the whole fleet receives) have been sent; how many were admitted.
-async fn hammer_shared(
-    replica: &Replica,
+async fn hammer_shared<S: Reserve>(
+    replica: &Arc<HotKeys<S>>,
     key: &str,
     limit: Limit,
     requests: Arc<AtomicUsize>,
@@ -101,7 +103,13 @@ async fn hammer_shared(
 }
 
 /// `requests` decisions on `key` through `replica`, `lanes` at a time; how many were admitted.
-async fn hammer(replica: &Replica, key: &str, limit: Limit, requests: usize, lanes: usize) -> usize {
+async fn hammer<S: Reserve>(
+    replica: &Arc<HotKeys<S>>,
+    key: &str,
+    limit: Limit,
+    requests: usize,
+    lanes: usize,
+) -> usize {
     hammer_shared(replica, key, limit, Arc::new(AtomicUsize::new(requests)), lanes).await
 }
 
@@ -236,6 +244,10 @@ async fn two_instances_with_hot_keys_admit_exactly_the_limit() {
         ("REDIS_URL", url.as_str()),
         ("TOLLGATE_HOT_KEY_RATE", "1"),
         ("TOLLGATE_REDIS_DEADLINE", "2s"),
+        // Without the over-limit cache: a replica refused once would refuse the key until the
+        // denial's retry time, units given back after it included (docs/operations.md, Hot keys), and
+        // the exact total below is what this test checks.
+        ("LOCAL_CACHE_SIZE_IN_BYTES", "0"),
     ];
     let text = Algorithm::ALL
         .iter()
@@ -509,6 +521,114 @@ async fn a_give_back_after_its_lease_ended_is_taken_though_another_replica_calle
     // The bucket refills 1,000 an hour, a token in 3.6 s: one may have come back meanwhile.
     let after = remaining().await;
     assert!((999..=1_000).contains(&after), "a's 50 came back: {after} left");
+    stop.cancel();
+}
+
+/// A Redis store whose give-backs (a costless item asking for nothing: the sweep's calls), once armed,
+/// wait at a gate, so a test can hold one in flight.
+#[derive(Clone)]
+struct HeldGiveBacks {
+    store: Arc<RedisStore>,
+    armed: Arc<AtomicBool>,
+    /// Told when an armed give-back reaches the gate.
+    held: Arc<tokio::sync::Notify>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl Store for HeldGiveBacks {
+    async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
+        self.store.apply(batch).await
+    }
+}
+
+impl LeaseStore for HeldGiveBacks {
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Vec<LeaseSlot>, StoreError> {
+        self.store.acquire(request).await
+    }
+
+    async fn release(&self, request: &ReleaseRequest) -> Result<Vec<Released>, StoreError> {
+        self.store.release(request).await
+    }
+}
+
+impl Reserve for HeldGiveBacks {
+    async fn reserve(&self, request: ReserveRequest<'_>) -> Result<Reserved, StoreError> {
+        if request.item.cost == 0 && request.want == 0 && self.armed.load(Ordering::Relaxed) {
+            self.held.notify_one();
+            let _open = self.gate.acquire().await;
+        }
+        self.store.reserve(request).await
+    }
+}
+
+/// A request on a key whose ended slice is being given back waits for the give-back instead of
+/// reserving beside it. Reserving, its call could reach Redis first, find the key spent, deny and
+/// clear the replica's grant record, and the give-back (capped by that record) would return nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_while_its_slice_is_given_back_waits_for_the_give_back() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let (store, stop) = connected_store(&redis.url(), "single").await;
+    let held = HeldGiveBacks {
+        store: Arc::clone(&store),
+        armed: Arc::new(AtomicBool::new(false)),
+        held: Arc::new(tokio::sync::Notify::new()),
+        gate: Arc::new(tokio::sync::Semaphore::new(0)),
+    };
+    let options = HotKeyOptions {
+        rate: 1,
+        lease: Duration::from_secs(1),
+    };
+    let replica = HotKeys::start(held.clone(), options, Arc::new(SystemClock), stop.clone());
+    let limit = limit(Algorithm::TokenBucket, 1_000);
+    let peek = |key: &str| {
+        let item = BatchItem {
+            cost: 0,
+            ..one(key, limit).items[0].clone()
+        };
+        let store = Arc::clone(&store);
+        async move {
+            let batch = Batch::new(vec![item], CommitPolicy::Peek);
+            store.apply(&batch).await.expect("Redis answers")[0].remaining
+        }
+    };
+    // A burst leaves units in the replica's slice; the rest of the key is then spent in Redis directly.
+    let (mut key, mut admitted) = (String::new(), 0);
+    for attempt in 0.. {
+        key = format!("during_{attempt}_");
+        admitted = hammer(&replica, &key, limit, 200, 4).await;
+        if replica.held_units() > 0 {
+            break;
+        }
+        assert!(attempt < 10, "no burst left units in a slice");
+    }
+    held.armed.store(true, Ordering::Relaxed);
+    let spent = peek(&key).await;
+    let mut rest = one(&key, limit);
+    rest.items[0].cost = spent;
+    assert!(store.apply(&rest).await.expect("Redis answers")[0].allowed);
+    let slice = replica.held_units() as usize;
+    tokio::time::timeout(Duration::from_secs(10), held.held.notified())
+        .await
+        .expect("the ended slice is given back");
+    let request = {
+        let (replica, batch) = (Arc::clone(&replica), one(&key, limit));
+        tokio::spawn(async move { replica.apply(&batch).await.expect("Redis answers")[0].allowed })
+    };
+    // Time for a request that does not wait to be decided; one that waits is released below either way.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held.gate.add_permits(1_000);
+    let admitted_during = usize::from(request.await.expect("request runs"));
+    // Every unit is admitted, held or back in Redis: the slice's came back (a token may have refilled).
+    let total = admitted
+        + spent as usize
+        + admitted_during
+        + replica.held_units() as usize
+        + peek(&key).await as usize;
+    assert!(
+        (1_000..=1_001).contains(&total),
+        "{total}: {slice} units were in the slice being given back"
+    );
     stop.cancel();
 }
 

@@ -445,31 +445,42 @@ impl<S: Reserve> HotKeys<S> {
         }
     }
 
-    /// Gives back the unspent units of every slice whose lease has ended and drops it.
+    /// Gives back the unspent units of every slice whose lease has ended and drops it. A slice being
+    /// given back stays in the table, busy, until its call lands, as for any reservation: a request on
+    /// its key meanwhile waits for it or is decided in Redis. Had it reserved beside the give-back, its
+    /// call could reach Redis first and clear the grant record the give-back is capped by, and the
+    /// units would be lost to the key.
     async fn give_back_ended(&self) {
         let now = self.clock.now_us();
-        // Each ended slice's key, as a costless item, and its unspent units.
+        // Each ended slice's key, as a costless item, its hash and its unspent units.
         let mut ended = Vec::new();
         for shard in &self.slices {
             let mut shard = lock(shard);
-            shard.retain(|slice| {
+            shard.retain(|slice| slice.busy.is_some() || slice.valid_until_us > now || slice.units > 0);
+            for slice in shard.iter_mut() {
                 if slice.busy.is_some() || slice.valid_until_us > now {
-                    return true;
+                    continue;
                 }
-                if slice.units > 0 {
-                    let item = BatchItem {
-                        key: slice.key.clone(),
-                        limit: slice.limit,
-                        cost: 0,
-                        group: 0,
-                    };
-                    ended.push((item, slice.units));
-                }
-                false
-            });
+                slice.busy = Some(Arc::new(Notify::new()));
+                let item = BatchItem {
+                    key: slice.key.clone(),
+                    limit: slice.limit,
+                    cost: 0,
+                    group: 0,
+                };
+                let hash = self.hasher.hash_one((&slice.key, &slice.limit));
+                ended.push((item, hash, std::mem::take(&mut slice.units)));
+            }
         }
-        for (item, give_back) in ended {
-            if let Err(error) = self.call(&item, 0, give_back).await {
+        for (item, hash, give_back) in &ended {
+            let pending = Pending {
+                hot: self,
+                item,
+                hash: *hash,
+                landed: false,
+            };
+            // Granted nothing (it asks for nothing), the slice is dropped as it lands.
+            if let Err(error) = self.reserve(pending, 0, *give_back, now).await {
                 tracing::debug!(%error, "unspent hot-key units could not be given back; they lapse");
             }
         }

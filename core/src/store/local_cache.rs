@@ -24,7 +24,8 @@
 //! cached denials of the refunded (key, limit) pairs are dropped once the store has answered, since the
 //! refund may let the same request pass sooner. That is this replica only: other replicas keep their
 //! cached denial until it expires, i.e. for at most the `retry_after` of the denial they cached, and
-//! answer OVER_LIMIT for that key until then (as they would have without the refund).
+//! answer OVER_LIMIT for that key until then (as they would have without the refund). Units another
+//! replica gives back from a hot-key slice ([`super::hot_keys`]) are the same case.
 //!
 //! Memory is bounded: [`LocalCache::new`] takes a byte budget. A full shard first drops expired entries,
 //! then stops caching new ones until entries expire.
