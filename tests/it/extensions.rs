@@ -208,6 +208,34 @@ async fn cidr_values_match_ranges_before_the_key_default() {
     assert_status(&v.statuses[1], Code::Ok, 1, Some(2));
 }
 
+const SHARED_NETWORK: &str = r#"
+domain: net
+descriptors:
+  - key: remote_address
+    value: 10.0.0.0/8
+    match: cidr
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: remote_address
+    value: 192.168.0.0/16
+    match: cidr
+    rate_limit: {unit: hour, requests_per_unit: 3}
+"#;
+
+/// `share_threshold` on a network (accepted beside wildcards): every address inside it counts on one
+/// counter; without it, each address counts on its own.
+#[tokio::test]
+async fn a_shared_network_counts_its_addresses_together() {
+    let h = Harness::new(&[SHARED_NETWORK]);
+    let addresses = ["10.1.2.3", "10.9.9.9", "192.168.1.1", "192.168.1.2"];
+    let descriptors: Vec<_> = addresses.iter().map(|a| d(&[("remote_address", a)])).collect();
+    let v = h.check("net", &descriptors).await;
+    assert_status(&v.statuses[0], Code::Ok, 2, Some(3));
+    assert_status(&v.statuses[1], Code::Ok, 1, Some(3));
+    assert_status(&v.statuses[2], Code::Ok, 2, Some(3));
+    assert_status(&v.statuses[3], Code::Ok, 2, Some(3));
+}
+
 /// A dual-stack front end reports an IPv4 client as `::ffff:a.b.c.d`: it is that IPv4 client, grouped
 /// and matched as one, never one of all IPv4 clients sharing `::/64`.
 #[tokio::test]

@@ -37,7 +37,7 @@ pub struct LeaseStatus {
 impl LeaseStatus {
     /// The rule's cap, if a concurrency rule applies.
     pub fn concurrency(&self) -> Option<ConcurrencyConfig> {
-        self.rule.as_ref().and_then(|r| r.concurrency)
+        self.rule.as_ref().and_then(|r| r.concurrency.as_deref().copied())
     }
 }
 
@@ -71,7 +71,7 @@ struct LeaseTarget {
 
 impl LeaseTarget {
     fn concurrency(&self) -> Option<ConcurrencyConfig> {
-        self.rule.as_ref().and_then(|r| r.concurrency)
+        self.rule.as_ref().and_then(|r| r.concurrency.as_deref().copied())
     }
 }
 

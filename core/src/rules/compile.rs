@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::matcher::{KeyGroup, Level, Node};
+use super::matcher::{KeyGroup, Level, Node, PatternNode};
 use super::normalize::Normalizer;
 use super::pattern::{Pattern, Wildcard};
 use super::{Domain, MAX_LIMITS_PER_RULE, Rate, Rule, RuleLimit, RuleSet, ValueEncoding};
@@ -154,12 +154,7 @@ impl Context<'_> {
             Some(Box::new(self.level(std::mem::take(&mut d.descriptors), path)?))
         };
         let rule = self.rule(d, path)?;
-        let shared_key_value = d.value.as_deref().filter(|_| d.share_threshold).map(Box::from);
-        Ok(Node {
-            rule,
-            shared_key_value,
-            children,
-        })
+        Ok(Node { rule, children })
     }
 
     fn insert(
@@ -185,11 +180,16 @@ impl Context<'_> {
                     return Err(duplicate());
                 }
             }
-            (Some(value), ValueMatch::Wildcard) => {
-                let pattern = Wildcard::new(&group.normalizer.apply(value));
-                group.patterns.push((Pattern::Wildcard(pattern), node));
-            }
-            (Some(_), ValueMatch::Cidr(net)) => group.patterns.push((Pattern::Cidr(*net), node)),
+            (Some(value), ValueMatch::Wildcard) => group.patterns.push(PatternNode {
+                pattern: Pattern::Wildcard(Wildcard::new(&group.normalizer.apply(value))),
+                shared_key_value: d.share_threshold.then(|| value.as_str().into()),
+                node,
+            }),
+            (Some(value), ValueMatch::Cidr(net)) => group.patterns.push(PatternNode {
+                pattern: Pattern::Cidr(*net),
+                shared_key_value: d.share_threshold.then(|| value.as_str().into()),
+                node,
+            }),
         }
         Ok(())
     }
@@ -235,10 +235,10 @@ impl Context<'_> {
         let rule = Arc::new(Rule {
             path,
             limits,
-            concurrency: d.concurrency,
+            concurrency: d.concurrency.map(Box::new),
             shadow_mode: d.shadow_mode,
             quota_mode: d.quota_mode,
-            metadata: d.metadata.take(),
+            metadata: d.metadata.take().map(Box::new),
             stats,
             detailed,
         });

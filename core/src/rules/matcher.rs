@@ -84,16 +84,24 @@ pub(crate) struct KeyGroup {
     pub(crate) hash: bool,
     pub(crate) exact: SmallMap<Node>,
     /// Wildcard and CIDR nodes in declaration order.
-    pub(crate) patterns: Vec<(Pattern, Node)>,
+    pub(crate) patterns: Vec<PatternNode>,
     pub(crate) default: Option<Node>,
+}
+
+/// A node whose value is a wildcard or a network.
+#[derive(Debug)]
+pub(crate) struct PatternNode {
+    pub(crate) pattern: Pattern,
+    /// With `share_threshold`, every matching value shares one counter keyed by this pattern text.
+    /// (Held here, not in [`Node`]: only patterns share, and every exact node is 16 bytes smaller.)
+    pub(crate) shared_key_value: Option<Box<str>>,
+    pub(crate) node: Node,
 }
 
 /// One descriptor node.
 #[derive(Debug, Default)]
 pub(crate) struct Node {
     pub(crate) rule: Option<Arc<Rule>>,
-    /// With `share_threshold`, every matching value shares one counter keyed by this pattern text.
-    pub(crate) shared_key_value: Option<Box<str>>,
     pub(crate) children: Option<Box<Level>>,
 }
 
@@ -190,17 +198,16 @@ impl Level {
     ) -> Option<&Node> {
         let group = self.keys.get(entry.key())?;
         let value = group.normalizer.apply(entry.value());
-        let node = group.exact.get(value.as_ref()).or_else(|| {
-            group
-                .patterns
-                .iter()
-                .find(|(pattern, _)| pattern.matches(&value))
-                .map(|(_, node)| node)
-                .or(group.default.as_ref())
-        })?;
+        let (node, shared) = match group.exact.get(value.as_ref()) {
+            Some(node) => (node, None),
+            None => match group.patterns.iter().find(|p| p.pattern.matches(&value)) {
+                Some(p) => (&p.node, p.shared_key_value.as_deref()),
+                None => (group.default.as_ref()?, None),
+            },
+        };
         key.push_str(entry.key());
         key.push('_');
-        match &node.shared_key_value {
+        match shared {
             Some(pattern) => key.push_str(pattern),
             None if group.hash => hasher.append_hash(key, &value),
             None => *encodings_differ |= push_value(key, &value, hasher, writing),

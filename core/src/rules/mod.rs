@@ -112,13 +112,15 @@ pub struct Rule {
     /// a node with only a `concurrency` rule.
     pub limits: Vec<RuleLimit>,
     /// Tollgate's `concurrency`: the cap on leases held at once (native API's Acquire and Release).
-    pub concurrency: Option<ConcurrencyConfig>,
+    /// Boxed, as `metadata`: few rules have either, and a rule is a 96-byte allocation without them
+    /// inline instead of 160 (100,000 routes: 6 MB).
+    pub concurrency: Option<Box<ConcurrencyConfig>>,
     /// Evaluate and count, but always report OK for this rule.
     pub shadow_mode: bool,
     /// Quota mode: the request is only over the limit when every quota-mode descriptor is.
     pub quota_mode: bool,
     /// Free-form `metadata` echoed in dynamic metadata when this descriptor passes.
-    pub metadata: Option<BTreeMap<String, MetaValue>>,
+    pub metadata: Option<Box<BTreeMap<String, MetaValue>>>,
     /// The rule's counters (shared with the metrics registry, kept across reloads).
     pub stats: Arc<crate::observe::metrics::RuleStats>,
     /// With `detailed_metric`: the counters per request value, which replace [`Rule::stats`] for
@@ -146,7 +148,7 @@ impl Rule {
     }
 
     fn dump_lines(&self) -> impl Iterator<Item = String> + '_ {
-        let concurrency = self.concurrency.map(|c| {
+        let concurrency = self.concurrency.as_deref().map(|c| {
             format!(
                 "{}: concurrency max_in_flight={} lease_ttl={}",
                 self.path,
