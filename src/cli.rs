@@ -1,4 +1,5 @@
-//! The `tollgate` command line: `serve`, `check-config`, `query`, `bench`, `healthcheck`, `noop-serve`.
+//! The `tollgate` command line: `serve`, `check-config`, `query`, `bench`, `healthcheck`, `noop-serve`,
+//! `xds-serve`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,6 +39,10 @@ enum Command {
     /// Serve Envoy's RateLimitService answering OK to everything and deciding nothing: the floor a rate
     /// limit server is measured against (scripts/bench-floor.sh).
     NoopServe(NoopServeArgs),
+    /// Serve a rules directory over xDS (an Aggregated Discovery Service, State of the World), as a
+    /// management server would push it: for `CONFIG_TYPE=GRPC_XDS_SOTW` without Envoy Gateway, and for
+    /// scripts/bench-xds-scale.sh.
+    XdsServe(XdsServeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -91,6 +96,17 @@ struct NoopServeArgs {
     /// The gRPC listener's address (port 0: any free port; the bound address is printed).
     #[arg(long, default_value = "127.0.0.1:8081")]
     grpc_addr: std::net::SocketAddr,
+}
+
+#[derive(Debug, Args)]
+struct XdsServeArgs {
+    /// The directory whose `*.yaml` files are served, one `RateLimitConfig` each (envoyproxy/ratelimit's
+    /// fields only: the proto has no others).
+    #[arg(long)]
+    config_dir: std::path::PathBuf,
+    /// The listener's address (port 0: any free port; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:18000")]
+    addr: std::net::SocketAddr,
 }
 
 #[derive(Debug, Args)]
@@ -234,6 +250,7 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => report(bench(args)),
         Command::Healthcheck(args) => healthcheck(args),
         Command::NoopServe(args) => report(noop_serve(args)),
+        Command::XdsServe(args) => report(xds_serve(args)),
     }
 }
 
@@ -334,6 +351,11 @@ fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
 /// The no-op server, on the runtime `serve` would pick by default on this machine.
 fn noop_serve(args: NoopServeArgs) -> anyhow::Result<()> {
     runtime(crate::settings::default_workers())?.block_on(crate::loadgen::noop::serve(args.grpc_addr))
+}
+
+/// The management server, on a small runtime (it serves a handful of clients).
+fn xds_serve(args: XdsServeArgs) -> anyhow::Result<()> {
+    runtime(1)?.block_on(crate::loadgen::ads::serve(args.addr, &args.config_dir))
 }
 
 fn bench(args: BenchArgs) -> anyhow::Result<()> {

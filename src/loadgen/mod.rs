@@ -17,6 +17,7 @@
 //! (`INCRBY` + `EXPIRE` per descriptor, pipelined per request): the Redis cost no fixed-window limiter
 //! can go below, measured the same way.
 
+pub(crate) mod ads;
 pub(crate) mod noop;
 mod pacer;
 mod redis_cost;

@@ -19,7 +19,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use prost::Message as _;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -29,15 +28,15 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use crate::observe::health::Health;
 use crate::proto::envoy::config::core::v3::Node;
 use crate::proto::google::rpc::Status;
-use crate::proto::rls_config::RateLimitConfig;
 use crate::proto::xds::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use crate::proto::xds::{DiscoveryRequest, DiscoveryResponse};
-use config::load_xds;
+use config::load_encoded;
 use tollgate_core::observe::metrics::Metrics;
 use tollgate_core::rules::reload::install;
 use tollgate_core::rules::{CompileOptions, RuleSet, RulesHandle};
 
 mod config;
+pub mod files;
 
 /// The xDS type URL of envoyproxy/ratelimit's rule sets.
 pub const RATE_LIMIT_CONFIG_TYPE: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
@@ -293,17 +292,14 @@ fn compile(
     if type_url != RATE_LIMIT_CONFIG_TYPE {
         return Err(format!("unexpected resource type {type_url:?}"));
     }
-    let configs = resources
-        .into_iter()
-        .map(|any| {
-            if any.type_url != RATE_LIMIT_CONFIG_TYPE {
-                return Err(format!("unexpected resource type {:?}", any.type_url));
-            }
-            RateLimitConfig::decode(any.value.as_slice())
-                .map_err(|e| format!("cannot decode a RateLimitConfig: {e}"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let domains = load_xds(configs, merge_domains).map_err(|e| e.to_string())?;
+    if let Some(any) = resources
+        .iter()
+        .find(|any| any.type_url != RATE_LIMIT_CONFIG_TYPE)
+    {
+        return Err(format!("unexpected resource type {:?}", any.type_url));
+    }
+    let configs = resources.into_iter().map(|any| bytes::Bytes::from(any.value));
+    let domains = load_encoded(configs, merge_domains)?;
     RuleSet::compile_with_metrics(domains, options, metrics).map_err(|e| e.to_string())
 }
 

@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use prost::Message as _;
+
 use tollgate::proto::rls::rate_limit_response::Code;
 use tollgate::proto::rls_config::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitReplace, RateLimitUnit,
@@ -212,6 +214,22 @@ async fn an_invalid_set_is_nacked_with_the_file_loaders_message_and_the_rules_st
             .contains("cannot decode"),
         "undecodable resources are refused"
     );
+    // A config that decodes, but one of whose descriptors does not: descriptors are decoded one at a
+    // time as they are validated, and this one is refused all the same.
+    let mut value = config("edge-rules", "edge", "user", 9).encode_to_vec();
+    value.extend_from_slice(&[0x1a, 0x03, 0xff, 0xff, 0xff]);
+    ads.push_raw(
+        "garbage-descriptor",
+        vec![prost_types::Any {
+            type_url: "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig".into(),
+            value,
+        }],
+    );
+    let nack = ads
+        .request(|r| r.response_nonce == "6" && r.error_detail.is_some())
+        .await;
+    let message = nack.error_detail.expect("detail").message;
+    assert!(message.contains("cannot decode"), "{message}");
 
     assert_eq!(
         codes(&server, "edge", "user", "alice", 2).await,
@@ -220,7 +238,7 @@ async fn an_invalid_set_is_nacked_with_the_file_loaders_message_and_the_rules_st
     );
     let (_, metrics) = http(server.http, "GET", "/metrics", "").await;
     assert!(
-        metrics.contains("ratelimit_service_config_load_error 4"),
+        metrics.contains("ratelimit_service_config_load_error 5"),
         "{metrics}"
     );
     server.stop().await;

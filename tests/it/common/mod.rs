@@ -7,7 +7,6 @@ pub mod ads;
 pub mod certs;
 pub mod fault_proxy;
 pub mod redis;
-pub mod xds_rules;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -123,6 +122,13 @@ impl Harness {
     }
 }
 
+/// Whether the suites take their rules over xDS (`TOLLGATE_TEST_RULES=xds`): each test's files, pushed
+/// by a management server in the test process wherever they have an xDS form
+/// ([`tollgate::xds::files::configs`]).
+pub fn rules_over_xds() -> bool {
+    std::env::var("TOLLGATE_TEST_RULES").is_ok_and(|v| v == "xds")
+}
+
 /// Compiles rules files given as text (named `test-N.yaml`).
 pub fn rules(files: &[&str], default_algorithm: Algorithm) -> RuleSet {
     let domains: Vec<_> = files
@@ -234,7 +240,7 @@ impl TestServer {
             server
         });
         // `TOLLGATE_TEST_RULES=xds`: the same rules, pushed by a management server in the test process.
-        let ads = match xds_rules::rules_over_xds().then(|| xds_rules::configs(dir.path())) {
+        let ads = match rules_over_xds().then(|| tollgate::xds::files::configs(dir.path())) {
             Some(Some(configs)) => {
                 let ads = ads::AdsServer::start().await;
                 ads.push("1", &configs);

@@ -16,8 +16,9 @@ pub(super) enum DecodeError {
     Metadata(String),
 }
 
-/// A rules file's content before its meaning is checked: what the YAML decodes to, or what another
-/// source (the server's xDS client) builds. [`super::validate_raw`] turns it into a [`super::DomainConfig`].
+/// A rules file's content before its meaning is checked: what the YAML decodes to. Another source (the
+/// server's xDS client) builds its parts, and [`super::validate_raw`] turns them into a
+/// [`super::DomainConfig`].
 #[derive(Debug, Clone, Default)]
 pub struct RawRoot {
     /// `domain`.

@@ -72,6 +72,13 @@ pub enum ConfigError {
     },
 }
 
+/// The options rules files are parsed with, for a document of `len` bytes: yaml.v2's spellings and
+/// budgets that grow with the size. For tools that read rules files into a form of their own (the
+/// server's `xds-serve`), so that a file loads there exactly when it loads here.
+pub fn parser_options(len: usize) -> serde_saphyr::Options {
+    yaml::options_for(len)
+}
+
 /// Parse and validate one file's text. `file` is the name used in error messages.
 ///
 /// Only the first YAML document of `text` is read. The returned config's `file` is `file`.
@@ -98,11 +105,18 @@ pub fn load_dir(dir: &std::path::Path, merge_domains: bool) -> Result<Vec<Domain
     Snapshot::read(dir, DEFAULT_MAX_FILE_BYTES)?.parse(merge_domains)
 }
 
-/// Validates rules that did not come from a file (the server's xDS client builds [`RawRoot`]s from
+/// Validates rules that did not come from a file (the server's xDS client builds the raw form from
 /// pushed `RateLimitConfig`s): the checks and messages of files, `name` standing where a file name
-/// would be.
-pub fn validate_raw(raw: RawRoot, name: &str) -> Result<DomainConfig, ConfigError> {
-    validate::build(raw, name).map_err(|message| ConfigError::Invalid {
+/// would be. The parts of a [`RawRoot`], its descriptors as an iterator: each is validated and dropped
+/// before the next is taken, so a source that converts them as they are taken never holds the raw
+/// form of the whole set.
+pub fn validate_raw(
+    domain: String,
+    all_or_nothing: bool,
+    descriptors: impl IntoIterator<Item = RawDescriptor>,
+    name: &str,
+) -> Result<DomainConfig, ConfigError> {
+    validate::build_from(domain, all_or_nothing, descriptors, name).map_err(|message| ConfigError::Invalid {
         file: name.to_owned(),
         message,
     })

@@ -17,16 +17,26 @@ use super::model::{
 };
 
 pub(super) fn build(raw: RawRoot, file: &str) -> Result<DomainConfig, String> {
-    if raw.domain.is_empty() {
+    build_from(raw.domain, raw.all_or_nothing, raw.descriptors, file)
+}
+
+/// [`build`] from a root's parts. The top level consumes the raw descriptors, each dropped once
+/// built (and, given an iterator that makes them, made only as needed): the two copies of the rules
+/// are never both whole.
+pub(super) fn build_from(
+    domain: String,
+    all_or_nothing: bool,
+    descriptors: impl IntoIterator<Item = RawDescriptor>,
+    file: &str,
+) -> Result<DomainConfig, String> {
+    if domain.is_empty() {
         return Err("config file cannot have empty domain".to_owned());
     }
-    // The top level consumes the decoded descriptors, each dropped once built: the two copies of
-    // the rules are never both whole.
-    let descriptors = build_level(raw.descriptors, &raw.domain)?;
+    let descriptors = build_level(descriptors, &domain)?;
     Ok(DomainConfig {
-        domain: raw.domain,
+        domain,
         file: file.to_owned(),
-        all_or_nothing: raw.all_or_nothing,
+        all_or_nothing,
         descriptors,
     })
 }

@@ -379,7 +379,7 @@ where
 }
 
 /// The parser's options for a document of `len` bytes.
-fn options_for(len: usize) -> serde_saphyr::Options {
+pub(crate) fn options_for(len: usize) -> serde_saphyr::Options {
     serde_saphyr::options! {
         // Messages become `<file>: error loading config file: <msg>`: keep them on one line.
         with_snippet: false,

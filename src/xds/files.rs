@@ -1,20 +1,16 @@
-//! Rules files as xDS `RateLimitConfig`s, so the wire-level suites can run once more with their rules
-//! pushed by a management server instead of read from a directory (`TOLLGATE_TEST_RULES=xds`).
+//! Rules files as the `RateLimitConfig`s a management server would push for them: what
+//! `tollgate xds-serve` serves (so the same rules can be measured from a file and over xDS), and what
+//! the wire-level test suites push when they run with their rules over xDS.
 //!
 //! Only envoyproxy/ratelimit's fields exist in the proto. A file that uses anything else (a Tollgate
-//! extension, metadata) has no xDS form: [`configs`] returns `None` and the test keeps its files.
+//! extension, metadata) has no xDS form: [`configs`] returns `None`.
 
 use std::path::Path;
 
-use serde_json::{Map, Value};
-use tollgate::proto::rls_config::{
+use crate::proto::rls_config::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitReplace, RateLimitUnit,
 };
-
-/// Whether the suites take their rules over xDS.
-pub fn rules_over_xds() -> bool {
-    std::env::var("TOLLGATE_TEST_RULES").is_ok_and(|v| v == "xds")
-}
+use serde_json::{Map, Value};
 
 /// Every `*.yaml` file of `dir`, in name order, as a `RateLimitConfig` named after its file; `None` if
 /// one of them has no xDS form.
@@ -29,7 +25,8 @@ pub fn configs(dir: &Path) -> Option<Vec<RateLimitConfig>> {
         .iter()
         .map(|path| {
             let text = std::fs::read_to_string(path).ok()?;
-            let doc: Value = serde_saphyr::from_str(&text).ok()?;
+            let options = tollgate_core::rules::file::parser_options(text.len());
+            let doc: Value = serde_saphyr::from_str_with_options(&text, options).ok()?;
             let root = only(&doc, &["domain", "descriptors"])?;
             Some(RateLimitConfig {
                 name: path.file_name()?.to_string_lossy().into_owned(),
