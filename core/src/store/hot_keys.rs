@@ -456,10 +456,12 @@ impl<S: Reserve> HotKeys<S> {
         let mut ended = Vec::new();
         for shard in &self.slices {
             let mut shard = lock(shard);
-            shard.retain(|slice| slice.busy.is_some() || slice.valid_until_us > now || slice.units > 0);
-            for slice in shard.iter_mut() {
+            shard.retain(|slice| {
                 if slice.busy.is_some() || slice.valid_until_us > now {
-                    continue;
+                    return true;
+                }
+                if slice.units == 0 {
+                    return false;
                 }
                 slice.busy = Some(Arc::new(Notify::new()));
                 let item = BatchItem {
@@ -470,7 +472,8 @@ impl<S: Reserve> HotKeys<S> {
                 };
                 let hash = self.hasher.hash_one((&slice.key, &slice.limit));
                 ended.push((item, hash, std::mem::take(&mut slice.units)));
-            }
+                true
+            });
         }
         for (item, hash, give_back) in &ended {
             let pending = Pending {
