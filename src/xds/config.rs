@@ -8,35 +8,35 @@
 
 use std::collections::BTreeMap;
 
+use prost::Message as _;
 use prost_types::value::Kind;
 
 use tollgate_core::rules::file::{DomainConfig, MetaValue, RawDescriptor, RawLimit, by_domain, validate_raw};
-
-use prost::Message as _;
 
 use crate::proto::rls_config::{RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
 
 /// A `RateLimitConfig` decoded one level deep: its top-level descriptors stay encoded (slices of the
 /// pushed bytes), to be decoded one at a time as they are validated. The same fields and wire format
 /// as the generated message; the whole decoded tree of 100,000 routes would be some 80 MB.
-#[derive(Clone, PartialEq, prost::Message)]
-pub(super) struct ShallowConfig {
+#[derive(prost::Message)]
+struct ShallowConfig {
     /// `name`.
     #[prost(string, tag = "1")]
-    pub name: String,
+    name: String,
     /// `domain`.
     #[prost(string, tag = "2")]
-    pub domain: String,
+    domain: String,
     /// `descriptors`, each still encoded.
     #[prost(bytes = "bytes", repeated, tag = "3")]
-    pub descriptors: Vec<bytes::Bytes>,
+    descriptors: Vec<bytes::Bytes>,
 }
 
 /// Decodes and validates pushed configs (`RateLimitConfig` messages as encoded) into one config per
 /// domain, with the checks and messages of files (each config's `name` standing for the file name) and
 /// the same per-domain merging as a rules directory. Each top-level descriptor is decoded, converted
-/// and validated before the next is decoded, and each config's bytes are freed once it is validated. So a descriptor that does not decode is reported when it is reached: an
-/// invalid descriptor before it is reported first.
+/// and validated before the next is decoded, and each config's bytes are freed once it is validated.
+/// So a descriptor that does not decode is reported when it is reached: an invalid descriptor before
+/// it is reported first.
 pub(super) fn load_encoded(
     configs: impl IntoIterator<Item = bytes::Bytes>,
     merge_domains: bool,
