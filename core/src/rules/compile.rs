@@ -168,29 +168,31 @@ impl Context<'_> {
             file: self.file.to_owned(),
             message: format!("duplicate descriptor composite key '{path}' (after value normalisation)"),
         };
-        match (&d.value, &d.value_match) {
+        let (value, pattern) = match (&d.value, &d.value_match) {
             (None, _) => {
                 if group.default.replace(node).is_some() {
                     return Err(duplicate());
                 }
+                return Ok(());
             }
             (Some(value), ValueMatch::Exact) => {
                 let value = group.normalizer.apply(value).into();
                 if group.exact.insert(value, node).is_some() {
                     return Err(duplicate());
                 }
+                return Ok(());
             }
-            (Some(value), ValueMatch::Wildcard) => group.patterns.push(PatternNode {
-                pattern: Pattern::Wildcard(Wildcard::new(&group.normalizer.apply(value))),
-                shared_key_value: d.share_threshold.then(|| value.as_str().into()),
-                node,
-            }),
-            (Some(value), ValueMatch::Cidr(net)) => group.patterns.push(PatternNode {
-                pattern: Pattern::Cidr(*net),
-                shared_key_value: d.share_threshold.then(|| value.as_str().into()),
-                node,
-            }),
-        }
+            (Some(value), ValueMatch::Wildcard) => {
+                let pattern = Wildcard::new(&group.normalizer.apply(value));
+                (value, Pattern::Wildcard(pattern))
+            }
+            (Some(value), ValueMatch::Cidr(net)) => (value, Pattern::Cidr(*net)),
+        };
+        group.patterns.push(PatternNode {
+            pattern,
+            shared_key_value: d.share_threshold.then(|| value.as_str().into()),
+            node,
+        });
         Ok(())
     }
 
