@@ -9,13 +9,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio_util::sync::CancellationToken;
 use tollgate::proto::rls::rate_limit_response::Code;
-use tollgate_core::algorithm::Decision;
-use tollgate_core::algorithm::{Algorithm, Limit};
+use tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+use tollgate_core::algorithm::{Algorithm, Decision, Limit};
 use tollgate_core::clock::SystemClock;
 use tollgate_core::store::hot_keys::{HotKeyOptions, HotKeys, Reserve, ReserveRequest, Reserved};
 use tollgate_core::store::lease::{AcquireRequest, LeaseSlot, LeaseStore, ReleaseRequest, Released};
 use tollgate_core::store::redis::RedisStore;
 use tollgate_core::store::{Batch, BatchItem, CommitPolicy, Store, StoreError};
+use tonic::transport::Channel;
 
 use crate::common::redis::{RedisCluster, RedisSentinel, RedisServer, connected_store};
 use crate::common::{TestServer, wire_request};
@@ -68,6 +69,35 @@ fn one(key: &str, limit: Limit) -> Batch {
         group: 0,
     };
     Batch::new(vec![item], CommitPolicy::Independent)
+}
+
+/// One reservation call by `replica` on `item`'s key, answered.
+async fn reserve(
+    store: &Arc<RedisStore>,
+    item: &BatchItem,
+    want: u64,
+    give_back: u64,
+    replica: &str,
+    lease_us: u64,
+) -> Reserved {
+    let request = ReserveRequest {
+        item,
+        want,
+        give_back,
+        replica,
+        lease_us,
+    };
+    store.reserve(request).await.expect("Redis answers")
+}
+
+/// What Redis still admits on `item`'s key, read without consuming anything.
+async fn remaining(store: &Arc<RedisStore>, item: &BatchItem) -> u64 {
+    let item = BatchItem {
+        cost: 0,
+        ..item.clone()
+    };
+    let peek = Batch::new(vec![item], CommitPolicy::Peek);
+    store.apply(&peek).await.expect("Redis answers")[0].remaining
 }
 
 /// Decisions on `key` through `replica`, `lanes` at a time, until `requests` (which other calls may
@@ -276,13 +306,7 @@ async fn two_instances_with_hot_keys_admit_exactly_the_limit() {
                         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(1))
                         .is_ok()
                     {
-                        let answer = client
-                            .should_rate_limit(wire_request("hot", &[&[(key, "x")]]))
-                            .await
-                            .expect("answer");
-                        if answer.into_inner().overall_code == Code::Ok as i32 {
-                            admitted.fetch_add(1, Ordering::Relaxed);
-                        }
+                        admitted.fetch_add(passes(&mut client, key).await, Ordering::Relaxed);
                     }
                 })
             })
@@ -295,17 +319,7 @@ async fn two_instances_with_hot_keys_admit_exactly_the_limit() {
         // requests more take it (the budget is too small by then for anyone to reserve it again).
         let in_burst = admitted.load(Ordering::Relaxed);
         assert!(in_burst <= 100, "{algorithm}: {in_burst} admitted");
-        let admit = |i: usize| {
-            let servers = Arc::clone(&servers);
-            async move {
-                let mut client = servers[i % 2].client().await;
-                let answer = client
-                    .should_rate_limit(wire_request("hot", &[&[(key, "x")]]))
-                    .await
-                    .expect("answer");
-                usize::from(answer.into_inner().overall_code == Code::Ok as i32)
-            }
-        };
+        let admit = async |i: usize| passes(&mut servers[i % 2].client().await, key).await;
         let (mut late, deadline) = (0, Instant::now() + Duration::from_secs(15));
         let mut i = 0;
         while in_burst + late < 100 && Instant::now() < deadline {
@@ -330,6 +344,15 @@ async fn two_instances_with_hot_keys_admit_exactly_the_limit() {
     let [a, b] = Arc::into_inner(servers).expect("clients done");
     a.stop().await;
     b.stop().await;
+}
+
+/// 1 if a request for `key=x` in domain `hot` passes, else 0.
+async fn passes(client: &mut RateLimitServiceClient<Channel>, key: &str) -> usize {
+    let answer = client
+        .should_rate_limit(wire_request("hot", &[&[(key, "x")]]))
+        .await
+        .expect("answer");
+    usize::from(answer.into_inner().overall_code == Code::Ok as i32)
 }
 
 /// `per_second` requests a second on `key` through `replica`, sent on a schedule whatever the answers
@@ -433,34 +456,18 @@ async fn a_give_back_returns_only_the_callers_own_last_grant() {
         cost: 0,
         ..take.clone()
     };
-    let call = |item: &BatchItem, want, give_back, replica| {
-        let (store, item) = (Arc::clone(&store), item.clone());
-        async move {
-            let request = ReserveRequest {
-                item: &item,
-                want,
-                give_back,
-                replica,
-                lease_us: 1_000_000,
-            };
-            store.reserve(request).await.expect("Redis answers")
-        }
-    };
-    let remaining = || async {
-        let peek = Batch::new(vec![give.clone()], CommitPolicy::Peek);
-        store.apply(&peek).await.expect("Redis answers")[0].remaining
-    };
+    let lease = 1_000_000;
     for attempt in 0..3 {
         // Every step is read first and judged after: a window that turned in between is retried.
         let started = hour();
-        let granted = call(&take, 50, 0, "a").await;
-        let after_grant = remaining().await;
-        call(&give, 0, 1_000, "b").await;
-        let after_stranger = remaining().await;
-        call(&give, 0, 1_000, "a").await;
-        let after_owner = remaining().await;
-        call(&give, 0, 1_000, "a").await;
-        let after_again = remaining().await;
+        let granted = reserve(&store, &take, 50, 0, "a", lease).await;
+        let after_grant = remaining(&store, &take).await;
+        reserve(&store, &give, 0, 1_000, "b", lease).await;
+        let after_stranger = remaining(&store, &take).await;
+        reserve(&store, &give, 0, 1_000, "a", lease).await;
+        let after_owner = remaining(&store, &take).await;
+        reserve(&store, &give, 0, 1_000, "a", lease).await;
+        let after_again = remaining(&store, &take).await;
         if hour() != started && attempt < 2 {
             redis.cli(&["FLUSHALL"]);
             continue;
@@ -494,32 +501,14 @@ async fn a_give_back_after_its_lease_ended_is_taken_though_another_replica_calle
         cost: 0,
         ..take.clone()
     };
-    let call = |item: &BatchItem, give_back, replica, lease_us| {
-        let (store, item) = (Arc::clone(&store), item.clone());
-        async move {
-            let want = if item.cost > 0 { 50 } else { 0 };
-            let request = ReserveRequest {
-                item: &item,
-                want,
-                give_back,
-                replica,
-                lease_us,
-            };
-            store.reserve(request).await.expect("Redis answers")
-        }
-    };
-    let remaining = || async {
-        let peek = Batch::new(vec![give.clone()], CommitPolicy::Peek);
-        store.apply(&peek).await.expect("Redis answers")[0].remaining
-    };
-    let granted = call(&take, 0, "a", 300_000).await;
+    let granted = reserve(&store, &take, 50, 0, "a", 300_000).await;
     assert_eq!(granted.extra, 50);
     tokio::time::sleep(Duration::from_millis(400)).await;
     // b's call comes after a's lease ended (b's own lease, 60 s, is how long it waits for a).
-    call(&give, 0, "b", 60_000_000).await;
-    call(&give, 50, "a", 300_000).await;
+    reserve(&store, &give, 0, 0, "b", 60_000_000).await;
+    reserve(&store, &give, 0, 50, "a", 300_000).await;
     // The bucket refills 1,000 an hour, a token in 3.6 s: one may have come back meanwhile.
-    let after = remaining().await;
+    let after = remaining(&store, &take).await;
     assert!((999..=1_000).contains(&after), "a's 50 came back: {after} left");
     stop.cancel();
 }
@@ -581,17 +570,6 @@ async fn a_request_while_its_slice_is_given_back_waits_for_the_give_back() {
     };
     let replica = HotKeys::start(held.clone(), options, Arc::new(SystemClock), stop.clone());
     let limit = limit(Algorithm::TokenBucket, 1_000);
-    let peek = |key: &str| {
-        let item = BatchItem {
-            cost: 0,
-            ..one(key, limit).items[0].clone()
-        };
-        let store = Arc::clone(&store);
-        async move {
-            let batch = Batch::new(vec![item], CommitPolicy::Peek);
-            store.apply(&batch).await.expect("Redis answers")[0].remaining
-        }
-    };
     // A burst leaves units in the replica's slice; the rest of the key is then spent in Redis directly.
     let (mut key, mut admitted) = (String::new(), 0);
     for attempt in 0.. {
@@ -603,8 +581,8 @@ async fn a_request_while_its_slice_is_given_back_waits_for_the_give_back() {
         assert!(attempt < 10, "no burst left units in a slice");
     }
     held.armed.store(true, Ordering::Relaxed);
-    let spent = peek(&key).await;
     let mut rest = one(&key, limit);
+    let spent = remaining(&store, &rest.items[0]).await;
     rest.items[0].cost = spent;
     assert!(store.apply(&rest).await.expect("Redis answers")[0].allowed);
     let slice = replica.held_units() as usize;
@@ -624,7 +602,7 @@ async fn a_request_while_its_slice_is_given_back_waits_for_the_give_back() {
         + spent as usize
         + admitted_during
         + replica.held_units() as usize
-        + peek(&key).await as usize;
+        + remaining(&store, &rest.items[0]).await as usize;
     assert!(
         (1_000..=1_001).contains(&total),
         "{total}: {slice} units were in the slice being given back"
