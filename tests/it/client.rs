@@ -27,16 +27,22 @@ fn describe(request: &Request<Body>) -> Option<Vec<Descriptor>> {
     Some(vec![Descriptor::from([("path", "/auth/otp"), ("phone", phone)])])
 }
 
+/// Real-server tests must not fail open because a busy machine was slow (a check that missed its
+/// deadline may still have been counted, or never sent): they get a long deadline. The deadline tests
+/// set the default one themselves.
+const PATIENT_DEADLINE: Duration = Duration::from_secs(10);
+
 fn client(tollgate: SocketAddr, policy: FailurePolicy) -> Client {
     Client::connect_lazy(&format!("http://{tollgate}"), "api")
         .expect("address")
         .with_failure_policy(policy)
+        .with_deadline(PATIENT_DEADLINE)
 }
 
-async fn app(tollgate: SocketAddr, policy: FailurePolicy) -> SocketAddr {
+async fn app(client: Client) -> SocketAddr {
     let router = Router::new()
         .route("/send-otp", post(|| async { "code sent\n" }))
-        .layer(RateLimitLayer::new(client(tollgate, policy), describe));
+        .layer(RateLimitLayer::new(client, describe));
     serve(router).await
 }
 
@@ -98,7 +104,7 @@ async fn the_sixth_otp_in_an_hour_gets_429_with_retry_after() {
         &[("TOLLGATE_RESPONSE_HEADERS", "ietf")],
     )
     .await;
-    let app = app(server.grpc, FailurePolicy::Open).await;
+    let app = app(client(server.grpc, FailurePolicy::Open)).await;
     for sent in 1..=5 {
         let (status, headers, body) = post_to(app, "/send-otp?phone=5550100").await;
         assert_eq!(status, 200, "send {sent}: {body}");
@@ -127,8 +133,8 @@ async fn the_sixth_otp_in_an_hour_gets_429_with_retry_after() {
 #[tokio::test]
 async fn an_unreachable_tollgate_fails_open_or_closed_as_chosen() {
     let server = TestServer::start(&[("api.yaml", API_RULES)], &[]).await;
-    let open = app(server.grpc, FailurePolicy::Open).await;
-    let closed = app(server.grpc, FailurePolicy::Closed).await;
+    let open = app(client(server.grpc, FailurePolicy::Open)).await;
+    let closed = app(client(server.grpc, FailurePolicy::Closed)).await;
     server.stop().await;
     assert_eq!(post_to(open, "/send-otp?phone=5550100").await.0, 200);
     assert_eq!(post_to(closed, "/send-otp?phone=5550100").await.0, 503);
@@ -159,6 +165,7 @@ async fn the_example_app_answers_429_with_retry_after_once_its_budget_is_spent()
     let _app = Guard(
         std::process::Command::new(example_binary())
             .env("TOLLGATE_ADDR", format!("http://{}", server.grpc))
+            .env("TOLLGATE_DEADLINE_MS", PATIENT_DEADLINE.as_millis().to_string())
             .env("APP_ADDR", &app_addr)
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -260,7 +267,9 @@ async fn stalled_tollgate() -> SocketAddr {
 #[tokio::test]
 async fn a_stalled_tollgate_costs_one_deadline_and_the_policy_decides() {
     let stalled = stalled_tollgate().await;
-    let open = client(stalled, FailurePolicy::Open);
+    let open = Client::connect_lazy(&format!("http://{stalled}"), "api")
+        .expect("address")
+        .with_failure_policy(FailurePolicy::Open);
     assert_eq!(open.deadline(), DEFAULT_DEADLINE);
     for call in 1..=3 {
         let started = Instant::now();
@@ -305,7 +314,7 @@ async fn a_stalled_tollgate_costs_one_deadline_and_the_policy_decides() {
     ));
 
     // Through the layer: the app answers, fail open, in about one deadline.
-    let app = app(stalled, FailurePolicy::Open).await;
+    let app = app(client(stalled, FailurePolicy::Open).with_deadline(DEFAULT_DEADLINE)).await;
     let started = Instant::now();
     assert_eq!(post_to(app, "/send-otp?phone=5550100").await.0, 200);
     assert!(
@@ -461,7 +470,9 @@ async fn the_grpc_layer_answers_resource_exhausted_with_retry_info() {
 
     const RULES: &str = "domain: grpc\ndescriptors:\n  - key: method\n    rate_limit:\n      name: per-method\n      unit: minute\n      requests_per_unit: 2\n";
     let server = TestServer::start(&[("grpc.yaml", RULES)], &[("TOLLGATE_RESPONSE_HEADERS", "ietf")]).await;
-    let client = Client::connect_lazy(&format!("http://{}", server.grpc), "grpc").expect("address");
+    let client = Client::connect_lazy(&format!("http://{}", server.grpc), "grpc")
+        .expect("address")
+        .with_deadline(PATIENT_DEADLINE);
     let describe = |request: &Request<tonic::body::Body>| {
         Some(vec![Descriptor::from([("method", request.uri().path())])])
     };

@@ -14,7 +14,8 @@
 //! curl -s -H 'x-user-id: ada' http://127.0.0.1:3000/exports-left              # still 3
 //! ```
 //!
-//! `TOLLGATE_ADDR` (default `http://127.0.0.1:8081`) and `APP_ADDR` (default `127.0.0.1:3000`) move them.
+//! `TOLLGATE_ADDR` (default `http://127.0.0.1:8081`) and `APP_ADDR` (default `127.0.0.1:3000`) move them;
+//! `TOLLGATE_DEADLINE_MS` sets each call's deadline (default the client's, 25 ms).
 
 use std::time::Duration;
 
@@ -115,7 +116,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = std::env::var("APP_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
     // Exports are expensive: refuse them while Tollgate cannot be asked. A code or a search is cheap
     // next to a locked-out user: the layer's checks fail open (clones share the connection).
-    let client = Client::connect_lazy(&tollgate, "api")?.with_failure_policy(FailurePolicy::Closed);
+    let mut client = Client::connect_lazy(&tollgate, "api")?.with_failure_policy(FailurePolicy::Closed);
+    if let Ok(millis) = std::env::var("TOLLGATE_DEADLINE_MS") {
+        client = client.with_deadline(Duration::from_millis(millis.parse()?));
+    }
     let checks = client.clone().with_failure_policy(FailurePolicy::Open);
     let limited = Router::new()
         .route("/send-otp", post(|| async { "code sent\n" }))
