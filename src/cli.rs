@@ -309,7 +309,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             flags.push((name, value));
         }
     }
-    let settings = Settings::load(args.settings.as_deref(), &flags)?;
+    let mut settings = Settings::load(args.settings.as_deref(), &flags)?;
+    settings
+        .warnings
+        .extend(crate::huge_pages::apply(settings.listen.transparent_huge_pages));
     let runtime = runtime(settings.listen.workers())?;
     let _context = runtime.enter();
     let traces = crate::observe::telemetry::TraceSettings::from_settings(&settings.telemetry)?;
@@ -431,6 +434,9 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(warning) = crate::huge_pages::apply(settings.listen.transparent_huge_pages) {
+        eprintln!("tollgate: warning: {warning}");
+    }
     match load_rules(
         &args.dir,
         args.merge_domains || settings.rules.merge_domain_config,

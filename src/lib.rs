@@ -34,6 +34,7 @@ pub mod cli;
 pub mod connections;
 pub mod grpc;
 pub mod http;
+pub mod huge_pages;
 pub mod inflight;
 mod loadgen;
 pub mod observe;

@@ -80,6 +80,9 @@ pub struct ListenSettings {
     /// Runtime worker threads; 0 means one per CPU minus one, at least one (see
     /// [`ListenSettings::workers`]).
     pub worker_threads: usize,
+    /// Whether the allocator may back the heap with transparent huge pages (Linux; off unless set, see
+    /// [`crate::huge_pages`]).
+    pub transparent_huge_pages: bool,
     /// How long the server keeps answering after SIGTERM while health reports NOT_SERVING.
     pub drain_period: Duration,
 }
@@ -136,6 +139,7 @@ impl ListenSettings {
             max_request_bytes_in_flight: r.get("max_request_bytes_in_flight", Go::None, 0)?,
             max_connection_bytes_in_flight: r.get("max_connection_bytes_in_flight", Go::None, 0)?,
             worker_threads: r.get("worker_threads", Go::None, 0)?,
+            transparent_huge_pages: r.get("transparent_huge_pages", Go::None, false)?,
             drain_period: r.get("drain_period", Go::None, Duration::ZERO)?,
         };
         // The Go service serves whatever path it is given; a path is what an HTTP request can ask for.

@@ -216,6 +216,11 @@ impl Served {
         }
     }
 
+    /// The server's process id.
+    fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+
     /// Sends SIGTERM without waiting for the exit.
     fn signal_term(&self) {
         let pid = self.child.0.id().to_string();
@@ -310,6 +315,32 @@ async fn serve_with_flags_answers_then_exits_zero_on_sigterm() {
         "cli.user: unit=HOUR requests_per_unit=2, shadow_mode: false, quota_mode: false"
     );
     assert_eq!(served.terminate().await, Some(0), "exit code after SIGTERM");
+}
+
+/// Whether the kernel lets process `pid` have transparent huge pages (its `THP_enabled` line).
+#[cfg(target_os = "linux")]
+fn huge_pages_enabled(pid: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let line = status.lines().find_map(|l| l.strip_prefix("THP_enabled:"));
+    line.expect("a kernel that reports THP_enabled").trim().to_owned()
+}
+
+/// A server turns transparent huge pages off for itself (the kernel's per-process flag, as /proc
+/// shows it) unless `TRANSPARENT_HUGE_PAGES` allows them; allowed, it keeps what it inherited.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn transparent_huge_pages_are_off_unless_allowed() {
+    let dir = rules_dir(&[("cli.yaml", RULES)]);
+    let config_dir = dir.path().to_str().expect("utf-8 path");
+    let inherited = huge_pages_enabled("self");
+    for (env, expected) in [
+        (&[][..], "0"),
+        (&[("TOLLGATE_TRANSPARENT_HUGE_PAGES", "true")][..], &*inherited),
+    ] {
+        let served = Served::start(&serve_args(config_dir), env).await;
+        assert_eq!(huge_pages_enabled(&served.pid().to_string()), expected, "{env:?}");
+        assert_eq!(served.terminate().await, Some(0));
+    }
 }
 
 #[tokio::test]
