@@ -118,7 +118,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // next to a locked-out user: the layer's checks fail open (clones share the connection).
     let mut client = Client::connect_lazy(&tollgate, "api")?.with_failure_policy(FailurePolicy::Closed);
     if let Ok(millis) = std::env::var("TOLLGATE_DEADLINE_MS") {
-        client = client.with_deadline(Duration::from_millis(millis.parse()?));
+        let millis = millis
+            .parse()
+            .map_err(|e| format!("TOLLGATE_DEADLINE_MS={millis:?}: not a number of milliseconds: {e}"))?;
+        client = client.with_deadline(Duration::from_millis(millis));
     }
     let checks = client.clone().with_failure_policy(FailurePolicy::Open);
     let limited = Router::new()
