@@ -4,8 +4,9 @@
 //! share_threshold), followed by the Tollgate extension checks and then the children. Messages are
 //! Go's, without the file prefix (the caller adds it).
 
-use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
+
+use hashbrown::{HashMap, HashSet};
 
 use ipnet::IpNet;
 
