@@ -420,6 +420,43 @@ fn duplicate_key() {
     );
 }
 
+/// A file of `routes` Envoy Gateway routes (one top-level descriptor each, a client key below it),
+/// `tail` after the list: some 250 bytes a route.
+fn routes_file(routes: usize, tail: &str) -> String {
+    let mut text = "domain: eg\ndescriptors:\n".to_owned();
+    for i in 0..routes {
+        let name = format!("httproute/default/route-{i}/rule/0/match/0");
+        text.push_str(&format!(
+            "  - key: {name}\n    value: {name}\n    descriptors:\n      - key: x-user-id\n        \
+             rate_limit: {{unit: minute, requests_per_unit: {}}}\n",
+            i + 1
+        ));
+    }
+    text + tail
+}
+
+/// A file of several mebibytes is read in pieces on the machine's cores: what it yields, and the error
+/// Go reports, are those of one reading, including a check between the first descriptor and the last.
+/// (The pieces' other checks are unit-tested in `core/src/rules/file/pieces.rs`.)
+#[test]
+fn a_large_file_reads_as_a_small_one() {
+    let routes = 12_000;
+    let text = routes_file(routes, "all_or_nothing: true\n");
+    assert!(text.len() > 2 << 20, "large enough to be read in pieces");
+    let config = ok(&text);
+    assert!(config.all_or_nothing);
+    assert_eq!(config.descriptors.len(), routes);
+    for (i, d) in config.descriptors.iter().enumerate() {
+        assert_eq!(d.key, format!("httproute/default/route-{i}/rule/0/match/0"));
+        assert_eq!(spec(&config, &[i, 0]).requests_per_unit as usize, i + 1);
+    }
+    let first = "httproute/default/route-0/rule/0/match/0";
+    assert_err(
+        &routes_file(routes, &format!("  - key: {first}\n    value: {first}\n")),
+        &format!("duplicate descriptor composite key 'eg.{first}_{first}'"),
+    );
+}
+
 #[test]
 fn duplicate_in_children_reported_before_later_sibling() {
     // Go loads a node's children before looking at the next sibling.

@@ -29,7 +29,8 @@
 //! Layout: `model` holds the validated types; `yaml` parses to a generic node tree and runs Go's
 //! structural checks; `decode` turns the tree into raw descriptors (Go's typed unmarshal);
 //! `validate` checks their meaning and builds the model; `stream` does all three per top-level
-//! descriptor as the file is parsed, for files that pass; `load` walks directories. Rules from
+//! descriptor as the file is parsed, for files that pass; `pieces` does that on several cores for a large
+//! file; `load` walks directories. Rules from
 //! elsewhere (the server's xDS client) are built as the raw form and validated by [`validate_raw`].
 
 mod decode;
@@ -37,6 +38,7 @@ mod load;
 
 pub use load::{DEFAULT_MAX_FILE_BYTES, Snapshot};
 mod model;
+mod pieces;
 mod stream;
 mod validate;
 pub(crate) use validate::final_key;
@@ -135,10 +137,11 @@ pub fn by_domain(
 /// bare message; the caller prefixes the file name.
 ///
 /// A valid file is read in one pass that builds each top-level descriptor as it is parsed
-/// ([`stream`]). A file that fails it is read again whole, in Go's order (so a file with several
-/// problems reports the same one first): only a file that fails pays for two reads.
+/// ([`stream`]); a large one in pieces, one per core ([`pieces`]). A file that fails it is read again
+/// whole, in Go's order (so a file with several problems reports the same one first): only a file that
+/// fails pays for more than one read.
 fn parse_text(file: &str, text: &str) -> Result<DomainConfig, String> {
-    match stream::parse(file, text) {
+    match pieces::parse(file, text).or_else(|| stream::parse(file, text)) {
         Some(config) => Ok(config),
         None => parse_text_in_go_order(file, text),
     }

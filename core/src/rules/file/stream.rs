@@ -20,28 +20,120 @@ use super::yaml::{self, Node, Value};
 
 /// `file`'s text as a validated config, or `None` if the fast path gave up (see the module docs).
 pub(super) fn parse(file: &str, text: &str) -> Option<DomainConfig> {
+    Some(read(text)?.into_config(file))
+}
+
+/// What the fast path read of a file: its root's fields and its top-level descriptors, built.
+pub(super) struct Read {
+    /// The domain, decoded as the slow path decodes it.
+    domain: String,
+    /// The root's `all_or_nothing`.
+    all_or_nothing: bool,
+    /// The 1-based line of the root's `descriptors` key, if it has one.
+    pub(super) descriptors_line: Option<u32>,
+    /// The top-level descriptors built.
+    pub(super) top: Top,
+}
+
+impl Read {
+    /// The domain the top-level descriptors are built under.
+    pub(super) fn domain(&self) -> &str {
+        &self.domain
+    }
+
+    /// The validated config, named `file`.
+    pub(super) fn into_config(self, file: &str) -> DomainConfig {
+        let mut descriptors = self.top.descriptors;
+        descriptors.shrink_to_fit();
+        DomainConfig {
+            domain: self.domain,
+            file: file.to_owned(),
+            all_or_nothing: self.all_or_nothing,
+            descriptors,
+        }
+    }
+}
+
+/// Reads a file's text the fast way, or `None` if the fast path gave up.
+pub(super) fn read(text: &str) -> Option<Read> {
     let root = yaml::deserialize_document(text, |doc| Root {
         doc,
         entries: Vec::new(),
         top: None,
-        descriptors: Vec::new(),
-        seen_descriptors: false,
+        descriptors_line: None,
     })?;
     yaml::validate_map(&root.entries).ok()?;
     let root_node = Node::map(root.entries);
     let domain = decode::string_field(&root_node, "domain").ok()?;
     let all_or_nothing = decode::bool_field(&root_node, "all_or_nothing").ok()?;
-    if domain.is_empty() || root.top.is_some_and(|(built_for, _)| built_for != domain) {
+    if domain.is_empty() || root.top.as_ref().is_some_and(|top| top.domain != domain) {
         return None;
     }
-    let mut descriptors = root.descriptors;
-    descriptors.shrink_to_fit();
-    Some(DomainConfig {
+    let top = root.top.unwrap_or_else(|| Top::new(domain.clone()));
+    Some(Read {
         domain,
-        file: file.to_owned(),
         all_or_nothing,
-        descriptors,
+        descriptors_line: root.descriptors_line,
+        top,
     })
+}
+
+/// Reads `run`, a run of a file's top-level descriptors cut out of it (see [`super::pieces`]), building
+/// each under `domain`; `None` if the fast path gave up.
+pub(super) fn read_run(run: &str, domain: &str) -> Option<Top> {
+    yaml::deserialize_run(run, |doc| Run {
+        doc,
+        top: Top::new(domain.to_owned()),
+    })
+}
+
+/// Top-level descriptors built, with the checks among them.
+pub(super) struct Top {
+    /// The domain they are built under.
+    domain: String,
+    /// The checks among them (no two alike, normalisations agree).
+    siblings: Siblings,
+    /// Those built so far, in file order.
+    descriptors: Vec<DescriptorConfig>,
+}
+
+impl Top {
+    fn new(domain: String) -> Self {
+        Top {
+            domain,
+            siblings: Siblings::default(),
+            descriptors: Vec::new(),
+        }
+    }
+
+    /// Whether none were built.
+    pub(super) fn is_empty(&self) -> bool {
+        self.descriptors.is_empty()
+    }
+
+    /// Checks, decodes and validates one top-level descriptor; `doc` is the text its spans point into.
+    fn build(&mut self, doc: &str, mut item: Node) -> Option<()> {
+        let Value::Map(entries) = &item.value else {
+            return None;
+        };
+        yaml::validate_map(entries).ok()?;
+        item.fill_raw(doc);
+        let raw = decode::decode_descriptor(&item).ok()?;
+        drop(item);
+        let built = validate::build_descriptor(&raw, &self.domain, &mut self.siblings).ok()?;
+        self.descriptors.push(built);
+        Some(())
+    }
+
+    /// Appends `next`, the descriptors that follow these in the file, built apart; `None` if one of
+    /// them clashes with one of these (which building it here would have refused).
+    pub(super) fn append(&mut self, next: Top) -> Option<()> {
+        if next.domain != self.domain || !self.siblings.merge(next.siblings) {
+            return None;
+        }
+        self.descriptors.extend(next.descriptors);
+        Some(())
+    }
 }
 
 /// The document's root mapping as it is read.
@@ -50,12 +142,10 @@ struct Root<'t> {
     doc: &'t str,
     /// The root's entries but `descriptors`.
     entries: Vec<(Node, Node)>,
-    /// The domain the top level is built under and its sibling checks, from the first descriptor on.
-    top: Option<(String, Siblings)>,
-    /// The top-level descriptors built so far.
-    descriptors: Vec<DescriptorConfig>,
-    /// Whether `descriptors` was read already.
-    seen_descriptors: bool,
+    /// The top-level descriptors, built from the first one on under the domain read before it.
+    top: Option<Top>,
+    /// The line of the `descriptors` key, once read.
+    descriptors_line: Option<u32>,
 }
 
 /// Why the fast path gave up; never shown (the slow path words the error).
@@ -65,22 +155,12 @@ fn give_up<E: de::Error>() -> E {
 
 impl Root<'_> {
     /// Checks, decodes and validates one top-level descriptor.
-    fn build(&mut self, mut item: Node) -> Option<()> {
-        let Value::Map(entries) = &item.value else {
-            return None;
-        };
-        yaml::validate_map(entries).ok()?;
-        item.fill_raw(self.doc);
-        let raw = decode::decode_descriptor(&item).ok()?;
-        drop(item);
+    fn build(&mut self, item: Node) -> Option<()> {
         if self.top.is_none() {
             let domain = self.domain()?;
-            self.top = Some((domain, Siblings::default()));
+            self.top = Some(Top::new(domain));
         }
-        let (domain, siblings) = self.top.as_mut()?;
-        let built = validate::build_descriptor(&raw, domain, siblings).ok()?;
-        self.descriptors.push(built);
-        Some(())
+        self.top.as_mut()?.build(self.doc, item)
     }
 
     /// The domain read so far, decoded as the slow path decodes it; `None` if there is none yet.
@@ -109,7 +189,7 @@ impl<'de> Visitor<'de> for Root<'_> {
     fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Self, A::Error> {
         while let Some(mut key) = map.next_key::<Node>()? {
             if key.is_key("descriptors") {
-                if std::mem::replace(&mut self.seen_descriptors, true) {
+                if self.descriptors_line.replace(key.line).is_some() {
                     return Err(give_up());
                 }
                 map.next_value_seed(Descriptors(&mut self))?;
@@ -164,6 +244,37 @@ impl<'de> Visitor<'de> for Descriptors<'_, '_> {
             self.0.build(item).ok_or_else(give_up)?;
         }
         Ok(())
+    }
+}
+
+/// A run of top-level descriptors parsed alone: its list is the document's root.
+struct Run<'t> {
+    /// The run's text (spans are relative to it).
+    doc: &'t str,
+    /// What is built of it.
+    top: Top,
+}
+
+impl<'de> DeserializeSeed<'de> for Run<'_> {
+    type Value = Top;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Top, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Run<'_> {
+    type Value = Top;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a run of top-level descriptors")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<Top, A::Error> {
+        while let Some(item) = seq.next_element::<Node>()? {
+            self.top.build(self.doc, item).ok_or_else(give_up)?;
+        }
+        Ok(self.top)
     }
 }
 

@@ -87,6 +87,25 @@ impl Siblings {
             }
         }
     }
+
+    /// Takes in `other`, the checks of further children of the same parent made apart (a rules file
+    /// read in pieces): `false` if one of them clashes with one made here, which checking that child
+    /// here would have refused.
+    pub(crate) fn merge(&mut self, other: Siblings) -> bool {
+        let keys_clash = other.final_keys.iter().any(|k| self.final_keys.contains(k));
+        let normalisation_clashes = other
+            .normalisation
+            .iter()
+            .any(|(key, n)| self.normalisation.get(key).is_some_and(|mine| mine != n));
+        if keys_clash || normalisation_clashes {
+            return false;
+        }
+        self.final_keys.extend(other.final_keys);
+        for (key, n) in other.normalisation {
+            self.normalisation.entry(key).or_insert(n);
+        }
+        true
+    }
 }
 
 fn build_level<R: std::borrow::Borrow<RawDescriptor>>(

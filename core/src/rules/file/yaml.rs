@@ -378,6 +378,23 @@ where
     .ok()
 }
 
+/// Runs `seed` over `run`, a run of a file's top-level descriptors cut out of it (see
+/// [`super::pieces`]), with the budgets its file is parsed with; the seed is given `run`. The nesting
+/// allowed is one level less: the run's list is its document's root, where the file's list sits in the
+/// root mapping, and what is too deep in the file must be too deep in the run. `None` if the parser or
+/// the seed failed.
+pub(crate) fn deserialize_run<'t, S>(run: &'t str, seed: impl FnOnce(&'t str) -> S) -> Option<S::Value>
+where
+    S: DeserializeSeed<'t>,
+{
+    let mut options = options_for(run.len());
+    if let Some(budget) = options.budget.as_mut() {
+        budget.max_depth = budget.max_depth.saturating_sub(1);
+    }
+    let seed = seed(run);
+    serde_saphyr::with_deserializer_from_str_with_options(run, options, |de| seed.deserialize(de)).ok()
+}
+
 /// The parser's options for a document of `len` bytes.
 pub(crate) fn options_for(len: usize) -> serde_saphyr::Options {
     serde_saphyr::options! {
