@@ -2,12 +2,13 @@
 //! answers "which rule applies to this descriptor?" with one hash lookup per entry.
 //!
 //! Layout: `compile.rs` builds the tree, `matcher.rs` walks it, `normalize.rs` and `pattern.rs` handle
-//! values that are not compared byte for byte.
+//! values that are not compared byte for byte; `cores.rs` splits a large load over the machine's cores.
 
 pub mod file;
 pub mod reload;
 
 mod compile;
+mod cores;
 mod matcher;
 mod normalize;
 mod pattern;

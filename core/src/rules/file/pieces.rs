@@ -16,10 +16,9 @@
 //! line starting `%` before the list). The nesting budget is one level less in a run
 //! ([`yaml::deserialize_run`]), so what is too deep for the file is too deep for its run.
 
-use std::num::NonZeroUsize;
-
+use super::super::cores;
 use super::model::DomainConfig;
-use super::stream::{self, Top};
+use super::stream;
 #[cfg(doc)]
 use super::yaml;
 
@@ -27,19 +26,11 @@ use super::yaml;
 /// costs tens of microseconds; a mebibyte of rules takes tens of milliseconds to parse.)
 const MIN_RUN_BYTES: usize = 1 << 20;
 
-/// The most threads one file is read on.
-const MAX_RUNS: usize = 8;
-
-/// Each reading thread's stack: a main thread's, for the parser's recursion at the deepest nesting its
-/// budget allows (only what is used is ever backed by memory).
-const RUN_STACK_BYTES: usize = 8 << 20;
-
 /// `file`'s text as the fast path reads it, read on as many threads as the machine has cores and the
-/// file has mebibytes (at most [`MAX_RUNS`]). `None` if the file is read whole: too small, or the cut
-/// gave up, or the fast path would.
+/// file has mebibytes. `None` if the file is read whole: too small, or the cut gave up, or the fast
+/// path would.
 pub(super) fn parse(file: &str, text: &str) -> Option<DomainConfig> {
-    let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
-    parse_in(file, text, cores.min(MAX_RUNS).min(text.len() / MIN_RUN_BYTES))
+    parse_in(file, text, cores::parts_for(text.len(), MIN_RUN_BYTES))
 }
 
 /// [`parse`] in at most `runs` runs.
@@ -50,22 +41,7 @@ fn parse_in(file: &str, text: &str, runs: usize) -> Option<DomainConfig> {
         return None;
     }
     let domain = read.domain();
-    let built: Vec<Option<Top>> = std::thread::scope(|scope| {
-        let (first, others) = cut.runs.split_first()?;
-        let threads: Vec<_> = others
-            .iter()
-            .map(|run| {
-                std::thread::Builder::new()
-                    .name("tollgate-rules".to_owned())
-                    .stack_size(RUN_STACK_BYTES)
-                    .spawn_scoped(scope, move || stream::read_run(run, domain))
-            })
-            .collect();
-        let mut built = vec![stream::read_run(first, domain)];
-        // A thread that could not start or that panicked gives up like a run that did not parse.
-        built.extend(threads.into_iter().map(|t| t.ok()?.join().ok().flatten()));
-        Some(built)
-    })?;
+    let built = cores::each_in_order(cut.runs, |run| stream::read_run(run, domain));
     for top in built {
         read.top.append(top?)?;
     }
@@ -334,9 +310,7 @@ mod tests {
         };
         // A debug build's frames are several times a release build's: the deepest nesting allowed needs
         // more than a test thread's stack there.
-        let thread = std::thread::Builder::new()
-            .stack_size(super::RUN_STACK_BYTES)
-            .spawn(outcomes);
+        let thread = std::thread::Builder::new().stack_size(8 << 20).spawn(outcomes);
         let outcomes = thread.expect("starts").join().expect("no panic");
         assert!(
             outcomes.contains(&true) && outcomes.contains(&false),
