@@ -29,9 +29,9 @@
 //! Layout: `model` holds the validated types; `yaml` parses to a generic node tree and runs Go's
 //! structural checks; `decode` turns the tree into raw descriptors (Go's typed unmarshal);
 //! `validate` checks their meaning and builds the model; `stream` does all three per top-level
-//! descriptor as the file is parsed, for files that pass; `pieces` does that on several cores for a large
-//! file; `load` walks directories. Rules from
-//! elsewhere (the server's xDS client) are built as the raw form and validated by [`validate_raw`].
+//! descriptor as the file is parsed, for files that pass; `pieces` does that on several cores for a
+//! large file; `load` walks directories. Rules from elsewhere (the server's xDS client) are built as
+//! the raw form and validated by [`validate_raw`].
 
 mod decode;
 mod load;

@@ -120,37 +120,30 @@ impl<'t> Cut<'t> {
         // Where each run but the first is to begin at the earliest.
         let run_len = (text.len() - list_start) / runs;
         let mut cuts: Vec<usize> = Vec::with_capacity(runs + 1);
-        let mut indent = None;
+        // The indentation of the list's items, from its first item on.
+        let mut items_at = None;
         let mut list_end = text.len();
         for line in lines {
             let start = offset;
             offset += line.len();
-            match (Line::of(line), indent) {
-                (Line::Blank, _) => {}
-                (
-                    Line::Content {
-                        indent: n,
-                        item: true,
-                    },
-                    None,
-                ) => {
-                    indent = Some(n);
+            let (indent, item) = match Line::of(line) {
+                Line::Blank => continue,
+                Line::Unknown => return None,
+                Line::Content { indent, item } => (indent, item),
+            };
+            match items_at {
+                None if item => {
+                    items_at = Some(indent);
                     cuts.push(start);
                 }
-                (Line::Content { indent: n, .. }, Some(k)) if n > k => {}
-                (
-                    Line::Content {
-                        indent: n,
-                        item: true,
-                    },
-                    Some(k),
-                ) if n == k => {
+                Some(k) if indent > k => {}
+                Some(k) if indent == k && item => {
                     let next_run_at = list_start + run_len * cuts.len();
                     if start >= next_run_at && cuts.len() < runs {
                         cuts.push(start);
                     }
                 }
-                (Line::Content { indent: 0, .. }, Some(_)) => {
+                Some(_) if indent == 0 => {
                     list_end = start;
                     break;
                 }

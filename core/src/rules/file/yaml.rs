@@ -371,11 +371,7 @@ where
     S: DeserializeSeed<'t>,
 {
     let doc = first_document(text);
-    let seed = seed(doc);
-    serde_saphyr::with_deserializer_from_str_with_options(doc, options_for(doc.len()), |de| {
-        seed.deserialize(de)
-    })
-    .ok()
+    deserialize_with(doc, options_for(doc.len()), seed)
 }
 
 /// Runs `seed` over `run`, a run of a file's top-level descriptors cut out of it (see
@@ -391,8 +387,20 @@ where
     if let Some(budget) = options.budget.as_mut() {
         budget.max_depth = budget.max_depth.saturating_sub(1);
     }
-    let seed = seed(run);
-    serde_saphyr::with_deserializer_from_str_with_options(run, options, |de| seed.deserialize(de)).ok()
+    deserialize_with(run, options, seed)
+}
+
+/// Runs the seed made for `doc` over it with `options`; `None` if the parser or the seed failed.
+fn deserialize_with<'t, S>(
+    doc: &'t str,
+    options: serde_saphyr::Options,
+    seed: impl FnOnce(&'t str) -> S,
+) -> Option<S::Value>
+where
+    S: DeserializeSeed<'t>,
+{
+    let seed = seed(doc);
+    serde_saphyr::with_deserializer_from_str_with_options(doc, options, |de| seed.deserialize(de)).ok()
 }
 
 /// The parser's options for a document of `len` bytes.
