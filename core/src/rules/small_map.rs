@@ -43,13 +43,7 @@ impl<V> SmallMap<V> {
     where
         V: Default,
     {
-        if let Self::Few(entries) = self
-            && entries.len() == MAX_FEW
-            && !entries.iter().any(|(k, _)| &**k == key)
-        {
-            let map: HashMap<Box<str>, V> = std::mem::take(entries).into_iter().collect();
-            *self = Self::Many(Box::new(map));
-        }
+        self.make_room(key);
         match self {
             Self::Few(entries) => {
                 let at = match entries.iter().position(|(k, _)| &**k == key) {
@@ -67,21 +61,27 @@ impl<V> SmallMap<V> {
 
     /// Sets `key` to `value`, returning the value it replaced.
     pub(crate) fn insert(&mut self, key: Box<str>, value: V) -> Option<V> {
+        self.make_room(&key);
         match self {
-            Self::Few(entries) => {
-                if let Some((_, old)) = entries.iter_mut().find(|(k, _)| *k == key) {
-                    return Some(std::mem::replace(old, value));
-                }
-                if entries.len() < MAX_FEW {
+            Self::Few(entries) => match entries.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, old)) => Some(std::mem::replace(old, value)),
+                None => {
                     entries.push((key, value));
-                    return None;
+                    None
                 }
-                let mut map: HashMap<Box<str>, V> = std::mem::take(entries).into_iter().collect();
-                map.insert(key, value);
-                *self = Self::Many(Box::new(map));
-                None
-            }
+            },
             Self::Many(map) => map.insert(key, value),
+        }
+    }
+
+    /// Turns a full vector that lacks `key` into a hash table, so that `key` can be added.
+    fn make_room(&mut self, key: &str) {
+        if let Self::Few(entries) = self
+            && entries.len() >= MAX_FEW
+            && !entries.iter().any(|(k, _)| &**k == key)
+        {
+            let map: HashMap<Box<str>, V> = std::mem::take(entries).into_iter().collect();
+            *self = Self::Many(Box::new(map));
         }
     }
 
