@@ -117,6 +117,20 @@ impl Store for RedisStores {
         if batch.policy == CommitPolicy::AllOrNothing {
             return Err(StoreError::AcrossStores);
         }
+        // Boxed: both stores' calls at once are twice a call's state, which the common request (one
+        // Redis, above) should not carry inline.
+        Box::pin(self.apply_split(per_second, batch)).await
+    }
+}
+
+impl RedisStores {
+    /// A batch with items for both Redis: each gets its part, at once, and the answers are put back in
+    /// the batch's order.
+    async fn apply_split(
+        &self,
+        per_second: &CachedRedis,
+        batch: &Batch,
+    ) -> Result<Vec<Decision>, StoreError> {
         let routes = routes(&batch.items);
         let (main_part, second_part) = (part(batch, &routes, false), part(batch, &routes, true));
         let (main_decisions, second_decisions) =
@@ -183,5 +197,35 @@ mod tests {
             item(3, SECOND_US),
         ];
         assert_eq!(routes(&items), [true, false, false, false, true, true]);
+    }
+
+    /// Every request on Redis pays one copy of this future into its box (see `AnyStore::apply`): the
+    /// rarer calls (traced or settled as a whole, split between two Redis) are boxed where they start,
+    /// so the common one stays small.
+    #[tokio::test]
+    async fn a_redis_call_is_a_small_future() {
+        let target =
+            crate::store::redis::RedisTarget::parse("127.0.0.1:1", "SINGLE", "tcp", "", "", false, false)
+                .expect("a valid address");
+        let options = crate::store::StoreOptions {
+            redis: Some(crate::store::redis::RedisOptions::new(target.clone())),
+            per_second: Some(crate::store::redis::RedisOptions::new(target)),
+            ..Default::default()
+        };
+        let stop = tokio_util::sync::CancellationToken::new();
+        let store = crate::store::AnyStore::open(options, Arc::new(crate::clock::SystemClock), stop.clone());
+        let crate::store::AnyStore::Redis(stores) = &store else {
+            panic!("Redis options open a Redis store");
+        };
+        let batch = Batch {
+            items: vec![item(0, SECOND_US)],
+            policy: CommitPolicy::Independent,
+            scope_len: 0,
+            keep_together: false,
+            once: None,
+        };
+        let size = std::mem::size_of_val(&stores.apply(&batch));
+        assert!(size < 1024, "a Redis call's future is {size} bytes");
+        stop.cancel();
     }
 }

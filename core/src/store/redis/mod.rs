@@ -653,6 +653,20 @@ impl Store for Arc<RedisStore> {
                 Err(_) => Err(StoreError::Timeout(self.options.deadline)),
             };
         }
+        // Boxed: this call's state is most of a kilobyte, and the common request (coalesced, above)
+        // should not carry it inline through every future that awaits this one.
+        Box::pin(self.apply_alone(batch, named)).await
+    }
+}
+
+impl RedisStore {
+    /// A batch sent on its own call, not coalesced: traced, or settled as a whole (see
+    /// [`Self::coalesces`]).
+    async fn apply_alone(
+        &self,
+        batch: &Batch,
+        named: Vec<(String, ScriptItem<'static>)>,
+    ) -> Result<Vec<Decision>, StoreError> {
         let items: Vec<ScriptItem<'_>> = named
             .iter()
             .map(|(key, item)| ScriptItem { key, ..*item })
@@ -684,9 +698,7 @@ impl Store for Arc<RedisStore> {
         self.invoke_whole(&items, batch.policy, Some(markers), self.options.deadline)
             .await
     }
-}
 
-impl RedisStore {
     /// Whether a batch goes through the [`coalesce`] queue: any independent batch, except when the
     /// request is traced, so its `FCALL` span stays the child of its own RPC span. Fixed-window batches
     /// share a pipeline ([`pipeline`]); the others share a script call, or in a cluster, where a script
