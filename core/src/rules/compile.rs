@@ -125,10 +125,15 @@ struct Context<'a> {
 impl Context<'_> {
     fn level(&mut self, descriptors: Vec<DescriptorConfig>, parent: &str) -> Result<Level, ConfigError> {
         let mut level = Level::default();
-        // Normalisation is per key and level: settle it before inserting any value of that key.
+        // Normalisation is per key and level: settle it before inserting any value of that key. Most
+        // descriptors have none to settle, and are looked up only once, below (an Envoy Gateway
+        // file's top level is one key of some forty bytes per route).
         for d in &descriptors {
-            let group = level.keys.get_or_default(&d.key);
             let normalizer = Normalizer::new(&d.normalize);
+            if normalizer.is_identity() && !d.normalize.hash {
+                continue;
+            }
+            let group = level.keys.get_or_default(&d.key);
             if !normalizer.is_identity() {
                 group.normalizer = normalizer;
             }
