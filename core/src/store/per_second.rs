@@ -204,17 +204,21 @@ mod tests {
     /// so the common one stays small.
     #[tokio::test]
     async fn a_redis_call_is_a_small_future() {
-        let target =
-            crate::store::redis::RedisTarget::parse("127.0.0.1:1", "SINGLE", "tcp", "", "", false, false)
-                .expect("a valid address");
-        let options = crate::store::StoreOptions {
-            redis: Some(crate::store::redis::RedisOptions::new(target.clone())),
-            per_second: Some(crate::store::redis::RedisOptions::new(target)),
+        use crate::clock::SystemClock;
+        use crate::store::redis::{RedisOptions, RedisTarget};
+        use crate::store::{AnyStore, StoreOptions};
+
+        // Nothing listens there: the future is measured, never polled.
+        let target = RedisTarget::parse("127.0.0.1:1", "SINGLE", "tcp", "", "", false, false)
+            .expect("a valid address");
+        let options = StoreOptions {
+            redis: Some(RedisOptions::new(target.clone())),
+            per_second: Some(RedisOptions::new(target)),
             ..Default::default()
         };
         let stop = tokio_util::sync::CancellationToken::new();
-        let store = crate::store::AnyStore::open(options, Arc::new(crate::clock::SystemClock), stop.clone());
-        let crate::store::AnyStore::Redis(stores) = &store else {
+        let store = AnyStore::open(options, Arc::new(SystemClock), stop.clone());
+        let AnyStore::Redis(stores) = &store else {
             panic!("Redis options open a Redis store");
         };
         let batch = Batch {
