@@ -25,28 +25,30 @@ pub(super) fn parse(file: &str, text: &str) -> Option<DomainConfig> {
 
 /// What the fast path read of a file: its root's fields and its top-level descriptors, built.
 pub(super) struct Read {
-    /// The domain, decoded as the slow path decodes it.
-    domain: String,
     /// The root's `all_or_nothing`.
     all_or_nothing: bool,
     /// The 1-based line of the root's `descriptors` key, if it has one.
     pub(super) descriptors_line: Option<u32>,
-    /// The top-level descriptors built.
+    /// The top-level descriptors built, under the domain as the slow path decodes it.
     pub(super) top: Top,
 }
 
 impl Read {
     /// The domain the top-level descriptors are built under.
     pub(super) fn domain(&self) -> &str {
-        &self.domain
+        &self.top.domain
     }
 
     /// The validated config, named `file`.
     pub(super) fn into_config(self, file: &str) -> DomainConfig {
-        let mut descriptors = self.top.descriptors;
+        let Top {
+            domain,
+            mut descriptors,
+            ..
+        } = self.top;
         descriptors.shrink_to_fit();
         DomainConfig {
-            domain: self.domain,
+            domain,
             file: file.to_owned(),
             all_or_nothing: self.all_or_nothing,
             descriptors,
@@ -66,12 +68,16 @@ pub(super) fn read(text: &str) -> Option<Read> {
     let root_node = Node::map(root.entries);
     let domain = decode::string_field(&root_node, "domain").ok()?;
     let all_or_nothing = decode::bool_field(&root_node, "all_or_nothing").ok()?;
-    if domain.is_empty() || root.top.as_ref().is_some_and(|top| top.domain != domain) {
+    if domain.is_empty() {
         return None;
     }
-    let top = root.top.unwrap_or_else(|| Top::new(domain.clone()));
+    // The top level was built under the domain read before it: the domain must not change after.
+    let top = match root.top {
+        Some(top) if top.domain != domain => return None,
+        Some(top) => top,
+        None => Top::new(domain),
+    };
     Some(Read {
-        domain,
         all_or_nothing,
         descriptors_line: root.descriptors_line,
         top,
