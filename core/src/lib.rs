@@ -13,7 +13,8 @@
 //! - [`observe`]: what the limiter records for operators (metrics, top offenders, the denial log);
 //!   exporting it is the server's job.
 //! - [`rules`]: validated rules → lookup tree; descriptor matching and storage keys. [`rules::file`] is
-//!   the rules-file format; [`rules::reload`] loads and hot-reloads a rules directory.
+//!   the rules-file format; [`rules::reload`] loads and hot-reloads a rules directory;
+//!   [`rules::proxy`] turns a proxy's request (NGINX, Caddy, Traefik, HAProxy) into descriptors.
 //! - [`store`]: where state lives; one atomic batch per request. [`store::memory`] is the embedded
 //!   store, `store::redis` the shared one (the default `redis` feature).
 //! - [`limiter`]: the decision core: rules + store → a neutral verdict (exact counts and durations).

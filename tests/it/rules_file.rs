@@ -164,6 +164,7 @@ fn basic_config_model() {
         domain: "test-domain".into(),
         file: FILE.into(),
         all_or_nothing: false,
+        proxy: None,
         descriptors: vec![
             with_children(
                 node("key1", Some("value1")),

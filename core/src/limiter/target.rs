@@ -33,10 +33,30 @@ pub trait RequestDescriptor {
     fn hits_addend(&self) -> Option<u64>;
 }
 
+/// The descriptors a proxy's request made ([`crate::rules::proxy`]) are decided as any others.
+impl<'a> RequestDescriptor for crate::rules::proxy::Descriptor<'a> {
+    type Entry = crate::rules::proxy::Entry<'a>;
+
+    fn entries(&self) -> &[Self::Entry] {
+        &self.entries
+    }
+
+    fn limit_override(&self) -> Option<LimitOverride> {
+        None
+    }
+
+    fn hits_addend(&self) -> Option<u64> {
+        self.hits_addend
+    }
+}
+
 /// Most entries one descriptor may carry. Envoy's descriptors hold a handful (one per action of a rate
 /// limit's action list); the cap bounds the storage key one descriptor can make, checked before any
 /// per-descriptor work.
 pub const MAX_ENTRIES: usize = 64;
+
+// Every descriptor a proxy's request can make fits.
+const _: () = assert!(crate::rules::proxy::MAX_ACTIONS <= MAX_ENTRIES);
 
 /// Who a descriptor's caller is, for the top offenders and the denial log.
 pub(super) struct Caller<'a, E> {

@@ -76,6 +76,7 @@ impl RuleSet {
             }
             let keyed_as = |encoding| ctx.rules.iter().any(|r| r.value_encoding(false) == encoding);
             let domain = Domain {
+                proxy: config.proxy,
                 name: config.domain.clone(),
                 all_or_nothing: config.all_or_nothing,
                 go_keyed: keyed_as(ValueEncoding::Go),

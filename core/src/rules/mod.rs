@@ -2,9 +2,11 @@
 //! answers "which rule applies to this descriptor?" with one hash lookup per entry.
 //!
 //! Layout: `compile.rs` builds the tree, `matcher.rs` walks it, `normalize.rs` and `pattern.rs` handle
-//! values that are not compared byte for byte; `cores.rs` splits a large load over the machine's cores.
+//! values that are not compared byte for byte; `cores.rs` splits a large load over the machine's cores;
+//! `proxy/` turns a proxy's request into a domain's descriptors (the rules file's `proxy:` block).
 
 pub mod file;
+pub mod proxy;
 pub mod reload;
 
 mod compile;
@@ -26,6 +28,7 @@ pub use compile::CompileOptions;
 /// limits in a 64-bit mask, so it never copies them; no real key needs more than a handful.
 pub const MAX_LIMITS_PER_RULE: usize = 64;
 pub use matcher::{DescriptorEntry, Found, ValueEncoding};
+pub(crate) use normalize::canonical_ip;
 pub use normalize::{MAX_RAW_VALUE_IN_KEY, ValueHasher};
 
 /// The currently loaded rules; `None` until a rule set has loaded successfully. Shared between the
@@ -80,12 +83,19 @@ pub struct Domain {
     own_keyed: bool,
     root: matcher::Level,
     rules: Vec<Arc<Rule>>,
+    /// The `proxy:` block: how a proxy's request becomes this domain's descriptors.
+    proxy: Option<crate::rules::proxy::ProxyRules>,
 }
 
 impl Domain {
     /// The domain name from the rules file.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The `proxy:` block, if the domain's rules file has one (rules over xDS have none).
+    pub fn proxy(&self) -> Option<&crate::rules::proxy::ProxyRules> {
+        self.proxy.as_ref()
     }
 
     /// Tollgate's `all_or_nothing: true`: a request consumes nothing unless every descriptor passes.

@@ -14,6 +14,8 @@ pub(super) enum DecodeError {
     Type(String),
     /// Metadata that cannot become a `Struct`.
     Metadata(String),
+    /// A `proxy:` block that cannot be used (its message names the place).
+    Proxy(String),
 }
 
 /// A rules file's content before its meaning is checked: what the YAML decodes to. Another source (the
@@ -27,6 +29,8 @@ pub struct RawRoot {
     pub all_or_nothing: bool,
     /// `descriptors`.
     pub descriptors: Vec<RawDescriptor>,
+    /// `proxy` (Tollgate), already checked (it has no Go form to keep apart from its meaning).
+    pub proxy: Option<crate::rules::proxy::ProxyRules>,
 }
 
 /// One descriptor node before validation; the fields are the rules file's keys.
@@ -184,6 +188,7 @@ fn map_field<'a>(map: &'a Node, key: &str) -> Decoded<Option<Option<&'a Node>>> 
 pub(super) fn decode_root(mut root: Node) -> Decoded<RawRoot> {
     let domain = string_field(&root, "domain")?;
     let all_or_nothing = bool_field(&root, "all_or_nothing")?;
+    let proxy = super::proxy::decode(root.get("proxy")).map_err(DecodeError::Proxy)?;
     list_field(&root, "descriptors")?;
     let items = match root.take("descriptors").map(|n| n.value) {
         Some(Value::Seq(items)) => items,
@@ -199,6 +204,7 @@ pub(super) fn decode_root(mut root: Node) -> Decoded<RawRoot> {
         domain,
         all_or_nothing,
         descriptors,
+        proxy,
     })
 }
 
@@ -211,6 +217,11 @@ fn decode_descriptors(parent: &Node) -> Decoded<Vec<RawDescriptor>> {
 }
 
 pub(super) fn decode_descriptor(d: &Node) -> Decoded<RawDescriptor> {
+    if d.get("proxy").is_some() {
+        return Err(DecodeError::Proxy(
+            "proxy is a top-level key: how a proxy's request becomes this domain's descriptors".into(),
+        ));
+    }
     let rate_limit = match map_field(d, "rate_limit")? {
         None => None,
         Some(None) => Some(None),

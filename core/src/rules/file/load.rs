@@ -169,6 +169,15 @@ fn merge(base: &mut DomainConfig, extra: DomainConfig) -> Result<(), String> {
         siblings.check_normalisation(&d.key, &d.normalize)?;
     }
     base.all_or_nothing |= extra.all_or_nothing;
+    if extra.proxy.is_some() {
+        if base.proxy.is_some() {
+            return Err(format!(
+                "domain '{}' has a proxy block in two files (one file holds it)",
+                base.domain
+            ));
+        }
+        base.proxy = extra.proxy;
+    }
     base.descriptors.extend(extra.descriptors);
     Ok(())
 }

@@ -24,7 +24,8 @@
 //!   a known key is accepted (and ignored) anywhere; `metadata` contents are free-form.
 //! - Extensions (`rate_limits`, `algorithm`, `burst`, `unit_multiplier`, `failure_mode`,
 //!   `match`, `lowercase`, `trim`, `ip_prefix`, `hash`, `all_or_nothing`) are validated with
-//!   messages that name the key and the descriptor's composite key.
+//!   messages that name the key and the descriptor's composite key; the top-level `proxy:` block
+//!   (`proxy.rs`) with messages that name its place in the block.
 //!
 //! Layout: `model` holds the validated types; `yaml` parses to a generic node tree and runs Go's
 //! structural checks; `decode` turns the tree into raw descriptors (Go's typed unmarshal);
@@ -39,6 +40,7 @@ mod load;
 pub use load::{DEFAULT_MAX_FILE_BYTES, Snapshot};
 mod model;
 mod pieces;
+mod proxy;
 mod stream;
 mod validate;
 pub(crate) use validate::final_key;
@@ -118,9 +120,11 @@ pub fn validate_raw(
     descriptors: impl IntoIterator<Item = RawDescriptor>,
     name: &str,
 ) -> Result<DomainConfig, ConfigError> {
-    validate::build_from(domain, all_or_nothing, descriptors, name).map_err(|message| ConfigError::Invalid {
-        file: name.to_owned(),
-        message,
+    validate::build_from(domain, all_or_nothing, descriptors, None, name).map_err(|message| {
+        ConfigError::Invalid {
+            file: name.to_owned(),
+            message,
+        }
     })
 }
 
@@ -156,6 +160,7 @@ fn parse_text_in_go_order(file: &str, text: &str) -> Result<DomainConfig, String
     let raw = decode::decode_root(root).map_err(|e| match e {
         decode::DecodeError::Type(m) => format!("error loading config file: {m}"),
         decode::DecodeError::Metadata(m) => format!("error parsing metadata: {m}"),
+        decode::DecodeError::Proxy(m) => m,
     })?;
     validate::build(raw, file)
 }

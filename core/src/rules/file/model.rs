@@ -63,6 +63,9 @@ pub struct DomainConfig {
     /// Top-level descriptor nodes in file order. Composite keys (`key` or `key_value`) are
     /// unique among siblings.
     pub descriptors: Vec<DescriptorConfig>,
+    /// Tollgate extension (top-level `proxy:`): how a proxy's request becomes this domain's
+    /// descriptors. At most one file of a merged domain has one.
+    pub proxy: Option<crate::rules::proxy::ProxyRules>,
 }
 
 /// One node of the descriptor tree.

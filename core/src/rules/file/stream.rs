@@ -27,6 +27,8 @@ pub(super) fn parse(file: &str, text: &str) -> Option<DomainConfig> {
 pub(super) struct Read {
     /// The root's `all_or_nothing`.
     all_or_nothing: bool,
+    /// The root's `proxy` block.
+    proxy: Option<crate::rules::proxy::ProxyRules>,
     /// The 1-based line of the root's `descriptors` key, if it has one.
     pub(super) descriptors_line: Option<u32>,
     /// The top-level descriptors built, under the domain as the slow path decodes it.
@@ -52,6 +54,7 @@ impl Read {
             file: file.to_owned(),
             all_or_nothing: self.all_or_nothing,
             descriptors,
+            proxy: self.proxy,
         }
     }
 }
@@ -68,6 +71,7 @@ pub(super) fn read(text: &str) -> Option<Read> {
     let root_node = Node::map(root.entries);
     let domain = decode::string_field(&root_node, "domain").ok()?;
     let all_or_nothing = decode::bool_field(&root_node, "all_or_nothing").ok()?;
+    let proxy = super::proxy::decode(root_node.get("proxy")).ok()?;
     if domain.is_empty() {
         return None;
     }
@@ -79,6 +83,7 @@ pub(super) fn read(text: &str) -> Option<Read> {
     };
     Some(Read {
         all_or_nothing,
+        proxy,
         descriptors_line: root.descriptors_line,
         top,
     })

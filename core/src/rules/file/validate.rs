@@ -18,7 +18,7 @@ use super::model::{
 };
 
 pub(super) fn build(raw: RawRoot, file: &str) -> Result<DomainConfig, String> {
-    build_from(raw.domain, raw.all_or_nothing, raw.descriptors, file)
+    build_from(raw.domain, raw.all_or_nothing, raw.descriptors, raw.proxy, file)
 }
 
 /// [`build`] from a root's parts. The top level consumes the raw descriptors, each dropped once
@@ -28,6 +28,7 @@ pub(super) fn build_from(
     domain: String,
     all_or_nothing: bool,
     descriptors: impl IntoIterator<Item = RawDescriptor>,
+    proxy: Option<crate::rules::proxy::ProxyRules>,
     file: &str,
 ) -> Result<DomainConfig, String> {
     if domain.is_empty() {
@@ -39,6 +40,7 @@ pub(super) fn build_from(
         file: file.to_owned(),
         all_or_nothing,
         descriptors,
+        proxy,
     })
 }
 

@@ -54,6 +54,7 @@ const VALID_KEYS: &[&str] = &[
     "concurrency",
     "max_in_flight",
     "lease_ttl",
+    "proxy",
 ];
 
 /// A YAML node: resolved value plus the source facts typed decoding needs.
@@ -513,8 +514,9 @@ pub(crate) fn validate_map(entries: &[(Node, Node)]) -> Result<(), String> {
         if !VALID_KEYS.contains(&key.as_str()) {
             return Err(format!("config error, unknown key '{key}'"));
         }
-        // Metadata is free-form and only has to be convertible (checked when decoding).
-        if key == "metadata" {
+        // Metadata is free-form and only has to be convertible (checked when decoding); the proxy
+        // block has keys of its own, checked strictly by its reader.
+        if key == "metadata" || key == "proxy" {
             continue;
         }
         validate_value(v)?;
