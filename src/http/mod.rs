@@ -1,13 +1,15 @@
 //! The HTTP listeners' routes, over the limiter through [`crate::api`] (never through gRPC):
 //!
 //! - the admin port: `/healthcheck` and `POST /json` (`envoy_json.rs`) as envoyproxy/ratelimit,
-//!   `/metrics`, and the native API's `POST /v1/*` (`native_json.rs`), unless the native API has a
-//!   listener of its own (`TOLLGATE_NATIVE_HTTP_ADDR`, [`native_router`]);
+//!   `/metrics`, proxies' `/forward-auth/{domain}` (`forward_auth.rs`), and the native API's
+//!   `POST /v1/*` (`native_json.rs`), unless the native API has a listener of its own
+//!   (`TOLLGATE_NATIVE_HTTP_ADDR`, [`native_router`]);
 //! - the debug port: `/rlconfig` (the loaded rules one per line, as envoyproxy/ratelimit), `/metrics`,
 //!   `/top` and `/config`;
 //! - with `USE_PROMETHEUS`, the Go service's metrics listener (`PROMETHEUS_ADDR`, `PROMETHEUS_PATH`).
 
 mod envoy_json;
+mod forward_auth;
 mod native_json;
 mod serve;
 
@@ -58,12 +60,14 @@ pub fn admin_router(admin: Admin) -> Router {
         .with_native
         .then(|| native_router(&admin.limiter, &admin.options, admin.max_body_bytes));
     let body_limit = DefaultBodyLimit::max(admin.max_body_bytes);
+    let forward_auth = forward_auth::router(Arc::clone(&admin.limiter), &admin.options.headers);
     let router = Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/readyz", get(readyz))
         .route("/json", post(envoy_json::json))
         .with_state(Arc::new(admin))
         .merge(metrics)
+        .merge(forward_auth)
         .layer(body_limit);
     match native {
         Some(native) => router.merge(native),

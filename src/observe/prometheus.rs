@@ -9,7 +9,7 @@
 
 use std::fmt::Write as _;
 
-use tollgate_core::observe::metrics::{Metrics, StoreOperation};
+use tollgate_core::observe::metrics::{ForwardAuthAnswer, Metrics, StoreOperation};
 use tollgate_core::store::StoreCounters;
 
 use super::go_series::{self, GoSeries};
@@ -214,6 +214,7 @@ pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String 
         let labels = format!("operation=\"{}\",", operation.name());
         render_histogram(metrics.store_time(operation), &mut out, name, &labels, 1.0);
     }
+    render_forward_auth(metrics, &mut out);
     let name = "tollgate_memory_keys";
     let _ = writeln!(
         out,
@@ -258,6 +259,25 @@ pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String 
     );
     let _ = writeln!(out, "tollgate_config_load_timestamp_seconds {at}");
     out
+}
+
+/// The proxies' forward-auth requests by answer, and those that came with a body.
+fn render_forward_auth(metrics: &Metrics, out: &mut String) {
+    let name = "tollgate_forward_auth_requests_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Forward-auth requests from proxies (/forward-auth/{{domain}}), per answer.\n# TYPE {name} counter"
+    );
+    for answer in ForwardAuthAnswer::ALL {
+        let value = metrics.forward_auth_answers(answer);
+        let _ = writeln!(out, "{name}{{answer=\"{}\"}} {value}", answer.name());
+    }
+    let name = "tollgate_forward_auth_bodies_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Forward-auth requests that came with a body, which the proxy should not forward (never read).\n# TYPE {name} counter\n{name} {}",
+        metrics.forward_auth_bodies.get()
+    );
 }
 
 #[cfg(test)]

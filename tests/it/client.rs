@@ -9,11 +9,10 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::Request;
 use axum::routing::post;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate_client::{Acquired, Client, DEFAULT_DEADLINE, Descriptor, Error, FailurePolicy, RateLimitLayer};
 use tonic::Code;
 
-use crate::common::{Guard, TestServer};
+use crate::common::{Guard, TestServer, header, send_with_headers};
 
 const API_RULES: &str = include_str!("../../examples/config/api.yaml");
 
@@ -59,42 +58,7 @@ fn export(user: &str) -> [Descriptor; 1] {
 
 /// POSTs and returns (status, lower-cased headers, body).
 async fn post_to(addr: SocketAddr, path: &str) -> (u16, Vec<(String, String)>, String) {
-    send(addr, "POST", path, "").await
-}
-
-/// Sends a request with extra header lines (each ending in CRLF); returns (status, lower-cased headers,
-/// body).
-async fn send(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &str,
-) -> (u16, Vec<(String, String)>, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: app\r\nConnection: close\r\nContent-Length: 0\r\n{headers}\r\n"
-    );
-    stream.write_all(request.as_bytes()).await.expect("write");
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.expect("read");
-    let (head, body) = text.split_once("\r\n\r\n").expect("a response");
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    let headers = lines
-        .filter_map(|l| {
-            l.split_once(": ")
-                .map(|(k, v)| (k.to_ascii_lowercase(), v.to_owned()))
-        })
-        .collect();
-    (status, headers, body.to_owned())
-}
-
-fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    send_with_headers(addr, "POST", path, "").await
 }
 
 #[tokio::test]
@@ -196,15 +160,18 @@ async fn the_example_app_answers_429_with_retry_after_once_its_budget_is_spent()
     assert!((3590..=3600).contains(&retry), "{retry}");
 
     let user = "x-user-id: ada\r\n";
-    let (status, _, body) = send(addr, "POST", "/export?fail=1", user).await;
+    let (status, _, body) = send_with_headers(addr, "POST", "/export?fail=1", user).await;
     assert_eq!(status, 502, "{body}");
     assert_eq!(
-        send(addr, "GET", "/exports-left", user).await.2,
+        send_with_headers(addr, "GET", "/exports-left", user).await.2,
         "3\n",
         "the failed export was refunded"
     );
-    assert_eq!(send(addr, "POST", "/export", user).await.0, 200);
-    assert_eq!(send(addr, "GET", "/exports-left", user).await.2, "2\n");
+    assert_eq!(send_with_headers(addr, "POST", "/export", user).await.0, 200);
+    assert_eq!(
+        send_with_headers(addr, "GET", "/exports-left", user).await.2,
+        "2\n"
+    );
     server.stop().await;
 }
 
@@ -230,7 +197,7 @@ async fn the_concurrency_layer_caps_requests_in_flight() {
     tokio::spawn(async move { axum::serve(listener, router).await });
 
     let user = "x-user-id: grace\r\n";
-    let three = (0..3).map(|_| send(addr, "POST", "/export", user));
+    let three = (0..3).map(|_| send_with_headers(addr, "POST", "/export", user));
     let mut statuses: Vec<(u16, Option<String>)> = futures_util::future::join_all(three)
         .await
         .into_iter()
@@ -242,7 +209,9 @@ async fn the_concurrency_layer_caps_requests_in_flight() {
     assert!(statuses[2].1.is_some(), "Retry-After on the refusal");
     // The two leases were released when their handlers returned: both slots are free again.
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let again = futures_util::future::join_all((0..2).map(|_| send(addr, "POST", "/export", user))).await;
+    let again =
+        futures_util::future::join_all((0..2).map(|_| send_with_headers(addr, "POST", "/export", user)))
+            .await;
     assert!(again.iter().all(|(status, _, _)| *status == 200), "{again:?}");
     server.stop().await;
 }

@@ -13,6 +13,7 @@ mod embedded;
 mod envoy_gateway;
 mod extensions;
 mod faults;
+mod forward_auth;
 mod grpc;
 mod headers;
 mod hostile_input;

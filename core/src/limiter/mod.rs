@@ -228,6 +228,22 @@ impl<S: Store> Limiter<S> {
         .await
     }
 
+    /// Decides a request a proxy forwarded, with the descriptors its domain's `proxy:` block made
+    /// ([`crate::rules::proxy`]): exactly as Envoy's `ShouldRateLimit` with those descriptors (the same
+    /// counters, shadow and quota modes, failure modes), counted under [`Method::ForwardAuth`].
+    pub async fn forward_auth<D: RequestDescriptor>(
+        &self,
+        domain: &str,
+        descriptors: &[D],
+    ) -> Result<Verdict, LimiterError> {
+        let call = Call::Envoy { cost: 1 };
+        self.counted(
+            Method::ForwardAuth,
+            self.decide_request(domain, descriptors, call),
+        )
+        .await
+    }
+
     /// Runs one request, Envoy's or the native API's, and counts it in the metrics: every request
     /// once, with its latency and, if it failed, why.
     async fn counted(

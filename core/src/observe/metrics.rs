@@ -233,16 +233,20 @@ pub enum Method {
     Acquire,
     /// `tollgate.v1.RateLimiter/Release`.
     Release,
+    /// A proxy's forward-auth request (`/forward-auth/{domain}` on the HTTP port), decided as Envoy's
+    /// `ShouldRateLimit`.
+    ForwardAuth,
 }
 
 impl Method {
     /// Every method, in the order the series are written.
-    pub const ALL: [Method; 5] = [
+    pub const ALL: [Method; 6] = [
         Method::ShouldRateLimit,
         Method::Check,
         Method::Refund,
         Method::Acquire,
         Method::Release,
+        Method::ForwardAuth,
     ];
 
     /// The label value: the gRPC method's name.
@@ -253,6 +257,58 @@ impl Method {
             Method::Refund => "Refund",
             Method::Acquire => "Acquire",
             Method::Release => "Release",
+            Method::ForwardAuth => "ForwardAuth",
+        }
+    }
+}
+
+/// How a proxy's forward-auth request was answered: the `answer` label of
+/// `tollgate_forward_auth_requests_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardAuthAnswer {
+    /// Allowed by the limits (2xx).
+    Allowed,
+    /// Refused by a limit (429, or the 401/403 NGINX needs).
+    Refused,
+    /// The request made no descriptor, so no limit applied (2xx).
+    NotLimited,
+    /// The request could not be read (no client address, a garbled cost) and the domain's
+    /// `proxy.failure_mode` let it through.
+    UnreadableAllowed,
+    /// The request could not be read and `proxy.failure_mode: closed` refused it.
+    UnreadableRefused,
+    /// The request could not be read and no `proxy.failure_mode` answers: 400.
+    Unreadable,
+    /// No loaded domain of that name has a `proxy:` block: 404.
+    NoProxyBlock,
+    /// Nothing could be decided (the store failed with no failure mode, no rules loaded): 503.
+    Error,
+}
+
+impl ForwardAuthAnswer {
+    /// Every answer, in the order the series are written.
+    pub const ALL: [ForwardAuthAnswer; 8] = [
+        ForwardAuthAnswer::Allowed,
+        ForwardAuthAnswer::Refused,
+        ForwardAuthAnswer::NotLimited,
+        ForwardAuthAnswer::UnreadableAllowed,
+        ForwardAuthAnswer::UnreadableRefused,
+        ForwardAuthAnswer::Unreadable,
+        ForwardAuthAnswer::NoProxyBlock,
+        ForwardAuthAnswer::Error,
+    ];
+
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            ForwardAuthAnswer::Allowed => "allowed",
+            ForwardAuthAnswer::Refused => "refused",
+            ForwardAuthAnswer::NotLimited => "not_limited",
+            ForwardAuthAnswer::UnreadableAllowed => "unreadable_allowed",
+            ForwardAuthAnswer::UnreadableRefused => "unreadable_refused",
+            ForwardAuthAnswer::Unreadable => "unreadable",
+            ForwardAuthAnswer::NoProxyBlock => "no_proxy_block",
+            ForwardAuthAnswer::Error => "error",
         }
     }
 }
@@ -352,6 +408,11 @@ pub struct Metrics {
     response_time: [Histogram; Method::ALL.len()],
     /// Time of the store call alone, per [`StoreOperation`].
     store_time: [Histogram; StoreOperation::ALL.len()],
+    /// Forward-auth requests, per [`ForwardAuthAnswer`].
+    forward_auth: [Counter; ForwardAuthAnswer::ALL.len()],
+    /// Forward-auth requests that came with a body, which the proxy should not forward (it is never
+    /// read).
+    pub forward_auth_bodies: Counter,
     /// New leases granted (renewals are not counted).
     pub leases_acquired: Counter,
     /// Acquires refused because a concurrency rule was full.
@@ -396,6 +457,16 @@ impl Metrics {
             .entry((Arc::clone(domain), Arc::clone(path)))
             .or_insert_with(|| Arc::new(DetailedValues::new(Arc::clone(domain), max_values)));
         Arc::clone(values)
+    }
+
+    /// Counts a forward-auth request answered `answer`.
+    pub fn forward_auth(&self, answer: ForwardAuthAnswer) {
+        self.forward_auth[answer as usize].add(1);
+    }
+
+    /// Forward-auth requests answered `answer` so far.
+    pub fn forward_auth_answers(&self, answer: ForwardAuthAnswer) -> u64 {
+        self.forward_auth[answer as usize].get()
     }
 
     /// Records a request for `domain`, which no rules define.

@@ -367,6 +367,42 @@ pub async fn try_http(addr: SocketAddr, method: &str, path: &str, body: &str) ->
     Some((status, body))
 }
 
+/// Sends a request with extra header lines (each ending in CRLF); returns (status, lower-cased headers,
+/// body).
+pub async fn send_with_headers(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+) -> (u16, Vec<(String, String)>, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: app\r\nConnection: close\r\nContent-Length: 0\r\n{headers}\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.expect("read");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a response");
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    let headers = lines
+        .filter_map(|l| {
+            l.split_once(": ")
+                .map(|(k, v)| (k.to_ascii_lowercase(), v.to_owned()))
+        })
+        .collect();
+    (status, headers, body.to_owned())
+}
+
+/// The value of header `name` (lower-case) among an answer's headers.
+pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
 /// A wire request with one descriptor per entry list.
 pub fn wire_request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
     RateLimitRequest {
