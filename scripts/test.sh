@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
 # The project's test command (README "Running the tests"): installs what the tests need on a fresh
-# Debian machine (redis-server and redis-cli, from Debian's packages), builds with the committed lockfile
-# and runs every test. Redis tests start their own servers on free loopback ports; with
-# TOLLGATE_REQUIRE_REDIS=1 a missing redis-server fails them instead of skipping them.
+# Debian machine (redis-server and redis-cli; NGINX, Caddy and HAProxy for the proxies' tests; all from
+# Debian's packages), builds with the committed lockfile and runs every test. Redis tests start their own
+# servers on free loopback ports, the proxies' tests their own proxies; with TOLLGATE_REQUIRE_REDIS=1 and
+# TOLLGATE_REQUIRE_PROXIES=1 a missing one fails them instead of skipping them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-    echo "installing redis-server and redis-tools (Debian packages)"
+# Debian package -> a command it installs. The proxies' packages would start their services on
+# install where init allows it; the tests never use those (each starts its own, on free ports).
+declare -A needed=([redis-server]=redis-server [redis-tools]=redis-cli [nginx]=nginx [caddy]=caddy [haproxy]=haproxy)
+missing=()
+for package in "${!needed[@]}"; do
+    command -v "${needed[$package]}" >/dev/null 2>&1 || missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing ${missing[*]} (Debian packages)"
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends redis-server redis-tools
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-export TOLLGATE_REQUIRE_REDIS=1
+export TOLLGATE_REQUIRE_REDIS=1 TOLLGATE_REQUIRE_PROXIES=1
 
 cargo build --locked --all-targets --all-features
 

@@ -194,7 +194,9 @@ fn refused_status(query: Option<&str>) -> Result<StatusCode, String> {
             "refused_status=401" => StatusCode::UNAUTHORIZED,
             _ => {
                 return Err(
-                    "the only query parameter is refused_status, one of 429 (the default), 403 or 401"
+                    "the only query parameter is refused_status, one of 429 (the default), 403 or \
+                     401; a proxy that appends the client's query string to this URL must be told not to \
+                     (docs/proxies.md)"
                         .to_owned(),
                 );
             }

@@ -22,6 +22,7 @@ mod json_endpoint;
 mod limiter;
 mod metrics;
 mod native;
+mod proxies;
 mod redis_fixture;
 mod redis_parity;
 mod redis_state;
