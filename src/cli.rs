@@ -96,6 +96,10 @@ struct NoopServeArgs {
     /// The gRPC listener's address (port 0: any free port; the bound address is printed).
     #[arg(long, default_value = "127.0.0.1:8081")]
     grpc_addr: std::net::SocketAddr,
+    /// Also answer proxies' `/forward-auth/{domain}` with 200 on this address, on the HTTP stack `serve`
+    /// uses (port 0: any free port; the bound address is printed).
+    #[arg(long)]
+    http_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Args)]
@@ -353,7 +357,8 @@ fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
 
 /// The no-op server, on the runtime `serve` would pick by default on this machine.
 fn noop_serve(args: NoopServeArgs) -> anyhow::Result<()> {
-    runtime(crate::settings::default_workers())?.block_on(crate::loadgen::noop::serve(args.grpc_addr))
+    runtime(crate::settings::default_workers())?
+        .block_on(crate::loadgen::noop::serve(args.grpc_addr, args.http_addr))
 }
 
 /// The management server, on a small runtime (it serves a handful of clients).

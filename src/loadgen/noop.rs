@@ -1,8 +1,11 @@
 //! `tollgate noop-serve`: an Envoy RLS server that answers OK to every request and decides nothing, on
 //! the same gRPC stack (tonic, `TCP_NODELAY`, the runtime `serve` picks for this machine). It is the
 //! floor a rate limit server is compared with: what serving `ShouldRateLimit` costs before any rule is
-//! matched or any counter touched (`scripts/bench-floor.sh` runs it beside Tollgate).
+//! matched or any counter touched (`scripts/bench-floor.sh` runs it beside Tollgate). With `--http-addr`
+//! it answers proxies' `/forward-auth/{domain}` with 200 the same way, on the HTTP stack of `serve`'s
+//! admin port (`scripts/bench-proxies.sh`).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use tonic::transport::server::TcpIncoming;
@@ -38,13 +41,40 @@ impl RateLimitService for Noop {
     }
 }
 
-/// Serves the no-op service on `addr` until the process is stopped.
-pub(crate) async fn serve(addr: SocketAddr) -> anyhow::Result<()> {
+/// Serves the no-op service on `addr`, and the always-allow forward auth on `http`, until the process is
+/// stopped.
+pub(crate) async fn serve(addr: SocketAddr, http: Option<SocketAddr>) -> anyhow::Result<()> {
     let incoming = TcpIncoming::bind(addr)?.with_nodelay(Some(true));
     println!("tollgate noop-serve: grpc {}", incoming.local_addr()?);
+    if let Some(http) = http {
+        let listener = tokio::net::TcpListener::bind(http).await?;
+        println!("tollgate noop-serve: http {}", listener.local_addr()?);
+        tokio::spawn(forward_auth(listener)?);
+    }
     tonic::transport::Server::builder()
         .add_service(RateLimitServiceServer::new(Noop))
         .serve_with_incoming(incoming)
         .await?;
     Ok(())
+}
+
+/// Answers `/forward-auth/{domain}` with 200 and nothing else, with the admin port's default bounds.
+fn forward_auth(listener: tokio::net::TcpListener) -> anyhow::Result<impl Future<Output = ()>> {
+    let settings = crate::settings::Settings::load_from(None, &HashMap::new(), &[])?;
+    let metrics = tollgate_core::observe::metrics::Metrics::new();
+    let budget = crate::server::options::request_budget(&settings.listen, std::sync::Arc::clone(&metrics));
+    let (_, limits) = crate::server::options::transport_limits(&settings.listen, &budget);
+    let router = axum::Router::new().route(
+        "/forward-auth/{domain}",
+        axum::routing::any(|| async { axum::http::StatusCode::OK }),
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    Ok(crate::http::serve(
+        listener,
+        router,
+        limits,
+        "noop HTTP",
+        metrics,
+        stop,
+    ))
 }

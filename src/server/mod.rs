@@ -24,7 +24,7 @@ use tollgate_core::rules::{CompileOptions, ValueHasher};
 use tollgate_core::store::AnyStore;
 use tollgate_core::store::memory::MemoryStore;
 
-mod options;
+pub(crate) mod options;
 mod rules_source;
 mod store;
 

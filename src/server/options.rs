@@ -134,14 +134,14 @@ pub(super) fn envoy_options(settings: &AnswerSettings) -> EnvoyOptions {
 }
 
 /// The process's request-bytes budget and read timeout, one for every listener.
-pub(super) fn request_budget(settings: &ListenSettings, metrics: Arc<Metrics>) -> RequestBudget {
+pub(crate) fn request_budget(settings: &ListenSettings, metrics: Arc<Metrics>) -> RequestBudget {
     let (process, per_connection) = settings.bytes_in_flight();
     RequestBudget::new(process, per_connection, settings.read_timeout, metrics)
 }
 
 /// The gRPC transport's bounds, and each HTTP listener's: connections capped at the settings or at
 /// shares of the open-file limit (see [`ListenSettings::connection_caps`]).
-pub(super) fn transport_limits(
+pub(crate) fn transport_limits(
     settings: &ListenSettings,
     budget: &RequestBudget,
 ) -> (GrpcLimits, HttpLimits) {
