@@ -45,6 +45,9 @@ pass "wire suites with rules over xDS" env TOLLGATE_TEST_RULES=xds cargo test --
 # The Python client (clients/python) against the debug binary built above: its checked-in stubs must
 # match proto/, then its tests start real servers (a virtualenv with pinned tools, kept in ~/.cache).
 pass "Python client" clients/python/run-tests.sh -q -p no:cacheprovider
+# The Node.js client (clients/node) against the same binary: npm ci from its lockfile, the tarball npm
+# pack makes installed into a fresh directory, then its tests start real servers (embedded and Redis).
+pass "Node.js client" clients/node/run-tests.sh
 
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'FAILED: %s\n' "${failed[@]}" >&2

@@ -99,6 +99,7 @@ fn documents() -> Vec<PathBuf> {
         "helm/tollgate/README.md",
         "clients/rust/README.md",
         "clients/python/README.md",
+        "clients/node/README.md",
     ]
     .iter()
     .map(|p| root.join(p))
