@@ -144,21 +144,21 @@ export class Client {
    * descriptor is decided on its own unless the domain sets `all_or_nothing: true` (see
    * `checkAllOrNothing`). A refused check consumes nothing, except on a `fixed_window` limit.
    */
-  async check(descriptors: Descriptors, options: CheckOptions = {}): Promise<Decision> {
-    return this.#decide(descriptors, options.cost ?? 1, 'MODE_CONSUME');
+  check(descriptors: Descriptors, options?: CheckOptions): Promise<Decision> {
+    return this.#decide(descriptors, options?.cost ?? 1, 'MODE_CONSUME');
   }
 
   /**
    * Would `cost` units (default 0) pass now, and what would be left after them? Consumes nothing. With
    * cost 0, `remaining` is what is left now ("3 exports left today").
    */
-  async peek(descriptors: Descriptors, options: CheckOptions = {}): Promise<Decision> {
-    return this.#decide(descriptors, options.cost ?? 0, 'MODE_PEEK');
+  peek(descriptors: Descriptors, options?: CheckOptions): Promise<Decision> {
+    return this.#decide(descriptors, options?.cost ?? 0, 'MODE_PEEK');
   }
 
   /** Like `check`, but consumes only if every descriptor allows it: a refused call consumes nothing anywhere. */
-  async checkAllOrNothing(descriptors: Descriptors, options: CheckOptions = {}): Promise<Decision> {
-    return this.#decide(descriptors, options.cost ?? 1, 'MODE_ALL_OR_NOTHING');
+  checkAllOrNothing(descriptors: Descriptors, options?: CheckOptions): Promise<Decision> {
+    return this.#decide(descriptors, options?.cost ?? 1, 'MODE_ALL_OR_NOTHING');
   }
 
   /**

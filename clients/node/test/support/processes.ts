@@ -40,13 +40,21 @@ descriptors:
     concurrency: {max_in_flight: 3, lease_ttl: 1m}
 `;
 
-// Every process a test starts is killed when the test process exits, however it exits.
+// Every process a test starts is killed when the test process exits, or is told to stop (a signal
+// ends a process without its 'exit' handlers).
 const children = new Set<ChildProcess>();
-process.on('exit', () => {
+function killAll(): void {
   for (const child of children) {
     child.kill('SIGKILL');
   }
-});
+}
+process.on('exit', killAll);
+for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
+  process.once(signal, () => {
+    killAll();
+    process.exit(128 + (signal === 'SIGINT' ? 2 : signal === 'SIGTERM' ? 15 : 1));
+  });
+}
 
 /** A directory of this run's own, removed at exit. */
 export function tempDir(prefix: string): string {
