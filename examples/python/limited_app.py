@@ -12,7 +12,8 @@ r"""An HTTP app that asks Tollgate before its expensive work, with the Python cl
     .venv/bin/python examples/python/limited_app.py &
     for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%{http_code}\n' -X POST 'http://127.0.0.1:3001/send-otp?phone=5550100'; done
 
-TOLLGATE_ADDR (default 127.0.0.1:8081) and APP_PORT (default 3001) move things.
+TOLLGATE_ADDR (default 127.0.0.1:8081) and APP_PORT (default 3001) move things; TOLLGATE_DEADLINE_MS
+sets each call's deadline (default the client's, 25 ms).
 """
 
 import json
@@ -25,10 +26,22 @@ from urllib.parse import parse_qs, urlparse
 import grpc
 import tollgate
 
+
+def deadline() -> float:
+    """Seconds a call may take: TOLLGATE_DEADLINE_MS, else the client's default."""
+    millis = os.environ.get("TOLLGATE_DEADLINE_MS")
+    if millis is None:
+        return tollgate.DEFAULT_DEADLINE
+    try:
+        return float(millis) / 1000
+    except ValueError:
+        raise SystemExit(f"TOLLGATE_DEADLINE_MS={millis!r}: not a number of milliseconds") from None
+
+
 # One connection, two policies: an SMS is cheap compared with locking users out, an export is not.
 channel = grpc.insecure_channel(os.environ.get("TOLLGATE_ADDR", "127.0.0.1:8081"))
-sms_limiter = tollgate.Client(domain="api", channel=channel, failure="open")
-export_limiter = tollgate.Client(domain="api", channel=channel, failure="closed")
+sms_limiter = tollgate.Client(domain="api", channel=channel, failure="open", deadline=deadline())
+export_limiter = tollgate.Client(domain="api", channel=channel, failure="closed", deadline=deadline())
 
 
 class App(BaseHTTPRequestHandler):

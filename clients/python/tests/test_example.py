@@ -35,7 +35,11 @@ def example(tollgate_bin: str) -> Iterator[Tuple[str, TollgateServer]]:
     """The example app (its address) in front of a Tollgate serving examples/config."""
     server = TollgateServer(tollgate_bin, REPO / "examples" / "config")
     port = unused_address().rsplit(":", 1)[1]
-    env = dict(os.environ, TOLLGATE_ADDR=server.grpc, APP_PORT=port)
+    # A patient deadline, as the Rust example's test gives its app: on a busy machine a call late by
+    # more than the 25 ms default is answered by the route's failure policy (an export then gets 503,
+    # not the 502 of its failed work), which is tested only once Tollgate is stopped; there each call
+    # waits this long for it to come back, within the test's own 10 s.
+    env = dict(os.environ, TOLLGATE_ADDR=server.grpc, APP_PORT=port, TOLLGATE_DEADLINE_MS="2000")
     app = subprocess.Popen([sys.executable, str(EXAMPLE)], env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     address = f"127.0.0.1:{port}"
