@@ -5,17 +5,15 @@
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, ExitStatus, Output, Stdio};
-use std::sync::mpsc;
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tollgate::proto::rls::rate_limit_response::Code as WireCode;
 use tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 
+use crate::common::process::{EXIT, POLL, STARTUP, Served, parse_serving, strip_ansi, tollgate};
 use crate::common::{Guard, TestServer, http, wire_request};
-
-pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
 const RULES: &str = r#"
 domain: cli
@@ -35,38 +33,6 @@ descriptors:
       unit: hour
       requests_per_unit: 2
 "#;
-
-const STARTUP: Duration = Duration::from_secs(10);
-const EXIT: Duration = Duration::from_secs(5);
-const POLL: Duration = Duration::from_millis(10);
-
-/// A command for the binary with an empty environment (so the developer's variables cannot leak in).
-pub(crate) fn tollgate(args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut command = Command::new(BIN);
-    command
-        .args(args)
-        .env_clear()
-        .envs(env.iter().copied())
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null());
-    command
-}
-
-impl Guard {
-    /// Waits for the exit within `bound` by polling; `None` if it is still running.
-    fn wait_for(&mut self, bound: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + bound;
-        loop {
-            if let Some(status) = self.0.try_wait().expect("try_wait") {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(POLL);
-        }
-    }
-}
 
 /// Reads a pipe to the end on a thread.
 fn collect(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
@@ -109,148 +75,6 @@ fn write_files(dir: &Path, files: &[(&str, &str)]) {
     std::fs::create_dir_all(dir).expect("create rules dir");
     for (name, text) in files {
         std::fs::write(dir.join(name), text).expect("write rules");
-    }
-}
-
-/// Removes ANSI escape sequences (`ESC [ ... letter`), in case the log is coloured.
-fn strip_ansi(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// The addresses from the `tollgate serving grpc=ADDR http=ADDR debug=ADDR` log line (text, or the
-/// JSON of `LOG_FORMAT=json`).
-fn parse_serving(line: &str) -> Option<(SocketAddr, SocketAddr, SocketAddr)> {
-    let line = strip_ansi(line);
-    if !line.contains("tollgate serving") {
-        return None;
-    }
-    if let Ok(json) = serde_json::from_str::<Value>(&line) {
-        let field = |name: &str| json[name].as_str()?.parse().ok();
-        return Some((field("grpc")?, field("http")?, field("debug")?));
-    }
-    let field = |name: &str| -> Option<SocketAddr> {
-        line.split_whitespace()
-            .find_map(|token| token.strip_prefix(&format!("{name}=")))
-            .and_then(|value| value.trim_matches('"').parse().ok())
-    };
-    Some((field("grpc")?, field("http")?, field("debug")?))
-}
-
-/// A running `tollgate serve`, killed on drop unless it exited.
-pub(crate) struct Served {
-    child: Guard,
-    pub(crate) grpc: SocketAddr,
-    pub(crate) http: SocketAddr,
-    pub(crate) debug: SocketAddr,
-    stderr: mpsc::Receiver<String>,
-    pub(crate) log: Vec<String>,
-}
-
-impl Served {
-    async fn start(args: &[&str], env: &[(&str, &str)]) -> Self {
-        Self::start_command(tollgate(args, env)).await
-    }
-
-    /// Starts `command` (a binary with its arguments and environment) and waits for its addresses.
-    pub(crate) async fn start_command(mut command: Command) -> Self {
-        command.stdout(Stdio::null()).stderr(Stdio::piped());
-        tokio::task::spawn_blocking(move || Self::start_blocking(command))
-            .await
-            .expect("starter thread")
-    }
-
-    fn start_blocking(mut command: Command) -> Self {
-        let mut child = Guard(command.spawn().expect("spawn tollgate serve"));
-        let stderr = child.0.stderr.take().expect("stderr piped");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let deadline = Instant::now() + STARTUP;
-        let mut log = Vec::new();
-        let addresses = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) => {
-                    let parsed = parse_serving(&line);
-                    log.push(line);
-                    if let Some(addresses) = parsed {
-                        break addresses;
-                    }
-                }
-                Err(_) => {
-                    let exit = child.0.try_wait().ok().flatten();
-                    panic!(
-                        "no `tollgate serving` line with addresses (exit: {exit:?}); stderr so far:\n{}",
-                        log.join("\n")
-                    );
-                }
-            }
-        };
-        let (grpc, http, debug) = addresses;
-        Self {
-            child,
-            grpc,
-            http,
-            debug,
-            stderr: rx,
-            log,
-        }
-    }
-
-    /// The server's process id.
-    fn pid(&self) -> u32 {
-        self.child.0.id()
-    }
-
-    /// Sends SIGTERM without waiting for the exit.
-    fn signal_term(&self) {
-        let pid = self.child.0.id().to_string();
-        let sent = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("run kill");
-        assert!(sent.success(), "kill -TERM delivered");
-    }
-
-    /// Sends SIGTERM and returns the exit code, bounded.
-    pub(crate) async fn terminate(self) -> Option<i32> {
-        self.signal_term();
-        self.wait_exit().await
-    }
-
-    /// Waits (bounded) for the process to exit and returns its code.
-    async fn wait_exit(mut self) -> Option<i32> {
-        tokio::task::spawn_blocking(move || {
-            let Some(status) = self.child.wait_for(EXIT) else {
-                self.log.extend(self.stderr.try_iter());
-                panic!(
-                    "no exit within {EXIT:?} of SIGTERM; stderr:\n{}",
-                    self.log.join("\n")
-                );
-            };
-            status.code()
-        })
-        .await
-        .expect("waiter thread")
     }
 }
 

@@ -319,7 +319,8 @@ async fn a_client_made_while_tollgate_is_down_works_once_it_is_up() {
         "--debug-addr",
         "127.0.0.1:0",
     ];
-    let served = crate::cli::Served::start_command(crate::cli::tollgate(&args, &[])).await;
+    let served =
+        crate::common::process::Served::start_command(crate::common::process::tollgate(&args, &[])).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let decision = loop {
         let decision = client

@@ -6,69 +6,17 @@
 //! Two differences from a pod, both forced by the test machine: the certificates live in a temporary
 //! directory instead of `/certs`, and the ports are 0 (free) instead of 8081/8080/6070.
 
-use std::process::Command;
 use std::time::Duration;
 
 use tollgate::proto::rls::rate_limit_response::Code;
 use tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use tollgate::proto::rls_config::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
 
-use crate::cli::{BIN, Served};
 use crate::common::ads::{self, AdsServer};
 use crate::common::certs::{Ca, CertDir, tls_channel};
+use crate::common::envoy_gateway::{envoy_gateway_env, ratelimit_command};
+use crate::common::process::Served;
 use crate::common::{http, wire_request};
-
-/// Envoy Gateway's rate limit container environment, certificates under `certs`, xDS at `xds`.
-fn envoy_gateway_env(certs: &CertDir, xds: &str, client_ca: bool) -> Vec<(String, String)> {
-    let (crt, key, ca) = (
-        certs.path_str("tls.crt"),
-        certs.path_str("tls.key"),
-        certs.path_str("ca.crt"),
-    );
-    let mut env = vec![
-        ("RUNTIME_ROOT", "/data".to_owned()),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
-        ("RUNTIME_IGNOREDOTFILES", "true".to_owned()),
-        ("RUNTIME_WATCH_ROOT", "false".to_owned()),
-        ("LOG_LEVEL", "info".to_owned()),
-        ("USE_STATSD", "false".to_owned()),
-        ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_owned()),
-        ("CONFIG_GRPC_XDS_SERVER_URL", xds.to_owned()),
-        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit".to_owned()),
-        ("GRPC_SERVER_USE_TLS", "true".to_owned()),
-        ("GRPC_SERVER_TLS_CERT", crt.clone()),
-        ("GRPC_SERVER_TLS_KEY", key.clone()),
-        ("GRPC_SERVER_TLS_CA_CERT", ca.clone()),
-        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".to_owned()),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", crt),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key),
-        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", ca.clone()),
-        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".to_owned()),
-        // The test machine's only changes: free ports.
-        ("GRPC_PORT", "0".to_owned()),
-        ("PORT", "0".to_owned()),
-        ("DEBUG_PORT", "0".to_owned()),
-    ];
-    if client_ca {
-        // What docs/envoy-gateway.md adds to require Envoy's client certificate.
-        env.push(("GRPC_CLIENT_TLS_CACERT", ca));
-    }
-    env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
-}
-
-/// `/bin/ratelimit`: the binary under that name, no arguments.
-fn ratelimit_command(dir: &std::path::Path, env: &[(String, String)]) -> Command {
-    let link = dir.join("ratelimit");
-    if !link.exists() {
-        std::os::unix::fs::symlink(BIN, &link).expect("link ratelimit to the binary");
-    }
-    let mut command = Command::new(link);
-    command
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env("NO_COLOR", "1");
-    command
-}
 
 fn rules() -> RateLimitConfig {
     RateLimitConfig {

@@ -5,7 +5,9 @@
 
 pub mod ads;
 pub mod certs;
+pub mod envoy_gateway;
 pub mod fault_proxy;
+pub mod process;
 pub mod redis;
 
 use std::collections::HashMap;
