@@ -2,7 +2,10 @@
 //!
 //! - Logs: `LOG_LEVEL` (envoyproxy/ratelimit's names, any case, or a full tracing filter directive;
 //!   `WARN` by default, as the Go service) and `LOG_FORMAT` (`text`, or `json` in the Go service's shape:
-//!   see [`super::go_json`]), to stderr.
+//!   see [`super::go_json`]), to stderr. At `debug` each decision is a line of its own
+//!   (target `tollgate::decision`); the transport crates ([`TRANSPORT`]: HTTP/2 frames,
+//!   connections, TLS) stay at `info` unless a directive names them (`LOG_LEVEL=debug,h2=debug`), so
+//!   their frames do not bury the decisions ([`directives`]).
 //! - Traces: OpenTelemetry over OTLP/gRPC, off unless `TRACING_ENABLED=true` (envoyproxy/ratelimit's
 //!   name). The exporter honours the standard variables: `OTEL_EXPORTER_OTLP_ENDPOINT` (default
 //!   `http://localhost:4317`), `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_BSP_*`. Sampling is parent-based with
@@ -154,8 +157,10 @@ pub fn init(
     format: LogFormat,
     traces: Option<&TraceSettings>,
 ) -> anyhow::Result<TelemetryGuard> {
-    let filter =
-        EnvFilter::try_new(go_level(&level.to_ascii_lowercase())).unwrap_or_else(|_| EnvFilter::new("warn"));
+    let (filter, unreadable) = match EnvFilter::try_new(directives(level)) {
+        Ok(filter) => (filter, None),
+        Err(error) => (EnvFilter::new("warn"), Some(error)),
+    };
     let json = format == LogFormat::Json;
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -193,7 +198,62 @@ pub fn init(
     let _ = TRACES.set(provider.as_ref().and(sampling));
     // A second init (tests run several servers in one process) is harmless: the first one stays.
     let _ = tracing_subscriber::registry().with(fmt).with(otel).try_init();
+    if let Some(error) = unreadable {
+        tracing::warn!(%error, LOG_LEVEL = level, "LOG_LEVEL is not a level or filter directive: logging at warn");
+    }
     Ok(TelemetryGuard { provider })
+}
+
+/// The crates whose `debug` and `trace` events are their protocol's frames, connections and
+/// handshakes, not decisions: HTTP/2, HTTP, gRPC, the service layers, TLS, the Redis client.
+pub const TRANSPORT: [&str; 8] = [
+    "h2",
+    "hyper",
+    "hyper_util",
+    "tonic",
+    "tower",
+    "rustls",
+    "tokio_rustls",
+    "redis",
+];
+
+/// `LOG_LEVEL` as tracing filter directives: logrus' level names mapped (see [`go_level`]), and, when
+/// the default level is `debug` or `trace`, each of the [`TRANSPORT`] crates held at `info` unless a
+/// directive of its own names it (`LOG_LEVEL=debug,h2=trace` shows h2's frames, not hyper's).
+fn directives(level: &str) -> String {
+    let level = level.to_ascii_lowercase();
+    let mut parts: Vec<String> = level
+        .split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .map(|part| go_level(part).to_owned())
+        .collect();
+    let default = parts
+        .iter()
+        .filter(|part| !part.contains('='))
+        .filter_map(|part| part.parse::<LevelFilter>().ok())
+        .next_back();
+    if default.is_some_and(|default| default > LevelFilter::INFO) {
+        let named = |krate: &str| {
+            parts.iter().any(|part| {
+                let Some((target, _)) = part.rsplit_once('=') else {
+                    return false;
+                };
+                let target = target.split('[').next().unwrap_or_default();
+                target == krate
+                    || target
+                        .strip_prefix(krate)
+                        .is_some_and(|rest| rest.starts_with("::"))
+            })
+        };
+        let capped: Vec<String> = TRANSPORT
+            .iter()
+            .filter(|krate| !named(krate))
+            .map(|krate| format!("{krate}=info"))
+            .collect();
+        parts.extend(capped);
+    }
+    parts.join(",")
 }
 
 /// logrus' level names that tracing does not know, as their tracing level: `warning` is `warn`, and
@@ -232,6 +292,38 @@ fn tracer_provider(settings: &TraceSettings) -> anyhow::Result<SdkTracerProvider
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transport_crates_stay_at_info_unless_named() {
+        // The default and the quieter levels are left as they are: nothing to hold back.
+        assert_eq!(directives("WARN"), "warn");
+        assert_eq!(directives("info"), "info");
+        assert_eq!(directives("warning"), "warn");
+        let capped = TRANSPORT.map(|krate| format!("{krate}=info")).join(",");
+        assert_eq!(directives("debug"), format!("debug,{capped}"));
+        assert_eq!(directives("TRACE"), format!("trace,{capped}"));
+        // A crate named by a directive of its own keeps what it asked for.
+        let asked = directives("debug,h2=trace,tonic::transport=debug,hyper[conn]=debug");
+        assert!(
+            asked.starts_with("debug,h2=trace,tonic::transport=debug,hyper[conn]=debug,"),
+            "{asked}"
+        );
+        for kept in ["h2=info", "tonic=info", "hyper=info"] {
+            assert!(!asked.split(',').any(|d| d == kept), "{asked}");
+        }
+        assert!(
+            asked.split(',').any(|d| d == "hyper_util=info"),
+            "hyper_util is not hyper: {asked}"
+        );
+        // Only decisions: nothing to hold back either.
+        assert_eq!(
+            directives("warn,tollgate::decision=debug"),
+            "warn,tollgate::decision=debug"
+        );
+        for directives in [directives("debug"), directives("debug,h2=trace")] {
+            EnvFilter::try_new(&directives).expect("valid directives");
+        }
+    }
 
     #[test]
     fn logrus_level_names_map_to_tracing_levels() {

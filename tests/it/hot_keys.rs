@@ -528,6 +528,10 @@ impl Store for HeldGiveBacks {
     async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
         self.store.apply(batch).await
     }
+
+    fn name(&self) -> &'static str {
+        self.store.name()
+    }
 }
 
 impl LeaseStore for HeldGiveBacks {

@@ -22,6 +22,10 @@ impl Store for DownStore {
     async fn apply(&self, _: &Batch) -> Result<Vec<Decision>, StoreError> {
         Err(StoreError::Unavailable("connection refused".into()))
     }
+
+    fn name(&self) -> &'static str {
+        "down"
+    }
 }
 
 impl LeaseStore for DownStore {

@@ -8,6 +8,7 @@ mod common;
 mod cli;
 mod client;
 mod compat;
+mod decision_log;
 mod docs;
 mod embedded;
 mod envoy_gateway;

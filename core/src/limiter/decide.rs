@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::decision_log::{self, Decided};
 use super::target::{Caller, Placement, Target, every_limit_has_failure_mode, return_keys};
 use super::verdict::{current_limit, reported};
 use super::{
@@ -15,7 +16,7 @@ use super::{
 use crate::algorithm::Decision;
 use crate::observe::metrics::{RuleStats, StoreOperation};
 use crate::rules::file::FailureMode;
-use crate::rules::{DescriptorEntry, Rate, Rule};
+use crate::rules::{DescriptorEntry, Domain, Rate, Rule};
 use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store};
 
 /// How a request's store part was decided.
@@ -172,12 +173,15 @@ impl<S: Store> Limiter<S> {
 
     pub(super) fn verdict<D: RequestDescriptor>(
         &self,
-        domain: &str,
+        rules: &Domain,
         descriptors: &[D],
         targets: Vec<Target>,
         decisions: Decisions,
         counted: bool,
     ) -> Verdict {
+        let domain = rules.name();
+        // Gathered only when the decision log is on: the keys move into the statuses' making.
+        let notes = decision_log::enabled().then(|| self.notes(&targets, &decisions));
         let statuses: Vec<DescriptorStatus> = match decisions {
             Decisions::Store(decisions) => targets
                 .into_iter()
@@ -214,11 +218,53 @@ impl<S: Store> Limiter<S> {
                 })
                 .collect(),
         };
+        if let Some(notes) = notes {
+            for ((status, descriptor), (key, hits, store)) in statuses.iter().zip(descriptors).zip(notes) {
+                decision_log::log(&Decided {
+                    domain,
+                    descriptor: &rules.shown_descriptor(descriptor.entries(), &self.hasher),
+                    key: &key,
+                    hits,
+                    status,
+                    store,
+                });
+            }
+        }
         Verdict {
             overall: self.overall(&statuses),
             statuses,
             refund_token: None,
         }
+    }
+
+    /// For the decision log, per target: its storage key, its hits, and what decided it (see
+    /// [`Decided::store`]).
+    fn notes(&self, targets: &[Target], decisions: &Decisions) -> Vec<(String, u64, Option<&'static str>)> {
+        let store = |at: usize| match decisions {
+            Decisions::Store(decisions) => {
+                let decisions = &decisions[at];
+                let decision = reported(decisions).map(|reported| &decisions[reported])?;
+                Some(if decision.from_local_cache {
+                    "local cache"
+                } else if decision.from_slice {
+                    "hot-key slice"
+                } else {
+                    self.store.name()
+                })
+            }
+            Decisions::FailureMode(local) => local[at].as_ref().map(|_| "local fallback"),
+        };
+        targets
+            .iter()
+            .enumerate()
+            .map(|(at, target)| {
+                (
+                    target.key.clone(),
+                    target.cost,
+                    store(at).filter(|_| !target.unlimited),
+                )
+            })
+            .collect()
     }
 
     pub(super) fn quota_mode(&self, target: &Target) -> bool {

@@ -10,9 +10,10 @@
 //! native `check` and `refund`; leases in `leases.rs`); `target.rs` resolves descriptors to rules and
 //! keys, `decide.rs` makes the store call and turns its answers into statuses, `verdict.rs` holds the
 //! answer types, `error.rs` the errors; `fallback.rs` is `failure_mode: local`, `refund_token.rs` the
-//! refund tokens.
+//! refund tokens; `decision_log.rs` the debug line of each decision.
 
 mod decide;
+mod decision_log;
 mod error;
 mod fallback;
 mod leases;
@@ -330,6 +331,9 @@ impl<S: Store> Limiter<S> {
                 return Err(LimiterError::UnknownDomain(domain.to_owned()));
             }
             // Envoy's: no limit for anything, as envoyproxy/ratelimit answers.
+            if decision_log::enabled() {
+                decision_log::unknown_domain(domain, descriptors.len());
+            }
             let statuses = descriptors
                 .iter()
                 .map(|_| DescriptorStatus::no_limit(AppliedLimit::None))
@@ -404,7 +408,7 @@ impl<S: Store> Limiter<S> {
         if counted {
             self.attach_detailed_stats(domain_rules, descriptors, &mut targets);
         }
-        let mut verdict = self.verdict(domain, descriptors, targets, decisions, counted);
+        let mut verdict = self.verdict(domain_rules, descriptors, targets, decisions, counted);
         if counted && self.options.global_shadow_mode && overall_code(&verdict.statuses) == Code::OverLimit {
             self.metrics.global_shadow_mode.add(1);
         }

@@ -66,6 +66,7 @@ impl RuleSet {
                 options,
                 metrics,
                 rules: Vec::new(),
+                hashes: false,
             };
             let root = ctx.level(config.descriptors, &config.domain)?;
             if options.split_per_second && config.all_or_nothing {
@@ -81,6 +82,7 @@ impl RuleSet {
                 all_or_nothing: config.all_or_nothing,
                 go_keyed: keyed_as(ValueEncoding::Go),
                 own_keyed: keyed_as(ValueEncoding::Escaped),
+                hashes: ctx.hashes,
                 root,
                 rules: ctx.rules,
             };
@@ -121,6 +123,8 @@ struct Context<'a> {
     options: CompileOptions,
     metrics: &'a Metrics,
     rules: Vec<Arc<Rule>>,
+    /// Some descriptor says `hash: true`.
+    hashes: bool,
 }
 
 impl Context<'_> {
@@ -139,6 +143,7 @@ impl Context<'_> {
                 group.normalizer = normalizer;
             }
             group.hash |= d.normalize.hash;
+            self.hashes |= d.normalize.hash;
         }
         for mut d in descriptors {
             // The path validation named the rule by (errors, `/rlconfig`, per-rule metrics).

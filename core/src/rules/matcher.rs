@@ -163,6 +163,44 @@ impl Domain {
         Some(path)
     }
 
+    /// A descriptor as the decision log shows it: `key=value` per entry, joined by `, `. Where the
+    /// descriptor matches, each value is written as it enters the storage key (normalized, hashed where
+    /// the rule says `hash: true` or it is over-long, a `share_threshold` pattern's text), so a hashed
+    /// value is never shown. Past the entry where matching stops, values are shown as sent, or hashed
+    /// when any rule of the domain hashes (the log cannot tell which rule such a value was meant for).
+    pub fn shown_descriptor<E: DescriptorEntry>(&self, entries: &[E], hasher: &ValueHasher) -> String {
+        let mut shown = String::with_capacity(32 * entries.len());
+        let mut segment = String::new();
+        let mut level = Some(&self.root);
+        let mut encodings_differ = false;
+        for (at, entry) in entries.iter().enumerate() {
+            if at > 0 {
+                shown.push_str(", ");
+            }
+            shown.push_str(entry.key());
+            shown.push('=');
+            segment.clear();
+            let node = level
+                .and_then(|l| l.select(entry, hasher, &mut segment, Writing::AS_GO, &mut encodings_differ));
+            match node {
+                // `select` wrote `key_value_`.
+                Some(node) => {
+                    shown.push_str(&segment[entry.key().len() + 1..segment.len() - 1]);
+                    level = node.children.as_deref();
+                }
+                None if self.hashes => {
+                    level = None;
+                    hasher.append_hash(&mut shown, entry.value());
+                }
+                None => {
+                    level = None;
+                    shown.push_str(entry.value());
+                }
+            }
+        }
+        shown
+    }
+
     /// Appends the storage key of a descriptor that bypasses matching (a request limit override): raw
     /// entry keys and values, as envoyproxy/ratelimit keys them, except that over-long ones are hashed
     /// (nothing from the request makes a key component longer than [`MAX_RAW_VALUE_IN_KEY`]).

@@ -81,6 +81,8 @@ pub struct Domain {
     /// Some rule keeps Go's keys ([`Rule::value_encoding`]), and some has keys of Tollgate's own.
     go_keyed: bool,
     own_keyed: bool,
+    /// Some rule hashes its values (`hash: true`): the debug log hashes values it cannot place.
+    hashes: bool,
     root: matcher::Level,
     rules: Vec<Arc<Rule>>,
     /// The `proxy:` block: how a proxy's request becomes this domain's descriptors.

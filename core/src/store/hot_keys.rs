@@ -536,6 +536,11 @@ fn alone(items: &[BatchItem], at: usize) -> bool {
 }
 
 impl<S: Reserve> Store for Arc<HotKeys<S>> {
+    // Hot keys are held only in front of Redis.
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
     async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
         if self.options.rate == 0 || batch.policy != CommitPolicy::Independent || batch.keep_together {
             return self.inner.apply(batch).await;

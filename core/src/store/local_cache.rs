@@ -170,6 +170,10 @@ impl<S: Store> LocalCache<S> {
 }
 
 impl<S: Store> Store for LocalCache<S> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
     async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
         if self.per_shard == 0 {
             return self.inner.apply(batch).await;

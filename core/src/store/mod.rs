@@ -173,6 +173,9 @@ pub trait Store: lease::LeaseStore + Send + Sync + 'static {
     /// Applies a batch atomically and returns one decision per item, in order. The batch is borrowed:
     /// a store copies a key only when it must keep it (a new entry), not on every request.
     fn apply(&self, batch: &Batch) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+
+    /// What the decision log calls this store: `embedded`, `redis`.
+    fn name(&self) -> &'static str;
 }
 
 /// What [`AnyStore::open`] builds: the embedded store, or Redis (with the per-second Redis of
@@ -433,6 +436,14 @@ impl Store for AnyStore {
             // tonic's box, between tasks); the embedded store's is a few bytes.
             #[cfg(feature = "redis")]
             AnyStore::Redis(store) => Box::pin(store.apply(batch)).await,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            AnyStore::Memory(store) => store.name(),
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(store) => store.name(),
         }
     }
 }

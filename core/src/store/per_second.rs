@@ -98,6 +98,10 @@ fn part(batch: &Batch, routes: &[bool], per_second: bool) -> Batch {
 }
 
 impl Store for RedisStores {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
     async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
         let Some(per_second) = &self.per_second else {
             return self.main.apply(batch).await;

@@ -389,6 +389,10 @@ impl Store for MemoryStore {
     async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
         self.apply_batch(&batch.items, batch.policy, batch.once.as_ref())
     }
+
+    fn name(&self) -> &'static str {
+        "embedded"
+    }
 }
 
 /// Gives every item's cost back to its key, in order ([`algorithm::refund`]); with `claimed`, only

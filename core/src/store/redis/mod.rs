@@ -635,6 +635,10 @@ fn shares_group(items: &[BatchItem], at: usize) -> bool {
 }
 
 impl Store for Arc<RedisStore> {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
     async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
         self.batches.fetch_add(1, Ordering::Relaxed);
         let named = self.script_items(batch);
