@@ -15,34 +15,9 @@ set -euo pipefail
 binary="$1"
 rounds="${ROUNDS:-2}"
 duration="${DURATION:-10s}"
-pids=()
-cleanup_more() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
 # shellcheck source=scripts/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
-
-declare -A port pid
-start() { # name command...
-  local name="$1"
-  shift
-  port[$name]="$(free_port)"
-  "$@" --grpc-addr "127.0.0.1:${port[$name]}" >"$work/$name.log" 2>&1 &
-  pid[$name]=$!
-  pids+=("$!")
-}
-start noop "$binary" noop-serve
-start embedded "$binary" serve --config-dir "$work/rules" --http-addr "127.0.0.1:$(free_port)" \
-  --debug-addr "127.0.0.1:$(free_port)"
-start redis env REDIS_URL="127.0.0.1:$redis_port" "$binary" serve --config-dir "$work/rules" \
-  --http-addr "127.0.0.1:$(free_port)" --debug-addr "127.0.0.1:$(free_port)"
-sleep 1
-wait_ready "$binary" "${port[embedded]}"
-wait_ready "$binary" "${port[redis]}"
-
-# CPU ticks (user + system) the process has used.
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-hz="$(getconf CLK_TCK)"
-
-redis_pid="$(redis-cli -p "$redis_port" info server | awk -F: '/^process_id:/ {print $2}' | tr -d '\r')"
+start_floor_servers "$binary"
 
 turn() { # name concurrency connections
   local name="$1" concurrency="$2" connections="$3" before after redis_before redis_after out
@@ -68,18 +43,9 @@ print(f"{name:9} {concurrency:>3} in flight: {float(rate):>8.0f} decisions/s  p5
 EOF
 }
 
-# Redis's own round trip at one in flight: its p50 in µs.
-ping() {
-  redis-benchmark -p "$redis_port" -c 1 -n 20000 -t ping_mbulk --csv |
-    python3 -c 'import csv, sys
-row = list(csv.DictReader(sys.stdin))[0]
-rate, p50 = float(row["rps"]), float(row["p50_latency_ms"]) * 1000
-print(f"redis PING  1 in flight: {rate:>8.0f} round trips/s  p50 {p50:6.0f}µs")'
-}
-
 for round in $(seq "$rounds"); do
   echo "== round $round"
   for name in noop embedded redis; do turn "$name" 64 4; done
   for name in noop embedded redis; do turn "$name" 1 1; done
-  ping
+  redis_ping
 done
