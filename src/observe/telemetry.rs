@@ -5,7 +5,7 @@
 //!   see [`super::go_json`]), to stderr. At `debug` each decision is a line of its own
 //!   (target `tollgate::decision`); the transport crates ([`TRANSPORT`]: HTTP/2 frames,
 //!   connections, TLS) stay at `info` unless a directive names them (`LOG_LEVEL=debug,h2=debug`), so
-//!   their frames do not bury the decisions ([`directives`]).
+//!   their frames do not bury the decisions.
 //! - Traces: OpenTelemetry over OTLP/gRPC, off unless `TRACING_ENABLED=true` (envoyproxy/ratelimit's
 //!   name). The exporter honours the standard variables: `OTEL_EXPORTER_OTLP_ENDPOINT` (default
 //!   `http://localhost:4317`), `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_BSP_*`. Sampling is parent-based with
