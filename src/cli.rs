@@ -1,5 +1,5 @@
 //! The `tollgate` command line: `serve`, `check-config`, `query`, `bench`, `healthcheck`, `noop-serve`,
-//! `xds-serve`.
+//! `xds-serve`, `what-if`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,7 +11,6 @@ use crate::proto::rls::RateLimitRequest;
 use crate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use crate::settings::{SETTINGS_FILE_ENV, Settings};
 use tollgate_core::observe::metrics::Metrics;
-use tollgate_core::rules::CompileOptions;
 use tollgate_core::rules::reload::load_rules;
 
 /// Tollgate: a rate-limit decision service speaking Envoy's rate limit protocol.
@@ -43,6 +42,59 @@ enum Command {
     /// management server would push it: for `CONFIG_TYPE=GRPC_XDS_SOTW` without Envoy Gateway, and for
     /// scripts/bench-xds-scale.sh.
     XdsServe(XdsServeArgs),
+    /// Replay an access log (Envoy's, NGINX's) or Tollgate's decision log against the rules in force
+    /// and a proposed set, on a simulated clock, and report whom the change would refuse
+    /// (docs/what-if.md).
+    WhatIf(WhatIfArgs),
+}
+
+#[derive(Debug, Args)]
+struct WhatIfArgs {
+    /// The rules in force: a rules directory.
+    #[arg(long)]
+    current: PathBuf,
+    /// The proposed rules: another rules directory.
+    #[arg(long)]
+    proposed: PathBuf,
+    /// The logs' format: `envoy` (Envoy's default text format), `nginx` (NGINX's combined), `json`
+    /// (one object per line: Envoy's json_format, NGINX's escape=json), `decisions` (Tollgate's
+    /// decision log).
+    #[arg(long, value_enum)]
+    format: crate::what_if::LogFormat,
+    /// The domain an access log's requests are decided in (its rules' `proxy:` block makes their
+    /// descriptors); a decision log names its own.
+    #[arg(long)]
+    domain: Option<String>,
+    /// JSON logs: where a part of the request is, `part=name` (parts: time, method, path, host,
+    /// client, xff, header:NAME); repeatable.
+    #[arg(long = "field", value_name = "PART=NAME")]
+    fields: Vec<String>,
+    /// How far out of time order the log may be: lines are replayed sorted within this window, and
+    /// one earlier than that stops the replay.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    reorder_window: std::time::Duration,
+    /// Stop at the first line that cannot be read, instead of counting it and going on.
+    #[arg(long)]
+    strict: bool,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Also write the report as one self-contained HTML page to this file.
+    #[arg(long)]
+    html: Option<PathBuf>,
+    /// Write one JSON line per request replayed (its line, time, and both answers) to this file.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Most counters each side keeps (evictions are reported: the replay then under-counts).
+    #[arg(long, default_value_t = 10_000_000)]
+    max_keys: usize,
+    /// A settings file, as `serve` reads one (the settings that change decisions apply: SHADOW_MODE,
+    /// TOLLGATE_DEFAULT_ALGORITHM, MERGE_DOMAIN_CONFIG…; the environment's apply too).
+    #[arg(long, env = SETTINGS_FILE_ENV)]
+    settings: Option<PathBuf>,
+    /// The logs, replayed as one, in this order (`-`: standard input).
+    #[arg(required = true)]
+    logs: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -255,6 +307,7 @@ pub fn main() -> ExitCode {
         Command::Healthcheck(args) => healthcheck(args),
         Command::NoopServe(args) => report(noop_serve(args)),
         Command::XdsServe(args) => report(xds_serve(args)),
+        Command::WhatIf(args) => report(what_if(args)),
     }
 }
 
@@ -361,6 +414,26 @@ fn noop_serve(args: NoopServeArgs) -> anyhow::Result<()> {
         .block_on(crate::loadgen::noop::serve(args.grpc_addr, args.http_addr))
 }
 
+/// The replay of a log against two rule sets.
+fn what_if(args: WhatIfArgs) -> anyhow::Result<()> {
+    let settings = Settings::load(args.settings.as_deref(), &[])?;
+    let what_if = crate::what_if::WhatIf {
+        current: args.current,
+        proposed: args.proposed,
+        format: args.format,
+        domain: args.domain,
+        fields: args.fields,
+        reorder_window: args.reorder_window,
+        strict: args.strict,
+        json: args.json,
+        html: args.html,
+        trace: args.trace,
+        max_keys: args.max_keys,
+        logs: args.logs,
+    };
+    crate::what_if::run(what_if, &settings)
+}
+
 /// The management server, on a small runtime (it serves a handful of clients).
 fn xds_serve(args: XdsServeArgs) -> anyhow::Result<()> {
     runtime(1)?.block_on(crate::loadgen::ads::serve(args.addr, &args.config_dir))
@@ -445,12 +518,7 @@ fn check_config(args: CheckConfigArgs) -> ExitCode {
     match load_rules(
         &args.dir,
         args.merge_domains || settings.rules.merge_domain_config,
-        CompileOptions {
-            default_algorithm: settings.decisions.default_algorithm,
-            split_per_second: settings.store.redis_persecond,
-            max_file_bytes: settings.rules.rules_max_file_bytes,
-            detailed_metric_max_values: settings.stats.detailed_metric_max_values,
-        },
+        crate::server::options::compile_options(&settings),
         &Metrics::default(),
     ) {
         Ok(rules) => {

@@ -25,6 +25,7 @@
 //! - [`settings`], [`server`], [`cli`]: configuring, wiring and running the service; [`pem`]: the
 //!   certificate and key files TLS reads.
 //! - `loadgen` (private): `tollgate bench`, the load generator behind the command line.
+//! - `what_if` (private): `tollgate what-if`, recorded traffic replayed against two rule sets.
 //! - The client for application servers is a crate of its own, `tollgate-client` (`clients/rust`), with
 //!   no server dependencies.
 //! - [`proto`]: generated protocol types.
@@ -42,4 +43,5 @@ pub mod pem;
 pub mod proto;
 pub mod server;
 pub mod settings;
+mod what_if;
 pub mod xds;

@@ -3,9 +3,11 @@
 //! named as it names them ([`go_stats`]), exposed as its default mapping or a statsd_exporter mapping
 //! file makes them ([`go_series`], [`mapping`]) and pushed to statsd or DogStatsD ([`statsd`], [`dogstatsd`]); logs and trace
 //! export ([`telemetry`], with the Go service's JSON lines in [`go_json`]); [`health`] as load balancers
-//! and Kubernetes see it; and the standard `process_*` series (`process`). None of it decides anything;
-//! the limiter and the listeners report into it.
+//! and Kubernetes see it; the standard `process_*` series (`process`); and the [`decision_log`] that
+//! `tollgate what-if` replays. None of it decides anything; the limiter and the listeners report into
+//! it.
 
+pub mod decision_log;
 pub mod dogstatsd;
 pub mod go_json;
 pub mod go_series;

@@ -261,7 +261,7 @@ pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String 
     out
 }
 
-/// The proxies' forward-auth requests by answer, and those that came with a body.
+/// The proxies' forward-auth requests by answer, and those that came with a body; the decision log.
 fn render_forward_auth(metrics: &Metrics, out: &mut String) {
     let name = "tollgate_forward_auth_requests_total";
     let _ = writeln!(
@@ -271,6 +271,20 @@ fn render_forward_auth(metrics: &Metrics, out: &mut String) {
     for answer in ForwardAuthAnswer::ALL {
         let value = metrics.forward_auth_answers(answer);
         let _ = writeln!(out, "{name}{{answer=\"{}\"}} {value}", answer.name());
+    }
+    for (name, help, value) in [
+        (
+            "tollgate_decision_log_written_total",
+            "Requests written to the decision log (TOLLGATE_DECISION_LOG).",
+            metrics.decision_log_written.get(),
+        ),
+        (
+            "tollgate_decision_log_dropped_total",
+            "Requests the decision log dropped: its queue full, or its file unwritable.",
+            metrics.decision_log_dropped.get(),
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
     }
     let name = "tollgate_forward_auth_bodies_total";
     let _ = writeln!(

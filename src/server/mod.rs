@@ -15,12 +15,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::grpc::GrpcListener;
+use crate::observe::decision_log::DecisionLog;
 use crate::observe::health::{Health, HealthPolicy};
 use crate::settings::{DecisionSettings, ListenSettings, Settings, TelemetrySettings};
 use tollgate_core::clock::Clock;
 use tollgate_core::limiter::{Limiter, RefundKeys, RulesHandle};
 use tollgate_core::observe::metrics::Metrics;
-use tollgate_core::rules::{CompileOptions, ValueHasher};
+use tollgate_core::rules::ValueHasher;
 use tollgate_core::store::AnyStore;
 use tollgate_core::store::memory::MemoryStore;
 
@@ -107,6 +108,7 @@ pub async fn run(
     clock: Arc<dyn Clock>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let compile = options::compile_options(&settings);
     let Settings {
         listen,
         rules: rules_settings,
@@ -129,12 +131,6 @@ pub async fn run(
         follows_redis: store_settings.redis_health_check_active_connection,
     };
     let health = Health::new(reporter, policy).await;
-    let compile = CompileOptions {
-        default_algorithm: decisions.default_algorithm,
-        split_per_second: store_settings.redis_persecond,
-        max_file_bytes: rules_settings.rules_max_file_bytes,
-        detailed_metric_max_values: stats.detailed_metric_max_values,
-    };
     let rules: RulesHandle = Arc::new(ArcSwapOption::empty());
     let source = RulesSource::open(&rules_settings, compile, &metrics, &rules, &health).await?;
 
@@ -309,6 +305,13 @@ fn build_limiter(
     .with_metrics(metrics)
     .with_local_fallback(fallback)
     .with_refund_keys(keys, Arc::clone(clock));
+    let limiter = match DecisionLog::start(telemetry, Arc::clone(limiter.metrics()))? {
+        Some(log) => {
+            tracing::info!(path = %telemetry.decision_log, "recording decisions (TOLLGATE_DECISION_LOG)");
+            limiter.with_recorder(log)
+        }
+        None => limiter,
+    };
     Ok(Arc::new(limiter))
 }
 

@@ -15,11 +15,12 @@ use crate::inflight::RequestBudget;
 use crate::observe::go_series::GoSeries;
 use crate::observe::mapping::Mapping;
 use crate::settings::{
-    AnswerSettings, DecisionSettings, HeaderStyle, ListenSettings, SettingsError, StatsSettings,
+    AnswerSettings, DecisionSettings, HeaderStyle, ListenSettings, Settings, SettingsError, StatsSettings,
     TelemetrySettings,
 };
 use tollgate_core::limiter::{LimiterOptions, RefundKeys};
 use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::rules::CompileOptions;
 
 /// The gRPC listener's TLS (`GRPC_SERVER_USE_TLS`), read from its files; `None` for plaintext.
 pub(super) fn server_tls(settings: &ListenSettings) -> anyhow::Result<Option<Arc<ServerTls>>> {
@@ -111,7 +112,7 @@ pub(super) fn go_series(settings: &StatsSettings) -> anyhow::Result<GoSeries> {
 }
 
 /// The limiter's options; `keep_domains_together` is the store's to decide (see `super::build_limiter`).
-pub(super) fn limiter_options(settings: &DecisionSettings, telemetry: &TelemetrySettings) -> LimiterOptions {
+pub(crate) fn limiter_options(settings: &DecisionSettings, telemetry: &TelemetrySettings) -> LimiterOptions {
     LimiterOptions {
         cache_key_prefix: settings.cache_key_prefix.clone(),
         stop_increment_when_over_limit: settings.stop_cache_key_increment_when_overlimit,
@@ -130,6 +131,16 @@ pub(super) fn envoy_options(settings: &AnswerSettings) -> EnvoyOptions {
     EnvoyOptions {
         headers: header_options(settings),
         dynamic_metadata: settings.response_dynamic_metadata,
+    }
+}
+
+/// How rules files are compiled, for the server, `check-config` and `what-if` alike.
+pub(crate) fn compile_options(settings: &Settings) -> CompileOptions {
+    CompileOptions {
+        default_algorithm: settings.decisions.default_algorithm,
+        split_per_second: settings.store.redis_persecond,
+        max_file_bytes: settings.rules.rules_max_file_bytes,
+        detailed_metric_max_values: settings.stats.detailed_metric_max_values,
     }
 }
 

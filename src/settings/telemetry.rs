@@ -37,7 +37,20 @@ pub struct TelemetrySettings {
     /// `/top` and the denial log show callers' raw descriptor values (IP addresses, user ids) instead of
     /// their hashes. Off by default: those are personal data.
     pub show_caller_values: bool,
+    /// `TOLLGATE_DECISION_LOG`: the file each request decided as Envoy's is recorded in, for
+    /// `tollgate what-if` (empty: off).
+    pub decision_log: String,
+    /// `TOLLGATE_DECISION_LOG_SAMPLE`: the share of requests recorded, above 0 and at most 1; a
+    /// caller's requests are kept or dropped together.
+    pub decision_log_sample: f64,
+    /// `TOLLGATE_DECISION_LOG_MAX_BYTES`: a file's size before it is rotated.
+    pub decision_log_max_bytes: u64,
+    /// `TOLLGATE_DECISION_LOG_FILES`: rotated files kept besides the one written.
+    pub decision_log_files: u32,
 }
+
+/// The largest `TOLLGATE_DECISION_LOG_FILES`.
+const MAX_DECISION_LOG_FILES: u32 = 100;
 
 impl TelemetrySettings {
     pub(super) fn read(r: &mut Reader<'_>) -> Result<Self, SettingsError> {
@@ -59,12 +72,29 @@ impl TelemetrySettings {
             )?,
             otel_exporter_otlp_protocol: r.get("otel_exporter_otlp_protocol", Go::Same, String::new())?,
             show_caller_values: r.get("show_caller_values", Go::None, false)?,
+            decision_log: r.get("decision_log", Go::None, String::new())?,
+            decision_log_sample: r.get("decision_log_sample", Go::None, 1.0)?,
+            decision_log_max_bytes: r.get("decision_log_max_bytes", Go::None, 100 * 1024 * 1024)?,
+            decision_log_files: r.get("decision_log_files", Go::None, 4)?,
         })
     }
 
     pub(super) fn validate(&self, origins: &Origins) -> Result<(), SettingsError> {
         for (key, text) in self.protocols() {
             OtlpProtocol::parse(text).map_err(|reason| origins.bad(key, text, &reason))?;
+        }
+        let sample = self.decision_log_sample;
+        if !(sample > 0.0 && sample <= 1.0) {
+            let text = sample.to_string();
+            return Err(origins.bad("decision_log_sample", &text, "a share above 0 and at most 1"));
+        }
+        if self.decision_log_max_bytes < 4096 {
+            let text = self.decision_log_max_bytes.to_string();
+            return Err(origins.bad("decision_log_max_bytes", &text, "at least 4096"));
+        }
+        if self.decision_log_files > MAX_DECISION_LOG_FILES {
+            let text = self.decision_log_files.to_string();
+            return Err(origins.bad("decision_log_files", &text, "at most 100"));
         }
         Ok(())
     }

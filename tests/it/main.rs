@@ -33,4 +33,5 @@ mod rules_file;
 mod store_contract;
 mod tls;
 mod transport_bounds;
+mod what_if;
 mod xds;

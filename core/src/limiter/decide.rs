@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::decision_log::{self, Decided};
+use super::debug_line::{self, Decided};
 use super::target::{Caller, Placement, Target, every_limit_has_failure_mode, return_keys};
 use super::verdict::{current_limit, reported};
 use super::{
@@ -70,7 +70,7 @@ impl<S: Store> Limiter<S> {
         let decisions = if items.is_empty() {
             Vec::new()
         } else {
-            let started = Instant::now();
+            let started = self.timed.then(Instant::now);
             let mut batch = Batch {
                 items,
                 policy,
@@ -83,7 +83,9 @@ impl<S: Store> Limiter<S> {
                 CommitPolicy::Refund => StoreOperation::Refund,
                 _ => StoreOperation::Decide,
             };
-            self.metrics.store_call(operation, started.elapsed());
+            if let Some(started) = started {
+                self.metrics.store_call(operation, started.elapsed());
+            }
             return_keys(targets, &mut batch.items);
             match answer {
                 Ok(decisions) => decisions,
@@ -180,8 +182,8 @@ impl<S: Store> Limiter<S> {
         counted: bool,
     ) -> Verdict {
         let domain = rules.name();
-        // Gathered only when the decision log is on: the keys move into the statuses' making.
-        let notes = decision_log::enabled().then(|| self.notes(&targets, &decisions));
+        // Gathered only when the debug lines are on: the keys move into the statuses' making.
+        let notes = debug_line::enabled().then(|| self.notes(&targets, &decisions));
         let statuses: Vec<DescriptorStatus> = match decisions {
             Decisions::Store(decisions) => targets
                 .into_iter()
@@ -220,7 +222,7 @@ impl<S: Store> Limiter<S> {
         };
         if let Some(notes) = notes {
             for ((status, descriptor), (key, hits, store)) in statuses.iter().zip(descriptors).zip(notes) {
-                decision_log::log(&Decided {
+                debug_line::log(&Decided {
                     domain,
                     descriptor: &rules.shown_descriptor(descriptor.entries(), &self.hasher),
                     key: &key,
@@ -237,7 +239,7 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// For the decision log, per target: its storage key, its hits, and what decided it (see
+    /// For the debug lines, per target: its storage key, its hits, and what decided it (see
     /// [`Decided::store`]).
     fn notes(&self, targets: &[Target], decisions: &Decisions) -> Vec<(String, u64, Option<&'static str>)> {
         let store = |at: usize| match decisions {

@@ -99,7 +99,7 @@ impl<S: Store> Limiter<S> {
         let result = self
             .acquire_leases(domain, descriptors, lease_id, renew, ttl)
             .await;
-        self.observe(Method::Acquire, started, result.as_ref().err());
+        self.observe(Method::Acquire, Some(started), result.as_ref().err());
         result
     }
 
@@ -183,7 +183,7 @@ impl<S: Store> Limiter<S> {
         let lease_id = checked_lease_id(lease_id)?;
         let started = Instant::now();
         let result = self.release_leases(domain, descriptors, lease_id).await;
-        self.observe(Method::Release, started, result.as_ref().err());
+        self.observe(Method::Release, Some(started), result.as_ref().err());
         result
     }
 

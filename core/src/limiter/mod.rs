@@ -10,13 +10,15 @@
 //! native `check` and `refund`; leases in `leases.rs`); `target.rs` resolves descriptors to rules and
 //! keys, `decide.rs` makes the store call and turns its answers into statuses, `verdict.rs` holds the
 //! answer types, `error.rs` the errors; `fallback.rs` is `failure_mode: local`, `refund_token.rs` the
-//! refund tokens; `decision_log.rs` the debug line of each decision.
+//! refund tokens; `debug_line.rs` the debug line of each decision; `recorder.rs` hands decided requests
+//! to a recorder (the server's decision log, which `tollgate what-if` replays).
 
+mod debug_line;
 mod decide;
-mod decision_log;
 mod error;
 mod fallback;
 mod leases;
+mod recorder;
 pub mod refund_token;
 mod target;
 mod verdict;
@@ -26,6 +28,7 @@ pub use target::{LimitOverride, MAX_ENTRIES, RequestDescriptor};
 pub use verdict::{AppliedLimit, Code, CurrentLimit, DescriptorStatus, Mode, Verdict};
 
 pub use leases::{LeaseStatus, LeaseVerdict, MAX_LEASE_ID_LEN, ReleaseStatus};
+pub use recorder::{Recorded, RecordedDescriptor, Recorder};
 pub use refund_token::{RefundKeys, TokenError};
 
 use std::sync::Arc;
@@ -110,6 +113,10 @@ pub struct Limiter<S> {
     denials: DenialLog,
     refunds: RefundTokens,
     fallback: LocalFallback,
+    /// Takes each request decided as Envoy's (the server's decision log), when one is installed.
+    recorder: Option<Arc<dyn Recorder>>,
+    /// Whether calls and store calls are timed for the latency histograms ([`Limiter::untimed`]).
+    timed: bool,
 }
 
 /// What signs and dates refund tokens.
@@ -156,6 +163,8 @@ impl<S: Store> Limiter<S> {
         let fallback = LocalFallback::new(MemoryStore::new(Arc::new(SystemClock)), options.fleet_size);
         Self {
             fallback,
+            recorder: None,
+            timed: true,
             rules,
             store,
             hasher,
@@ -182,6 +191,13 @@ impl<S: Store> Limiter<S> {
     /// default embedded store on the system clock.
     pub fn with_local_fallback(mut self, store: MemoryStore) -> Self {
         self.fallback = LocalFallback::new(store, self.options.fleet_size);
+        self
+    }
+
+    /// A limiter that does not time its calls, whose latency histograms stay empty: for a replay
+    /// (`tollgate what-if`), where no one waits and the clock reads would be a tenth of the work.
+    pub fn untimed(mut self) -> Self {
+        self.timed = false;
         self
     }
 
@@ -252,7 +268,7 @@ impl<S: Store> Limiter<S> {
         method: Method,
         request: impl Future<Output = Result<Verdict, LimiterError>>,
     ) -> Result<Verdict, LimiterError> {
-        let started = Instant::now();
+        let started = self.timed.then(Instant::now);
         let result = request.await;
         self.observe(method, started, result.as_ref().err());
         result
@@ -306,8 +322,10 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Records a call of `method`, its latency and, if it failed, why.
-    fn observe(&self, method: Method, started: Instant, error: Option<&LimiterError>) {
-        self.metrics.request(method, started.elapsed());
+    fn observe(&self, method: Method, started: Option<Instant>, error: Option<&LimiterError>) {
+        if let Some(started) = started {
+            self.metrics.request(method, started.elapsed());
+        }
         match error {
             Some(LimiterError::Store(_)) => self.metrics.store_errors.add(1),
             Some(_) => self.metrics.service_errors.add(1),
@@ -331,8 +349,8 @@ impl<S: Store> Limiter<S> {
                 return Err(LimiterError::UnknownDomain(domain.to_owned()));
             }
             // Envoy's: no limit for anything, as envoyproxy/ratelimit answers.
-            if decision_log::enabled() {
-                decision_log::unknown_domain(domain, descriptors.len());
+            if debug_line::enabled() {
+                debug_line::unknown_domain(domain, descriptors.len());
             }
             let statuses = descriptors
                 .iter()
@@ -361,6 +379,7 @@ impl<S: Store> Limiter<S> {
             }
         }
         let native_check = matches!(call, Call::Check { .. });
+        let envoys = matches!(call, Call::Envoy { .. });
         let consuming = matches!(call.mode(), Some(Mode::Consume | Mode::AllOrNothing));
         // Which descriptors ask a limit for more than it can ever admit: a native consuming call with
         // any is decided as a peek, and those descriptors refused (allocated only on that rare path).
@@ -414,6 +433,9 @@ impl<S: Store> Limiter<S> {
         }
         if let Some(impossible) = impossible {
             self.refuse_impossible(&mut verdict, &impossible);
+        }
+        if envoys {
+            self.record(domain_rules, descriptors);
         }
         if let Some((mut costs, expires)) = grant {
             verdict.refund_token =

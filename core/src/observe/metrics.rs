@@ -413,6 +413,10 @@ pub struct Metrics {
     /// Forward-auth requests that came with a body, which the proxy should not forward (it is never
     /// read).
     pub forward_auth_bodies: Counter,
+    /// Requests written to the decision log (`TOLLGATE_DECISION_LOG`).
+    pub decision_log_written: Counter,
+    /// Requests the decision log dropped: its queue full, or its file unwritable.
+    pub decision_log_dropped: Counter,
     /// New leases granted (renewals are not counted).
     pub leases_acquired: Counter,
     /// Acquires refused because a concurrency rule was full.

@@ -163,42 +163,76 @@ impl Domain {
         Some(path)
     }
 
-    /// A descriptor as the decision log shows it: `key=value` per entry, joined by `, `. Where the
+    /// A descriptor as the debug line of a decision shows it: `key=value` per entry, joined by `, `. Where the
     /// descriptor matches, each value is written as it enters the storage key (normalized, hashed where
     /// the rule says `hash: true` or it is over-long, a `share_threshold` pattern's text), so a hashed
     /// value is never shown. Past the entry where matching stops, values are shown as sent, or hashed
     /// when any rule of the domain hashes (the log cannot tell which rule such a value was meant for).
     pub fn shown_descriptor<E: DescriptorEntry>(&self, entries: &[E], hasher: &ValueHasher) -> String {
         let mut shown = String::with_capacity(32 * entries.len());
-        let mut segment = String::new();
-        let mut level = Some(&self.root);
-        let mut encodings_differ = false;
-        for (at, entry) in entries.iter().enumerate() {
+        self.shown_values(entries, hasher, |at, key, value| {
             if at > 0 {
                 shown.push_str(", ");
             }
-            shown.push_str(entry.key());
+            shown.push_str(key);
             shown.push('=');
+            shown.push_str(value);
+        });
+        shown
+    }
+
+    /// A descriptor's entries as [`Domain::shown_descriptor`] shows them, each `(key, value)`: what the
+    /// decision log records, so that a replay counts each caller apart without a hashed value ever
+    /// being written in the clear.
+    pub fn shown_entries<E: DescriptorEntry>(
+        &self,
+        entries: &[E],
+        hasher: &ValueHasher,
+    ) -> Vec<(String, String)> {
+        let mut shown = Vec::with_capacity(entries.len());
+        self.shown_values(entries, hasher, |_, key, value| {
+            shown.push((key.to_owned(), value.to_owned()))
+        });
+        shown
+    }
+
+    /// Walks `entries` down the tree, calling `each(index, key, shown value)` for every entry.
+    fn shown_values<E: DescriptorEntry>(
+        &self,
+        entries: &[E],
+        hasher: &ValueHasher,
+        mut each: impl FnMut(usize, &str, &str),
+    ) {
+        let mut segment = String::new();
+        let mut hashed = String::new();
+        let mut level = Some(&self.root);
+        let mut encodings_differ = false;
+        for (at, entry) in entries.iter().enumerate() {
             segment.clear();
             let node = level
                 .and_then(|l| l.select(entry, hasher, &mut segment, Writing::AS_GO, &mut encodings_differ));
             match node {
                 // `select` wrote `key_value_`.
                 Some(node) => {
-                    shown.push_str(&segment[entry.key().len() + 1..segment.len() - 1]);
+                    each(
+                        at,
+                        entry.key(),
+                        &segment[entry.key().len() + 1..segment.len() - 1],
+                    );
                     level = node.children.as_deref();
                 }
                 None if self.hashes => {
                     level = None;
-                    hasher.append_hash(&mut shown, entry.value());
+                    hashed.clear();
+                    hasher.append_hash(&mut hashed, entry.value());
+                    each(at, entry.key(), &hashed);
                 }
                 None => {
                     level = None;
-                    shown.push_str(entry.value());
+                    each(at, entry.key(), entry.value());
                 }
             }
         }
-        shown
     }
 
     /// Appends the storage key of a descriptor that bypasses matching (a request limit override): raw

@@ -174,7 +174,7 @@ pub trait Store: lease::LeaseStore + Send + Sync + 'static {
     /// a store copies a key only when it must keep it (a new entry), not on every request.
     fn apply(&self, batch: &Batch) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
-    /// What the decision log calls this store: `embedded`, `redis`.
+    /// What the debug line of a decision calls this store: `embedded`, `redis`.
     fn name(&self) -> &'static str;
 }
 

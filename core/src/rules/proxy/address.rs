@@ -18,7 +18,7 @@ use super::{BadRequest, ProxiedRequest};
 use crate::rules::canonical_ip;
 
 /// The header `x_forwarded_for` reads.
-const FORWARDED_FOR: &str = "x-forwarded-for";
+pub(super) const FORWARDED_FOR: &str = "x-forwarded-for";
 
 /// Most trusted hops: more proxies than this in front of one another is a configuration mistake.
 pub const MAX_TRUSTED_HOPS: u8 = 16;
@@ -71,7 +71,7 @@ impl AddressSource {
 
 /// One address as proxies write it: bare, or with a port (`192.0.2.1:5000`, `[2001:db8::1]:443`),
 /// blanks around it; an IPv4 address mapped into IPv6 is the IPv4 address.
-fn parse(entry: &str) -> Option<IpAddr> {
+pub fn parse(entry: &str) -> Option<IpAddr> {
     let entry = entry.trim_matches([' ', '\t']);
     if let Some(ip) = canonical_ip(entry) {
         return Some(ip);

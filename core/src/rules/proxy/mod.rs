@@ -32,8 +32,8 @@
 mod address;
 mod matchers;
 
-pub use address::AddressSource;
 pub use address::MAX_TRUSTED_HOPS;
+pub use address::{AddressSource, parse as parse_address};
 pub use matchers::{HeaderMatcher, Pattern, QueryMatcher, TextKind, TextMatch, ValueRule};
 
 use std::borrow::Cow;
@@ -224,6 +224,29 @@ impl DescriptorEntry for Entry<'_> {
 }
 
 impl ProxyRules {
+    /// Every header the block reads (lowercase; a header may be named more than once), so that a
+    /// source holding only some of a request's headers (a log line) knows which to keep.
+    pub fn headers_read(&self) -> impl Iterator<Item = &str> {
+        let address = match &self.client_address {
+            AddressSource::ForwardedFor { .. } => address::FORWARDED_FOR,
+            AddressSource::Header(name) => name,
+        };
+        let per_action = self.rate_limits.iter().flat_map(|rate_limit| {
+            let cost = match &rate_limit.hits_addend {
+                Some(Cost::Header(name)) => Some(name.as_str()),
+                _ => None,
+            };
+            rate_limit
+                .actions
+                .iter()
+                .flat_map(Action::headers_read)
+                .chain(cost)
+        });
+        std::iter::once(address)
+            .chain(self.route_header.as_deref())
+            .chain(per_action)
+    }
+
     /// The descriptors `request` makes, in `rate_limits` order; empty when none applies.
     pub fn descriptors<'a, R: ProxiedRequest>(
         &'a self,
@@ -334,6 +357,23 @@ impl ProxyRules {
             }
         };
         Ok(made)
+    }
+}
+
+impl Action {
+    /// The headers this action reads.
+    fn headers_read(&self) -> Vec<&str> {
+        match self {
+            Action::RequestHeaders { header, .. } => vec![header],
+            Action::HeaderValueMatch { headers, .. } => headers.iter().map(|h| h.name.as_str()).collect(),
+            Action::QueryParameters { .. } | Action::QueryParameterValueMatch { .. } => {
+                vec![matchers::FORWARDED_URI]
+            }
+            Action::RemoteAddress
+            | Action::MaskedRemoteAddress { .. }
+            | Action::GenericKey { .. }
+            | Action::DestinationCluster => Vec::new(),
+        }
     }
 }
 

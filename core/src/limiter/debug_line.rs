@@ -1,4 +1,4 @@
-//! The decision log: at `debug`, on a target of its own ([`TARGET`]), one line per descriptor decided,
+//! The debug line of each decision: at `debug`, on a target of its own ([`TARGET`]), one line per descriptor decided,
 //! with what an operator debugging a limit asks for: the domain, the descriptor (values as they enter
 //! storage keys, so a hashed value stays hashed), the storage key, the rule that matched, its limit,
 //! the request's hits, the count before and after, the verdict and the store that decided.

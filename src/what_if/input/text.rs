@@ -1,0 +1,202 @@
+//! The text formats: Envoy's default access log format and NGINX's `combined`.
+//!
+//! Envoy's default (`[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%"
+//! %RESPONSE_CODE% %RESPONSE_FLAGS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION%
+//! %RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% "%REQ(X-FORWARDED-FOR)%" "%REQ(USER-AGENT)%"
+//! "%REQ(X-REQUEST-ID)%" "%REQ(:AUTHORITY)%" "%UPSTREAM_HOST%"`, fields after these ignored) names the
+//! client only in `X-Forwarded-For`, to which Envoy appended the connection's peer (with
+//! `use_remote_address`), so the `proxy:` block's `client_address` reads it as for a proxy. NGINX's
+//! (`$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer"
+//! "$http_user_agent"`, fields after these ignored) names the client itself.
+
+use std::borrow::Cow;
+
+use super::{HttpRequest, LineError, request_line};
+use crate::what_if::time;
+
+/// A line of Envoy's default format.
+pub(super) fn envoy(line: &str) -> Result<HttpRequest, LineError> {
+    let shape = |reason| LineError::Shape {
+        format: "Envoy's default",
+        reason,
+    };
+    let fields: Vec<&str> = Fields(line).collect();
+    let [
+        when,
+        request,
+        _code,
+        _flags,
+        _rx,
+        _tx,
+        _duration,
+        _upstream_time,
+        xff,
+        agent,
+        id,
+        authority,
+        ..,
+    ] = fields.as_slice()
+    else {
+        return Err(shape("fewer than 12 fields"));
+    };
+    let time_us = time::parse(when).ok_or(LineError::Time)?;
+    let mut headers = Vec::with_capacity(6);
+    request_line(request, &mut headers).ok_or(shape("no request line"))?;
+    for (name, value) in [
+        ("x-forwarded-for", xff),
+        ("user-agent", agent),
+        ("x-request-id", id),
+        ("x-forwarded-host", authority),
+    ] {
+        if *value != "-" {
+            headers.push((Cow::Borrowed(name), (*value).to_owned()));
+        }
+    }
+    Ok(HttpRequest {
+        time_us,
+        client: None,
+        headers,
+    })
+}
+
+/// A line of NGINX's `combined` format.
+pub(super) fn nginx(line: &str) -> Result<HttpRequest, LineError> {
+    let shape = |reason| LineError::Shape {
+        format: "NGINX's combined",
+        reason,
+    };
+    let fields: Vec<&str> = Fields(line).collect();
+    let [
+        client,
+        _,
+        _user,
+        when,
+        request,
+        _status,
+        _bytes,
+        referer,
+        agent,
+        ..,
+    ] = fields.as_slice()
+    else {
+        return Err(shape("fewer than 9 fields"));
+    };
+    let client = tollgate_core::rules::proxy::parse_address(client).ok_or(shape("no client address"))?;
+    let time_us = time::parse(when).ok_or(LineError::Time)?;
+    let mut headers = Vec::with_capacity(4);
+    request_line(request, &mut headers).ok_or(shape("no request line"))?;
+    for (name, value) in [("referer", referer), ("user-agent", agent)] {
+        if *value != "-" {
+            headers.push((Cow::Borrowed(name), unescape(value)));
+        }
+    }
+    Ok(HttpRequest {
+        time_us,
+        client: Some(client),
+        headers,
+    })
+}
+
+/// NGINX writes a `"` (and other bytes it escapes) as `\xHH`.
+fn unescape(value: &str) -> String {
+    if !value.contains("\\x") {
+        return value.to_owned();
+    }
+    let mut out = Vec::with_capacity(value.len());
+    let bytes = value.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 2..i + 4)
+            .filter(|_| bytes[i] == b'\\' && bytes.get(i + 1) == Some(&b'x'))
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match hex {
+            Some(byte) => {
+                out.push(byte);
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The fields of a text log line: `[...]`, `"..."` (closed by a quote before a blank or the line's
+/// end, since Envoy does not escape quotes inside) or a run of non-blanks.
+struct Fields<'a>(&'a str);
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        let rest = self.0.trim_start_matches(' ');
+        let (field, after) = match rest.as_bytes().first()? {
+            b'[' => {
+                let end = rest.find(']')?;
+                (&rest[1..end], &rest[end + 1..])
+            }
+            b'"' => {
+                let body = &rest[1..];
+                let end = body
+                    .match_indices('"')
+                    .map(|(at, _)| at)
+                    .find(|&at| matches!(body.as_bytes().get(at + 1), None | Some(b' ')))?;
+                (&body[..end], &body[end + 1..])
+            }
+            _ => {
+                let end = rest.find(' ').unwrap_or(rest.len());
+                (&rest[..end], &rest[end..])
+            }
+        };
+        self.0 = after;
+        Some(field)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envoys_default_format_is_read_field_by_field() {
+        let line = r#"[2026-12-06T04:42:11.310Z] "POST /api/v1/locations?x=1 HTTP/2" 204 - 154 0 226 100 "10.0.35.28, 192.0.2.7" "nsq2http "v2"" "cc21d9b0" "locations" "tcp://10.0.2.1:80""#;
+        let request = envoy(line).expect("read");
+        assert_eq!(request.time_us, 1_796_532_131_310_000);
+        assert_eq!(request.header("x-forwarded-method").as_deref(), Some("POST"));
+        assert_eq!(
+            request.header("x-forwarded-uri").as_deref(),
+            Some("/api/v1/locations?x=1")
+        );
+        assert_eq!(
+            request.header("x-forwarded-for").as_deref(),
+            Some("10.0.35.28, 192.0.2.7")
+        );
+        assert_eq!(request.header("user-agent").as_deref(), Some(r#"nsq2http "v2""#));
+        assert_eq!(request.header("x-forwarded-host").as_deref(), Some("locations"));
+        assert_eq!(request.client, None);
+        assert!(envoy("[2026-12-06T04:42:11.310Z] \"GET / HTTP/1.1\" 200").is_err());
+        let late = line.replace("2026-12-06T04:42:11.310Z", "yesterday");
+        assert_eq!(envoy(&late).err(), Some(LineError::Time));
+    }
+
+    #[test]
+    fn nginx_combined_names_the_client_and_escapes_quotes() {
+        let line = r#"192.0.2.7 - alice [06/Dec/2026:05:42:11 +0100] "GET /orders?page=2 HTTP/1.1" 200 612 "-" "curl \x22quoted\x22" "extra""#;
+        let request = nginx(line).expect("read");
+        assert_eq!(request.client, Some("192.0.2.7".parse().expect("ip")));
+        assert_eq!(request.time_us, 1_796_532_131_000_000);
+        assert_eq!(
+            request.header("x-forwarded-uri").as_deref(),
+            Some("/orders?page=2")
+        );
+        assert_eq!(request.header("user-agent").as_deref(), Some("curl \"quoted\""));
+        assert_eq!(request.header("referer"), None);
+        assert!(nginx("garbage").is_err());
+        assert!(nginx(&line.replace("192.0.2.7", "host.example")).is_err());
+    }
+}

@@ -1,0 +1,243 @@
+//! The replay: every record decided by both rule sets, each with a limiter over an embedded store of
+//! its own, on one simulated clock set to the record's time. A request from an access log is decided
+//! as `/forward-auth/{domain}` decides it (the domain's `proxy:` block, then Envoy's counting); a
+//! decision from Tollgate's decision log as Envoy's `ShouldRateLimit`. Nothing is sent anywhere.
+
+use std::sync::Arc;
+
+use futures_util::FutureExt as _;
+use tollgate_core::clock::{Clock, ManualClock};
+use tollgate_core::limiter::{Code, Limiter, LimiterError, LimiterOptions, Verdict};
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::rules::proxy::{BadRequestAnswer, ProxyRules};
+use tollgate_core::rules::reload::load_rules;
+use tollgate_core::rules::{CompileOptions, RuleSet, ValueHasher};
+use tollgate_core::store::memory::MemoryStore;
+
+use super::input::Record;
+
+/// How often, in simulated time, state that can no longer change a decision is swept from the
+/// stores, so that memory follows the live counters, not the log.
+const SWEEP_EVERY_US: u64 = 5_000_000;
+
+/// One rule set's limiter.
+pub(super) struct Side {
+    rules: Arc<RuleSet>,
+    limiter: Limiter<MemoryStore>,
+}
+
+/// What one side made of one record.
+#[derive(Debug)]
+pub(super) struct Decided {
+    /// Whether the request was refused.
+    pub(super) refused: bool,
+    /// How it came to be decided.
+    pub(super) how: How,
+    /// Each limit that applied.
+    pub(super) limits: Vec<LimitSeen>,
+    /// The first descriptor refused, by its place in the request.
+    pub(super) first_refused: Option<usize>,
+}
+
+/// How a record was decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum How {
+    /// By the rules.
+    Rules,
+    /// The request made no descriptor: no limit applied.
+    NotLimited,
+    /// The request could not be read (its reason), and the `proxy:` block's `failure_mode` decided.
+    Unreadable(&'static str),
+    /// The limiter refused the question (its reason): counted, never an answer.
+    Error(&'static str),
+}
+
+/// One limit that applied to a record.
+#[derive(Debug, Clone)]
+pub(super) struct LimitSeen {
+    /// The rule's path.
+    pub(super) path: Arc<str>,
+    /// The limit's name, if it has one.
+    pub(super) name: Option<Arc<str>>,
+    /// The limit as configured, for [`LimitSeen::describe`].
+    pub(super) limit: tollgate_core::limiter::CurrentLimit,
+    /// Whether it refused.
+    pub(super) refused: bool,
+    /// The share of its capacity in use after the request (1.0: none left).
+    pub(super) used: f64,
+}
+
+impl Side {
+    /// Loads `dir` as `serve` would and builds its limiter on `clock`.
+    pub(super) fn load(
+        dir: &std::path::Path,
+        merge_domains: bool,
+        compile: CompileOptions,
+        options: LimiterOptions,
+        clock: &Arc<ManualClock>,
+        max_keys: usize,
+    ) -> Result<Self, String> {
+        let metrics = Metrics::new();
+        let rules = Arc::new(load_rules(dir, merge_domains, compile, &metrics).map_err(|e| e.to_string())?);
+        let handle = Arc::new(arc_swap::ArcSwapOption::new(Some(Arc::clone(&rules))));
+        let clock: Arc<dyn Clock> = Arc::clone(clock) as Arc<dyn Clock>;
+        let store = MemoryStore::with_max_keys(clock, max_keys);
+        let limiter = Limiter::new(handle, store, ValueHasher::new(""), options)
+            .with_metrics(metrics)
+            .untimed();
+        Ok(Self { rules, limiter })
+    }
+
+    /// The `proxy:` block of `domain`, if it has one.
+    pub(super) fn proxy(&self, domain: &str) -> Option<&ProxyRules> {
+        self.rules.domain(domain)?.proxy()
+    }
+
+    /// Whether the rules define `domain`.
+    pub(super) fn has_domain(&self, domain: &str) -> bool {
+        self.rules.domain(domain).is_some()
+    }
+
+    /// Entries the store evicted for want of room (the replay under-counts when any were).
+    pub(super) fn evictions(&self) -> u64 {
+        self.limiter.store().evictions()
+    }
+
+    /// Decides `record`, at the clock's time; HTTP requests in `domain`.
+    pub(super) fn decide(&self, record: &Record, domain: &str) -> Decided {
+        let verdict = match record {
+            Record::Http(request) => {
+                let Some(proxy) = self.proxy(domain) else {
+                    return Decided::plain(false, How::Error("no_proxy_block"));
+                };
+                match proxy.descriptors(request) {
+                    Err(bad) => {
+                        let refused = proxy.failure_mode == Some(BadRequestAnswer::Closed);
+                        return Decided::plain(refused, How::Unreadable(bad.reason()));
+                    }
+                    Ok(descriptors) if descriptors.is_empty() => {
+                        return Decided::plain(false, How::NotLimited);
+                    }
+                    Ok(descriptors) => now(self.limiter.forward_auth(domain, &descriptors)),
+                }
+            }
+            Record::Decision(decision) => {
+                now(self
+                    .limiter
+                    .should_rate_limit(&decision.domain, &decision.descriptors, 0))
+            }
+        };
+        match verdict {
+            Ok(verdict) => Decided::from(&verdict),
+            Err(error) => Decided::plain(false, How::Error(reason(&error))),
+        }
+    }
+
+    /// Sweeps expired state.
+    fn sweep(&self) {
+        self.limiter.store().sweep();
+    }
+}
+
+/// The answer of a limiter call on the embedded store, which never waits.
+fn now(call: impl Future<Output = Result<Verdict, LimiterError>>) -> Result<Verdict, LimiterError> {
+    // The embedded store's calls complete when first polled; one that did not would be a bug in the
+    // store, answered as an error rather than a hang.
+    call.now_or_never().unwrap_or(Err(LimiterError::NoConfig))
+}
+
+fn reason(error: &LimiterError) -> &'static str {
+    match error {
+        LimiterError::UnknownDomain(_) => "unknown_domain",
+        LimiterError::NoConfig => "no_rules",
+        _ => "invalid_request",
+    }
+}
+
+impl Decided {
+    fn plain(refused: bool, how: How) -> Self {
+        Self {
+            refused,
+            how,
+            limits: Vec::new(),
+            first_refused: None,
+        }
+    }
+
+    fn from(verdict: &Verdict) -> Self {
+        let limits = verdict
+            .statuses
+            .iter()
+            .filter_map(|status| {
+                let limit = status.current_limit()?;
+                let rule = status.rule.as_ref()?;
+                let capacity = limit.burst.max(1);
+                let left = status.remaining.min(capacity);
+                Some(LimitSeen {
+                    path: Arc::clone(&rule.path),
+                    name: limit.name.clone(),
+                    limit: limit.clone(),
+                    refused: status.code == Code::OverLimit,
+                    used: (capacity - left) as f64 / capacity as f64,
+                })
+            })
+            .collect();
+        Self {
+            refused: verdict.overall == Code::OverLimit,
+            how: How::Rules,
+            limits,
+            first_refused: verdict.statuses.iter().position(|s| s.code == Code::OverLimit),
+        }
+    }
+}
+
+impl LimitSeen {
+    /// How the limit reads: `300 per 1m (sliding_window)`.
+    pub(super) fn text(&self) -> String {
+        let window = humantime::format_duration(self.limit.window);
+        format!(
+            "{} per {window} ({})",
+            self.limit.requests_per_unit,
+            self.limit.algorithm.as_str()
+        )
+    }
+}
+
+/// Both sides on one clock.
+pub(super) struct Replay {
+    clock: Arc<ManualClock>,
+    /// The rules in force.
+    pub(super) current: Side,
+    /// The rules proposed.
+    pub(super) proposed: Side,
+    next_sweep_us: u64,
+}
+
+impl Replay {
+    /// Both sides, on `clock`.
+    pub(super) fn new(clock: Arc<ManualClock>, current: Side, proposed: Side) -> Self {
+        Self {
+            clock,
+            current,
+            proposed,
+            next_sweep_us: 0,
+        }
+    }
+
+    /// Decides `record` on both sides at its time (the clock never goes back: a record earlier than
+    /// the last one, which the reordering lets through only within its window, is decided at the
+    /// last one's time).
+    pub(super) fn decide(&mut self, record: &Record, domain: &str) -> (Decided, Decided) {
+        let now = record.time_us().max(self.clock.now_us());
+        self.clock.set_us(now);
+        if now >= self.next_sweep_us {
+            self.current.sweep();
+            self.proposed.sweep();
+            self.next_sweep_us = now + SWEEP_EVERY_US;
+        }
+        (
+            self.current.decide(record, domain),
+            self.proposed.decide(record, domain),
+        )
+    }
+}
