@@ -1,10 +1,13 @@
-"""Performs issue #30's transport attacks against a running Tollgate binary and measures what they cost.
+"""Performs the transport attacks of issues #30 and #44 against a running Tollgate binary and measures
+what they cost.
 
 Started by scripts/transport-attacks.sh, which builds the release binary and provides the `h2` package.
 The server runs with an open-file limit of 1,024 (the common default) and its default bounds. For each
 attack, the resident memory (peak), the open descriptors, and the time `/healthcheck` and a decision
 (`POST /json`) take while the attack holds what it can are printed; the script exits non-zero if the
-server stopped answering, or if its memory grew past the bound the settings give.
+server stopped answering, or if its memory grew past the bound the settings give. Attacks 5 and 6
+(#44) come from 127.0.0.1 and their victims from other loopback addresses: slow readers that fill the
+HTTP listener, and an attacker that tries to close an idle Envoy connection and keep Envoy out.
 """
 
 import argparse
@@ -80,6 +83,10 @@ class Server:
             if line.startswith(name + " "):
                 return int(float(line.split()[1]))
         return -1
+
+    def connection_counters(self, *kinds):
+        """`kind: value` for each tollgate_connections_<kind>_total."""
+        return ", ".join(f"{kind}: {self.metric(f'tollgate_connections_{kind}_total')}" for kind in kinds)
 
     def stop(self):
         self.process.terminate()
@@ -190,6 +197,115 @@ def sample_while(server, seconds):
     return peak
 
 
+def connect_from(source, port, receive=None, timeout=5):
+    """A TCP connection to the server's `port` from the loopback address `source`."""
+    s = socket.socket()
+    if receive:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive)
+    s.bind((source, 0))
+    s.settimeout(timeout)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def slow_reader(port):
+    """An HTTP connection from 127.0.0.1, served one `GET /metrics` (so it is in use), that then pipelines
+    3,000 more into a 4 KiB receive buffer and never reads again; None if it was refused."""
+    request = b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n"
+    try:
+        s = connect_from("127.0.0.1", port, receive=4096)
+        s.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                return None
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int([line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length")][0])
+        while len(body) < length:
+            chunk = s.recv(65536)
+            if not chunk:
+                return None
+            body += chunk
+        s.setblocking(False)
+        try:
+            s.send(request * 3000)
+        except BlockingIOError:
+            pass
+        return s
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def probe_from(source, port, path="/healthcheck", timeout=2.0):
+    """(status, milliseconds) of one request from `source` on a new connection; status 0 if refused."""
+    start = time.monotonic()
+    try:
+        with connect_from(source, port, timeout=timeout) as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode())
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        return int(data.split()[1]), (time.monotonic() - start) * 1000
+    except (OSError, IndexError, ValueError):
+        return 0, (time.monotonic() - start) * 1000
+
+
+DECISION = b"\x0a\x04edge\x12\x08\x0a\x06\x0a\x01k\x12\x01v"  # RateLimitRequest edge, k=v
+RLS = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+HEALTH = "/grpc.health.v1.Health/Check"
+
+
+class GrpcConnection:
+    """One HTTP/2 connection from `source` making unary gRPC calls, blocking."""
+
+    def __init__(self, source, port):
+        self.sock = connect_from(source, port, timeout=3)
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.conn.initiate_connection()
+        self.sock.sendall(self.conn.data_to_send())
+
+    def call(self, path, message=b""):
+        """The call's grpc-status, or None if the connection failed."""
+        try:
+            sid = self.conn.get_next_available_stream_id()
+            self.conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":authority", "t"),
+                                         (":path", path), ("content-type", "application/grpc"),
+                                         ("te", "trailers")])
+            self.conn.send_data(sid, b"\0" + len(message).to_bytes(4, "big") + message, end_stream=True)
+            self.sock.sendall(self.conn.data_to_send())
+            while True:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    return None
+                for event in self.conn.receive_data(chunk):
+                    if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)) \
+                            and event.stream_id == sid:
+                        status = dict(event.headers).get(b"grpc-status")
+                        if status is not None:
+                            return int(status)
+                    elif isinstance(event, h2.events.ConnectionTerminated):
+                        return None
+                self.sock.sendall(self.conn.data_to_send())
+        except (OSError, h2.exceptions.ProtocolError):
+            return None
+
+    def close(self):
+        self.sock.close()
+
+
+def grpc_connection(source, port):
+    try:
+        return GrpcConnection(source, port)
+    except OSError:
+        return None
+
+
 def silent_connections(port, count):
     held = []
     for _ in range(count):
@@ -264,9 +380,7 @@ def main():
             print(f"   t={second} s: {answered}; descriptors {server.fds()}")
             ok &= "FAILED" not in answered
         time.sleep(1)
-    print(f"   timed out: {server.metric('tollgate_connections_timed_out_total')}, evicted: "
-          f"{server.metric('tollgate_connections_evicted_total')}, refused: "
-          f"{server.metric('tollgate_connections_refused_total')}")
+    print(f"   {server.connection_counters('timed_out', 'evicted', 'refused')}")
     for s in silent + trickling:
         s.close()
     warnings = server.stop()
@@ -298,6 +412,60 @@ def main():
     ok &= served == 50
     for s in silent:
         s.close()
+    server.stop()
+
+    print("== 5. slow readers: 130 HTTP connections from 127.0.0.1, each served once, then 3,000 GET /metrics "
+          "pipelined into a 4 KiB receive buffer, never read")
+    server = Server(args.binary, {})
+    readers = [r for r in (slow_reader(server.http) for _ in range(130)) if r]
+    print(f"   held {len(readers)}; descriptors {server.fds()}")
+    answered, same, slowest = 0, 0, 0.0
+    for _ in range(10):
+        status, took = probe_from("127.0.0.2", server.http)
+        answered += status == 200
+        slowest = max(slowest, took)
+        same += probe_from("127.0.0.1", server.http)[0] == 200
+        for _ in range(2):
+            reader = slow_reader(server.http)
+            if reader:
+                readers.append(reader)
+        time.sleep(2)
+    print(f"   over 20 s: /healthcheck from 127.0.0.2 answered {answered}/10 (slowest {slowest:.1f} ms), "
+          f"from the attacker's own address {same}/10; "
+          f"{server.connection_counters('stalled', 'evicted', 'refused')}")
+    ok &= answered == 10
+    for reader in readers:
+        reader.close()
+    server.stop()
+
+    print("== 6. an idle Envoy connection: cap 16; 15 attacker connections from 127.0.0.1 kept busy with a "
+          "health check a second, 5 more once Envoy's has idled past the probation period")
+    server = Server(args.binary, {"TOLLGATE_MAX_CONNECTIONS": "16", "TOLLGATE_IDLE_CONNECTION_PROBATION": "2s"})
+    envoy = grpc_connection("127.0.0.2", server.grpc)
+    first = envoy.call(RLS, DECISION) if envoy else None
+    attackers = [c for c in (grpc_connection("127.0.0.1", server.grpc) for _ in range(15)) if c]
+    start = time.monotonic()
+    while time.monotonic() - start < 5:
+        for attacker in attackers:
+            attacker.call(HEALTH)
+        time.sleep(1)
+    more = [c for c in (grpc_connection("127.0.0.1", server.grpc) for _ in range(5)) if c]
+    for attacker in more:
+        attacker.call(HEALTH)
+    calls, reconnects = 0, 0
+    for _ in range(20):
+        status = envoy.call(RLS, DECISION) if envoy else None
+        if status is None:
+            reconnects += 1
+            envoy = grpc_connection("127.0.0.2", server.grpc)
+            status = envoy.call(RLS, DECISION) if envoy else None
+        calls += status == 0
+        time.sleep(0.3)
+    print(f"   Envoy's first call: {first}; then {calls}/20 calls OK over 6 s, {reconnects} reconnections; "
+          f"{server.connection_counters('evicted', 'refused')}")
+    ok &= first == 0 and calls == 20 and reconnects == 0
+    for connection in attackers + more + ([envoy] if envoy else []):
+        connection.close()
     server.stop()
 
     print("all bounds held" if ok else "A BOUND DID NOT HOLD")

@@ -44,4 +44,5 @@ pub mod proto;
 pub mod server;
 pub mod settings;
 mod what_if;
+pub mod write_timeout;
 pub mod xds;

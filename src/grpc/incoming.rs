@@ -9,10 +9,14 @@
 //! client cannot hold the slots everyone else's handshakes need.
 //!
 //! At most `TOLLGATE_MAX_CONNECTIONS` connections are open at once, so descriptors stay for the HTTP
-//! port and Redis; at the cap a connection still in its TLS handshake or without its HTTP/2 preface
-//! gives way to the new one ([`crate::connections`]). A connection that has not sent its preface within
-//! the read timeout is closed (`tollgate_connections_timed_out_total`). After the preface, HTTP/2 pings find a silent peer. Each
-//! connection carries its share of the request-bytes budget ([`crate::inflight`]).
+//! port and Redis, shared by source address ([`crate::connections`]): at the cap a connection on
+//! probation (in its TLS handshake, or that has sent no request but health checks, or none for a
+//! while) gives way to its own address's new one, and the address holding the most gives way to one
+//! holding fewer. A connection that has not sent its preface within the read timeout is closed
+//! (`tollgate_connections_timed_out_total`); one whose writes make no progress within the write
+//! timeout too (`tollgate_connections_stalled_total`, [`crate::write_timeout`]). After the preface,
+//! HTTP/2 pings find a silent peer. Each connection carries its share of the request-bytes budget
+//! ([`crate::inflight`]).
 //!
 //! A connection also ends, forcibly, [`ConnectionAge::hard_limit`] after it was accepted: tonic sends
 //! GOAWAY at `GRPC_MAX_CONNECTION_AGE` and waits for the calls in flight, and this bounds that wait to
@@ -38,8 +42,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use super::tls::ServerTls;
-use crate::connections::{ACCEPT_ERROR_PAUSE, ConnectionCap, RateLimitedLog, Slot};
+use crate::connections::{ACCEPT_ERROR_PAUSE, ConnectionCap, RateLimitedLog, Slot, Source, source_of};
 use crate::inflight::{ConnectionBudget, RequestBudget};
+use crate::write_timeout::WriteTimeout;
 use tollgate_core::observe::metrics::Metrics;
 
 /// Longest a TLS handshake may take before the connection is dropped. Envoy's take milliseconds.
@@ -59,6 +64,8 @@ pub(super) struct Admission {
     pub(super) handshakes_per_client: usize,
     /// How long a connection may send no request before it is back on probation.
     pub(super) idle_probation: Duration,
+    /// How long a connection's writes may make no progress.
+    pub(super) write_timeout: Duration,
     pub(super) budget: RequestBudget,
 }
 
@@ -171,16 +178,16 @@ pub struct Conn {
     expires: Option<Pin<Box<Sleep>>>,
     /// Until the HTTP/2 preface has arrived: when it must have, and how many of its bytes have.
     preface: Option<Preface>,
-    /// Fires when a newer connection has taken this one's place at the cap (only while on probation:
-    /// before the preface, and when idle; see [`crate::connections`]).
-    evicted: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    /// Whether writes make progress: see [`crate::write_timeout`].
+    writes: WriteTimeout,
     /// Whether requests keep coming: see [`Idle`].
     idle: Idle,
     /// The connection's share of the request-bytes budget, handed to each of its requests.
     budget: ConnectionBudget,
     metrics: Arc<Metrics>,
-    /// Held while the connection is open: one of the listener's `max_connections`. Shared with the
-    /// requests ([`ConnInfo`]), each of which proves the connection in use.
+    /// Held while the connection is open: one of the listener's `max_connections`, which it must close
+    /// when another connection takes its place. Shared with the requests ([`ConnInfo`]), each of which
+    /// (but health checks) puts the connection in use.
     slot: Arc<Slot>,
 }
 
@@ -192,8 +199,8 @@ struct Preface {
 }
 
 /// The check, every `TOLLGATE_IDLE_CONNECTION_PROBATION`, that a connection sent a request since the
-/// last one; one that did not is back on probation ([`Slot::idle`]). Bytes alone do not count: HTTP/2
-/// answers the server's keepalive pings by itself.
+/// last one; one that did not is back on probation ([`Slot::idle`]). Bytes alone do not count (HTTP/2
+/// answers the server's keepalive pings by itself), nor do health checks.
 #[derive(Debug)]
 struct Idle {
     every: Duration,
@@ -210,7 +217,7 @@ pub struct ConnInfo {
     pub tcp: TcpConnectInfo,
     /// The connection's share of the request-bytes budget.
     pub budget: ConnectionBudget,
-    /// The connection's place in the listener's cap, which each request proves in use.
+    /// The connection's place in the listener's cap, which each request but a health check puts in use.
     pub slot: Arc<Slot>,
 }
 
@@ -254,11 +261,12 @@ async fn accept_loop(
     let per_client: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>> =
         Arc::default();
     let mut errors = RateLimitedLog::default();
-    let (conn_metrics, budget, read_timeout, idle_every) = (
+    let (conn_metrics, budget, read_timeout, idle_every, write_timeout) = (
         Arc::clone(&metrics),
         admission.budget.clone(),
         admission.budget.read_timeout(),
         admission.idle_probation,
+        admission.write_timeout,
     );
     let conn = move |io, slot: Slot| Conn {
         io,
@@ -267,7 +275,7 @@ async fn accept_loop(
             deadline: Box::pin(tokio::time::sleep(read_timeout)),
             received: 0,
         }),
-        evicted: Box::pin(slot.evicted().clone().cancelled_owned()),
+        writes: WriteTimeout::new(write_timeout, Arc::clone(&conn_metrics)),
         idle: Idle {
             every: idle_every,
             check: Box::pin(tokio::time::sleep(idle_every)),
@@ -290,7 +298,8 @@ async fn accept_loop(
                 continue;
             }
         };
-        let Some(slot) = cap.admit() else {
+        let client = io.peer();
+        let Some(slot) = cap.admit(client) else {
             continue;
         };
         let Some(tls) = &tls else {
@@ -299,7 +308,6 @@ async fn accept_loop(
             }
             continue;
         };
-        let client = io.peer_ip();
         let Some(client_slot) = ClientHandshake::take(&per_client, client, admission.handshakes_per_client)
         else {
             metrics.tls_handshake_failures.add(1);
@@ -326,7 +334,7 @@ async fn accept_loop(
             };
             let outcome = tokio::select! {
                 outcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => outcome,
-                () = slot.evicted().cancelled() => {
+                () = slot.evicted() => {
                     tracing::debug!("gRPC TLS handshake closed for a new connection at the cap");
                     return;
                 }
@@ -360,7 +368,7 @@ impl ClientHandshake {
     /// socket: always).
     fn take(
         clients: &Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
-        client: Option<std::net::IpAddr>,
+        client: Source,
         limit: usize,
     ) -> Option<Option<Self>> {
         let Some(client) = client else {
@@ -395,11 +403,11 @@ impl Drop for ClientHandshake {
 }
 
 impl Io {
-    /// The peer's IP address, on TCP.
-    fn peer_ip(&self) -> Option<std::net::IpAddr> {
+    /// Where the connection comes from: the peer's IP address on TCP, none on a unix socket.
+    fn peer(&self) -> Source {
         match self {
-            Io::Tcp(tcp) => tcp.peer_addr().ok().map(|a| a.ip()),
-            Io::Tls(tls) => tls.get_ref().0.peer_addr().ok().map(|a| a.ip()),
+            Io::Tcp(tcp) => source_of(tcp.peer_addr().ok()),
+            Io::Tls(tls) => source_of(tls.get_ref().0.peer_addr().ok()),
             Io::Unix(_) | Io::UnixTls(_) => None,
         }
     }
@@ -464,9 +472,9 @@ impl AsyncRead for Conn {
         if !read.is_pending() {
             if let Some(preface) = &mut this.preface {
                 preface.received += buf.filled().len() - before;
+                // The preface alone does not put the connection in use: its first request does.
                 if preface.received >= PREFACE_LEN {
                     this.preface = None;
-                    this.slot.prove();
                 }
             }
             return read;
@@ -492,19 +500,43 @@ impl AsyncRead for Conn {
             // Registers the wake-up of the next check.
             let _ = this.idle.check.as_mut().poll(cx);
         }
-        if this.slot.on_probation() && this.evicted.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "closed for a new connection at the cap (no HTTP/2 preface yet, or idle)",
-            )));
+        if let Some(error) = this.evicted(cx) {
+            return Poll::Ready(Err(error));
         }
         read
     }
 }
 
+impl Conn {
+    /// An error once another connection has taken this one's place at the cap (registering the wake-up
+    /// otherwise). Checked whenever the connection waits, to read or to write.
+    fn evicted(&self, cx: &mut Context<'_>) -> Option<io::Error> {
+        self.slot.poll_evicted(cx).is_ready().then(|| {
+            io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "closed for a new connection at the cap",
+            )
+        })
+    }
+
+    /// `outcome` of a write, flush or shutdown, watched for progress ([`WriteTimeout`]) and, while it
+    /// waits, for the cap's claim.
+    fn written<T>(&mut self, cx: &mut Context<'_>, outcome: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        let outcome = self.writes.watch(cx, outcome);
+        if outcome.is_pending()
+            && let Some(error) = self.evicted(cx)
+        {
+            return Poll::Ready(Err(error));
+        }
+        outcome
+    }
+}
+
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        each!(&mut self.get_mut().io, s => Pin::new(s).poll_write(cx, buf))
+        let this = self.get_mut();
+        let outcome = each!(&mut this.io, s => Pin::new(s).poll_write(cx, buf));
+        this.written(cx, outcome)
     }
 
     fn poll_write_vectored(
@@ -512,7 +544,9 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        each!(&mut self.get_mut().io, s => Pin::new(s).poll_write_vectored(cx, bufs))
+        let this = self.get_mut();
+        let outcome = each!(&mut this.io, s => Pin::new(s).poll_write_vectored(cx, bufs));
+        this.written(cx, outcome)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -520,10 +554,14 @@ impl AsyncWrite for Conn {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        each!(&mut self.get_mut().io, s => Pin::new(s).poll_flush(cx))
+        let this = self.get_mut();
+        let outcome = each!(&mut this.io, s => Pin::new(s).poll_flush(cx));
+        this.written(cx, outcome)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        each!(&mut self.get_mut().io, s => Pin::new(s).poll_shutdown(cx))
+        let this = self.get_mut();
+        let outcome = each!(&mut this.io, s => Pin::new(s).poll_shutdown(cx));
+        this.written(cx, outcome)
     }
 }

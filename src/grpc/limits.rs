@@ -33,6 +33,9 @@ pub struct GrpcLimits {
     /// How long a connection may send no request before it is back on probation
     /// (`TOLLGATE_IDLE_CONNECTION_PROBATION`).
     pub idle_probation: Duration,
+    /// How long a connection's writes may make no progress before it is closed
+    /// (`TOLLGATE_WRITE_TIMEOUT`).
+    pub write_timeout: Duration,
     /// The bytes unfinished requests may hold, and how long a request may take to arrive.
     pub budget: RequestBudget,
 }
@@ -80,6 +83,9 @@ fn rewrite<R>(mut response: Response<R>) -> Response<R> {
     response
 }
 
+/// The path prefix of `grpc.health.v1.Health`'s calls.
+const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
+
 /// Wraps every request's body in its connection's share of the request-bytes budget
 /// ([`crate::inflight`]); the connection's budget comes with the request, from [`super::incoming`].
 #[derive(Debug, Clone)]
@@ -102,8 +108,11 @@ where
 
     fn call(&mut self, request: Request<tonic::body::Body>) -> Self::Future {
         let info = request.extensions().get::<super::ConnInfo>();
-        if let Some(info) = info {
-            // A request: the connection is in use, not a candidate to give way at the cap.
+        if let Some(info) = info
+            && !request.uri().path().starts_with(HEALTH_PATH)
+        {
+            // A request: the connection is in use, not a candidate to give way at the cap. A health
+            // check alone does not make it one, or checks would hold slots for nothing.
             info.slot.request();
         }
         let connection = info.map(|info| info.budget.clone());

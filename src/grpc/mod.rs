@@ -54,6 +54,7 @@ where
         max_connections: limits.max_connections,
         handshakes_per_client: limits.handshakes_per_client,
         idle_probation: limits.idle_probation,
+        write_timeout: limits.write_timeout,
         budget: limits.budget.clone(),
     };
     let connections = incoming::incoming(listener, tls, age, admission, Arc::clone(limiter.metrics()));

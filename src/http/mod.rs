@@ -122,6 +122,12 @@ fn metrics_router(path: &str, exposition: Exposition) -> Router {
         .with_state(Arc::new(exposition))
 }
 
+/// Whether `path` is one of the health checks (`/healthcheck`, `/readyz`): requests that alone do not
+/// put a connection in use ([`crate::connections`]).
+pub(crate) fn is_health_check(path: &str) -> bool {
+    matches!(path, "/healthcheck" | "/readyz")
+}
+
 /// envoyproxy/ratelimit's health check: 200 `OK` when ready, else 500 (see [`Health::is_ready`]).
 async fn healthcheck(State(admin): State<Arc<Admin>>) -> (StatusCode, &'static str) {
     answer(admin.health.is_ready())

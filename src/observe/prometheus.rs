@@ -20,7 +20,7 @@ use super::text_format::render_histogram;
 pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String {
     let mut out = String::with_capacity(4096);
     go_series::render(metrics, &store, go, &mut out);
-    let counters: [(&str, &str, u64); 36] = [
+    let counters: [(&str, &str, u64); 37] = [
         (
             "tollgate_domain_not_found_total",
             "Requests for an unknown domain.",
@@ -158,8 +158,13 @@ pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String 
         ),
         (
             "tollgate_connections_evicted_total",
-            "Connections that had sent no request yet, closed to make room for a new connection at their listener's cap.",
+            "Connections closed to make room for a new connection at their listener's cap: one on probation of its own address, or one of the address holding the most.",
             metrics.connections_evicted.get(),
+        ),
+        (
+            "tollgate_connections_stalled_total",
+            "Connections closed because a write made no progress within TOLLGATE_WRITE_TIMEOUT (a peer that does not read its answers).",
+            metrics.connections_stalled.get(),
         ),
         (
             "tollgate_connections_timed_out_total",

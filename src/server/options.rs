@@ -166,6 +166,8 @@ pub(crate) fn transport_limits(
     );
     let http = HttpLimits {
         max_connections: http,
+        max_header_bytes: settings.http_max_header_bytes,
+        write_timeout: settings.write_timeout,
         budget: budget.clone(),
     };
     (grpc_limits(settings, grpc, budget), http)
@@ -181,6 +183,7 @@ fn grpc_limits(settings: &ListenSettings, max_connections: usize, budget: &Reque
         max_connections,
         handshakes_per_client: settings.tls_handshakes_per_client,
         idle_probation: settings.idle_connection_probation,
+        write_timeout: settings.write_timeout,
         budget: budget.clone(),
     }
 }

@@ -14,6 +14,11 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
 /// connection under load, low enough that one client cannot make the server hold unbounded state.
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1024;
 
+/// Default for [`ListenSettings::http_max_header_bytes`]: a browser's headers with its cookies, sent on
+/// by a proxy asking for forward authentication, fit well within it (browsers cap a cookie at 4 KiB,
+/// and Envoy's own default bound on a request's headers is 60 KiB).
+const DEFAULT_HTTP_MAX_HEADER_BYTES: usize = 64 << 10;
+
 /// Descriptors kept out of the connection caps' shares of the open-file limit: listeners, Redis
 /// connections, rule files, logs.
 pub const RESERVED_FILES: usize = 64;
@@ -70,8 +75,15 @@ pub struct ListenSettings {
     /// Longest a request may take to arrive whole once it started (a gRPC message, HTTP headers and
     /// body), and a new gRPC connection to send its first bytes.
     pub read_timeout: Duration,
+    /// Longest a connection's writes may make no progress (a peer that does not read its answers)
+    /// before it is closed.
+    pub write_timeout: Duration,
+    /// Largest HTTP request head (request line and headers) read, in bytes; a larger one is answered
+    /// 431. Also bounds what an HTTP connection's pipelined requests may make the server buffer.
+    pub http_max_header_bytes: usize,
     /// How long a gRPC connection may send no request before it is back on probation: at the
-    /// listener's cap it then gives way to a new connection (see `crate::connections`).
+    /// listener's cap it then gives way to a new connection from its own address (see
+    /// `crate::connections`).
     pub idle_connection_probation: Duration,
     /// Bytes of unfinished requests the whole process may hold; 0: 64 × `max_request_bytes`.
     pub max_request_bytes_in_flight: usize,
@@ -131,6 +143,8 @@ impl ListenSettings {
             http_max_connections: r.get("http_max_connections", Go::None, 0)?,
             tls_handshakes_per_client: r.get("tls_handshakes_per_client", Go::None, 8)?,
             read_timeout: r.get("read_timeout", Go::None, Duration::from_secs(10))?,
+            write_timeout: r.get("write_timeout", Go::None, Duration::from_secs(10))?,
+            http_max_header_bytes: r.get("http_max_header_bytes", Go::None, DEFAULT_HTTP_MAX_HEADER_BYTES)?,
             idle_connection_probation: r.get(
                 "idle_connection_probation",
                 Go::None,
@@ -167,6 +181,7 @@ impl ListenSettings {
         }
         for (key, value) in [
             ("max_request_bytes", self.max_request_bytes as u64),
+            ("http_max_header_bytes", self.http_max_header_bytes as u64),
             (
                 "grpc_max_concurrent_streams",
                 u64::from(self.grpc_max_concurrent_streams),
@@ -192,6 +207,9 @@ impl ListenSettings {
         }
         if self.read_timeout.is_zero() {
             return Err(origins.bad("read_timeout", "0s", "every request would time out"));
+        }
+        if self.write_timeout.is_zero() {
+            return Err(origins.bad("write_timeout", "0s", "every answer would time out"));
         }
         // A budget below one whole request would refuse the largest request allowed.
         for (key, value) in [

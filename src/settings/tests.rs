@@ -166,6 +166,7 @@ fn zero_durations_of_tollgates_own_settings_are_refused_by_name() {
         "TOLLGATE_RELOAD_INTERVAL",
         "TOLLGATE_REDIS_DEADLINE",
         "TOLLGATE_READ_TIMEOUT",
+        "TOLLGATE_WRITE_TIMEOUT",
         "TOLLGATE_IDLE_CONNECTION_PROBATION",
     ] {
         let err = Settings::load_from(None, &env(&[(name, "0s")]), &[]).expect_err(name);
@@ -204,8 +205,13 @@ fn transport_bounds_default_from_the_request_size_and_the_open_file_limit() {
         let err = Settings::load_from(None, &env(&[(name, "1000")]), &[]).expect_err(name);
         assert!(err.to_string().contains(name), "{err}");
     }
-    let err = Settings::load_from(None, &env(&[("TOLLGATE_TLS_HANDSHAKES_PER_CLIENT", "0")]), &[]);
-    assert!(err.is_err());
+    for name in [
+        "TOLLGATE_TLS_HANDSHAKES_PER_CLIENT",
+        "TOLLGATE_HTTP_MAX_HEADER_BYTES",
+    ] {
+        let err = Settings::load_from(None, &env(&[(name, "0")]), &[]).expect_err(name);
+        assert!(err.to_string().contains(name), "{err}");
+    }
 }
 
 #[test]

@@ -8,6 +8,7 @@ mod common;
 mod cli;
 mod client;
 mod compat;
+mod connection_shares;
 mod decision_log;
 mod docs;
 mod embedded;

@@ -15,7 +15,7 @@ use tokio::net::{TcpSocket, TcpStream};
 use tollgate::proto::rls::rate_limit_response::Code;
 
 use crate::common::certs::{Ca, CertDir, borrowed};
-use crate::common::{TestServer, http, wire_request};
+use crate::common::{TestServer, http, read_answer, wire_request};
 
 const RULES: &str =
     "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
@@ -177,7 +177,7 @@ async fn an_http_body_that_stalls_fails_at_the_read_timeout() {
 
 /// Whether the server closes `tcp` (EOF or reset) within `within`, while the client trickles `trickle`
 /// every 200 ms when given.
-async fn closed_within(tcp: &mut TcpStream, within: Duration, trickle: Option<&[u8]>) -> bool {
+pub async fn closed_within(tcp: &mut TcpStream, within: Duration, trickle: Option<&[u8]>) -> bool {
     let deadline = Instant::now() + within;
     let mut buffer = [0u8; 256];
     while Instant::now() < deadline {
@@ -232,7 +232,10 @@ async fn silent_and_trickling_connections_are_closed_at_the_read_timeout() {
 
 /// Retries `attempt` until it gives a value: a connection just closed may hold its slot for a moment
 /// after the client has seen it close.
-async fn eventually<T, F: std::future::Future<Output = Option<T>>>(what: &str, attempt: impl Fn() -> F) -> T {
+pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    attempt: impl Fn() -> F,
+) -> T {
     let deadline = Instant::now() + PATIENCE;
     loop {
         if let Some(value) = attempt().await {
@@ -243,25 +246,14 @@ async fn eventually<T, F: std::future::Future<Output = Option<T>>>(what: &str, a
     }
 }
 
-/// A keep-alive HTTP connection that has been served one request, or `None` if it was closed.
+/// A keep-alive HTTP connection that has been served one request (not a health check, which alone does
+/// not hold a slot), or `None` if it was closed.
 async fn served_http(addr: SocketAddr) -> Option<TcpStream> {
     let mut tcp = TcpStream::connect(addr).await.ok()?;
-    tcp.write_all(b"GET /healthcheck HTTP/1.1\r\nHost: t\r\n\r\n")
+    tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
         .await
         .ok()?;
-    let mut answer = Vec::new();
-    let mut buffer = [0u8; 512];
-    while !answer.ends_with(b"\r\n\r\nOK") {
-        let read = tokio::time::timeout(PATIENCE, tcp.read(&mut buffer))
-            .await
-            .ok()?
-            .ok()?;
-        if read == 0 {
-            return None;
-        }
-        answer.extend_from_slice(&buffer[..read]);
-    }
-    Some(tcp)
+    (read_answer(&mut tcp).await?.0 == 200).then_some(tcp)
 }
 
 /// A gRPC connection that has been served one decision, or `None` if it was closed.
@@ -438,5 +430,46 @@ async fn silent_tls_peers_hold_only_their_own_address_handshake_slots() {
         assert!(Instant::now() < deadline, "127.0.0.1 served again");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    server.stop().await;
+}
+
+/// A `GET /healthcheck` on a new connection whose head carries `headers` (whole header lines): the
+/// answer, or `None` if the connection was closed without one.
+async fn with_head(addr: SocketAddr, headers: &str) -> Option<(u16, String)> {
+    let mut tcp = TcpStream::connect(addr).await.ok()?;
+    let head = format!("GET /healthcheck HTTP/1.1\r\nHost: t\r\n{headers}\r\n");
+    // The server may answer and close before it has read a head it refuses.
+    let _ = tcp.write_all(head.as_bytes()).await;
+    read_answer(&mut tcp).await
+}
+
+/// `count` header lines of about `bytes` bytes each.
+fn header_lines(count: usize, bytes: usize) -> String {
+    (0..count)
+        .map(|i| format!("X-Forwarded-{i}: {}\r\n", "v".repeat(bytes)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_heads_are_bounded_and_larger_ones_get_431() {
+    let server = TestServer::start(&[("edge.yaml", RULES)], &[]).await;
+    let ok = Some((200, "OK".to_owned()));
+    // A browser's worth of headers forwarded by a proxy (forward auth): 40 KiB in 30 headers, and 100
+    // headers.
+    assert_eq!(with_head(server.http, &header_lines(30, 1365)).await, ok);
+    assert_eq!(with_head(server.http, &header_lines(98, 10)).await, ok);
+    // Past the default 64 KiB, or past 100 headers: 431, on the debug port too.
+    for addr in [server.http, server.debug] {
+        let too_large = with_head(addr, &header_lines(1, 70 << 10)).await;
+        assert_eq!(too_large.map(|a| a.0), Some(431), "one 70 KiB header to {addr}");
+        let too_many = with_head(addr, &header_lines(101, 10)).await;
+        assert_eq!(too_many.map(|a| a.0), Some(431), "101 headers to {addr}");
+    }
+    server.stop().await;
+    let env = [("TOLLGATE_HTTP_MAX_HEADER_BYTES", "16384")];
+    let server = TestServer::start(&[("edge.yaml", RULES)], &env).await;
+    assert_eq!(with_head(server.http, &header_lines(10, 1200)).await, ok);
+    let too_large = with_head(server.http, &header_lines(10, 2000)).await;
+    assert_eq!(too_large.map(|a| a.0), Some(431), "20 KiB past a bound of 16 KiB");
     server.stop().await;
 }

@@ -402,8 +402,11 @@ pub struct Metrics {
     pub connections_refused: Counter,
     /// Connections closed because they sent no request within the read timeout.
     pub connections_timed_out: Counter,
-    /// Connections that had sent no request yet, closed to make room for a new one at the cap.
+    /// Connections closed to make room for a new one at their listener's cap.
     pub connections_evicted: Counter,
+    /// Connections closed because a write made no progress within the write timeout (a peer that does
+    /// not read its answers).
+    pub connections_stalled: Counter,
     /// Time to answer a request, store included, per [`Method`].
     response_time: [Histogram; Method::ALL.len()],
     /// Time of the store call alone, per [`StoreOperation`].

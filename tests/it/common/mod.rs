@@ -405,6 +405,55 @@ pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str
     headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
+/// A TCP connection to `addr` from the loopback address `from`, with its receive buffer shrunk to
+/// `receive` bytes when given.
+pub async fn connect_from(
+    addr: SocketAddr,
+    from: [u8; 4],
+    receive: Option<u32>,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    if let Some(bytes) = receive {
+        socket.set_recv_buffer_size(bytes)?;
+    }
+    socket.bind(SocketAddr::from((from, 0)))?;
+    socket.connect(addr).await
+}
+
+/// Reads one HTTP/1.1 answer (its head and a `Content-Length` body): status and body, or `None` if the
+/// connection closed first.
+pub async fn read_answer(tcp: &mut tokio::net::TcpStream) -> Option<(u16, String)> {
+    let mut data = Vec::new();
+    let mut buffer = [0u8; 16384];
+    loop {
+        if let Some(end) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&data[..end]).into_owned();
+            let length = head
+                .lines()
+                .filter_map(|line| line.split_once(':'))
+                .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+                .and_then(|(_, value)| value.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            let body = end + 4;
+            if data.len() >= body + length {
+                let status = head.split_whitespace().nth(1)?.parse().ok()?;
+                return Some((
+                    status,
+                    String::from_utf8_lossy(&data[body..body + length]).into_owned(),
+                ));
+            }
+        }
+        let read = tokio::time::timeout(std::time::Duration::from_secs(20), tcp.read(&mut buffer))
+            .await
+            .ok()?
+            .ok()?;
+        if read == 0 {
+            return None;
+        }
+        data.extend_from_slice(&buffer[..read]);
+    }
+}
+
 /// A wire request with one descriptor per entry list.
 pub fn wire_request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
     RateLimitRequest {
