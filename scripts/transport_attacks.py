@@ -424,11 +424,12 @@ def main():
         status, took = probe_from("127.0.0.2", server.http)
         answered += status == 200
         slowest = max(slowest, took)
-        same += probe_from("127.0.0.1", server.http)[0] == 200
+        # The attacker takes back the slot the probe took, then probes from its own address.
         for _ in range(2):
             reader = slow_reader(server.http)
             if reader:
                 readers.append(reader)
+        same += probe_from("127.0.0.1", server.http)[0] == 200
         time.sleep(2)
     print(f"   over 20 s: /healthcheck from 127.0.0.2 answered {answered}/10 (slowest {slowest:.1f} ms), "
           f"from the attacker's own address {same}/10; "
