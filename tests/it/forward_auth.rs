@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::common::redis::RedisServer;
-use crate::common::{TestServer, header, send_with_headers};
+use crate::common::{TestServer, header, read_answer, send_with_headers};
 use crate::require_redis;
 
 const RULES: &str = "domain: edge
@@ -330,6 +330,47 @@ async fn a_forwarded_body_is_counted_and_never_read() {
     stream.read_to_string(&mut raw).await.expect("answer");
     assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
     assert_eq!(server.metric("tollgate_forward_auth_bodies_total").await, 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_oversized_forwarded_head_is_431_before_anything_is_decided() {
+    let server = TestServer::start(&[("edge.yaml", RULES)], &[]).await;
+    // A forwarded header past the HTTP listener's 64 KiB bound: refused as the head is read, so no
+    // descriptor is made and no budget spent; the same client's next request still has all of it.
+    let huge = format!("192.0.2.1, {}", "9".repeat(70 << 10));
+    let mut tcp = tokio::net::TcpStream::connect(server.http)
+        .await
+        .expect("connect");
+    let head = format!("GET /forward-auth/edge HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: {huge}\r\n\r\n");
+    // The server may answer and close before it has read all of a head it refuses.
+    let _ = tcp.write_all(head.as_bytes()).await;
+    assert_eq!(read_answer(&mut tcp).await.map(|a| a.0), Some(431));
+    let total = |answer: &'static str| {
+        let server = &server;
+        async move {
+            server
+                .metric(&format!(
+                    "tollgate_forward_auth_requests_total{{answer=\"{answer}\"}}"
+                ))
+                .await
+        }
+    };
+    assert_eq!((total("allowed").await, total("refused").await), (0, 0));
+    for _ in 0..3 {
+        assert_eq!(
+            ask(server.http, "/forward-auth/edge", &from("192.0.2.1"))
+                .await
+                .status,
+            200
+        );
+    }
+    assert_eq!(
+        ask(server.http, "/forward-auth/edge", &from("192.0.2.1"))
+            .await
+            .status,
+        429
+    );
     server.stop().await;
 }
 
