@@ -41,11 +41,11 @@ pass() {
 pass "unit, property and integration tests" cargo test --locked --all-features
 # The same wire-level test bodies again, every server backed by its own real redis-server.
 pass "wire suites on Redis" env TOLLGATE_TEST_STORE=redis cargo test --locked --all-features --test it -- \
-    forward_auth:: grpc:: headers:: hostile_input:: json_endpoint:: native:: reload:: transport_bounds::
+    forward_auth:: grpc:: headers:: hostile_input:: json_endpoint:: native:: reload:: spelled_keys:: transport_bounds::
 # And once more with the rules pushed over xDS by a management server in the test process, wherever a
 # test's rules have an xDS form (envoyproxy/ratelimit's fields only; see src/xds/files.rs).
 pass "wire suites with rules over xDS" env TOLLGATE_TEST_RULES=xds cargo test --locked --all-features --test it -- \
-    grpc:: headers:: hostile_input:: json_endpoint:: native::
+    grpc:: headers:: hostile_input:: json_endpoint:: native:: spelled_keys::
 # Envoy in front of Tollgate (tests/envoy: real Envoy and Tollgate processes, Redis where the story needs
 # it). The first pass skipped these: they run here, with the pinned Envoy.
 envoy_pass() {

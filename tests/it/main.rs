@@ -31,6 +31,7 @@ mod redis_state;
 mod redis_store;
 mod reload;
 mod rules_file;
+mod spelled_keys;
 mod store_contract;
 mod tls;
 mod transport_bounds;

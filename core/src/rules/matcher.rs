@@ -10,10 +10,14 @@
 //! `path` rule spells the key of `path=/login` with `remote_address=192.0.2.9` below it. Keys shared
 //! with a Go fleet keep that format; Tollgate's own keys escape, so no value can spell another
 //! descriptor's key. (Domains and entry keys come from the rules, and are written as they are.)
+//!
+//! A hashed value (`hash: true`, or a value over [`MAX_RAW_VALUE_IN_KEY`]) is marked
+//! ([`super::normalize::HASH_MARK`]), so that no value written as it is can equal it: escaping leaves no
+//! mark in a value, and in Go's encoding a value that reads as a marked hash is hashed itself.
 
 use std::sync::Arc;
 
-use super::normalize::{MAX_RAW_VALUE_IN_KEY, Normalizer, ValueHasher};
+use super::normalize::{MARKED_HASH_LEN, MAX_RAW_VALUE_IN_KEY, Normalizer, ValueHasher, reads_as_hash};
 use super::pattern::Pattern;
 use super::small_map::SmallMap;
 use super::{Domain, Rule};
@@ -224,7 +228,8 @@ impl Domain {
                 None if self.hashes => {
                     level = None;
                     hashed.clear();
-                    hasher.append_hash(&mut hashed, entry.value());
+                    // Marked, as a matched value hashed into its key is.
+                    hasher.append_key_hash(&mut hashed, entry.value());
                     each(at, entry.key(), &hashed);
                 }
                 None => {
@@ -281,7 +286,7 @@ impl Level {
         key.push('_');
         match shared {
             Some(pattern) => key.push_str(pattern),
-            None if group.hash => hasher.append_hash(key, &value),
+            None if group.hash => hasher.append_key_hash(key, &value),
             None => *encodings_differ |= push_value(key, &value, hasher, writing),
         }
         key.push('_');
@@ -295,15 +300,19 @@ impl Level {
 #[inline]
 fn push_value(key: &mut String, value: &str, hasher: &ValueHasher, writing: Writing) -> bool {
     if value.len() > MAX_RAW_VALUE_IN_KEY {
-        hasher.append_hash(key, value);
+        push_hashed(key, value, hasher);
         return false;
     }
-    if !writing.scan || memchr::memchr2(b'_', b'%', value.as_bytes()).is_none() {
+    if !writing.scan {
+        push_as_go(key, value, hasher);
+        return false;
+    }
+    if memchr::memchr2(b'_', b'%', value.as_bytes()).is_none() {
         key.push_str(value);
         return false;
     }
     match writing.encoding {
-        ValueEncoding::Go => key.push_str(value),
+        ValueEncoding::Go => push_as_go(key, value, hasher),
         ValueEncoding::Escaped => {
             for c in value.chars() {
                 match c {
@@ -315,4 +324,33 @@ fn push_value(key: &mut String, value: &str, hasher: &ValueHasher, writing: Writ
         }
     }
     true
+}
+
+/// Appends a value in Go's encoding: as it is, unless it reads as a hashed value, which it would then
+/// spell; such a value is hashed itself (a value no client of envoyproxy/ratelimit sends by chance).
+/// Inline, only the length is compared: the rest of the check is out of line.
+#[inline]
+fn push_as_go(key: &mut String, value: &str, hasher: &ValueHasher) {
+    if value.len() != MARKED_HASH_LEN || !push_if_hash_shaped(key, value, hasher) {
+        key.push_str(value);
+    }
+}
+
+/// Appends `value` hashed if it reads as a hashed value; returns whether it did.
+#[cold]
+#[inline(never)]
+fn push_if_hash_shaped(key: &mut String, value: &str, hasher: &ValueHasher) -> bool {
+    let shaped = reads_as_hash(value);
+    if shaped {
+        hasher.append_key_hash(key, value);
+    }
+    shaped
+}
+
+/// Appends a value hashed: out of line, so that the common value, written as it is, pays nothing for
+/// the hashing it does not do.
+#[cold]
+#[inline(never)]
+fn push_hashed(key: &mut String, value: &str, hasher: &ValueHasher) {
+    hasher.append_key_hash(key, value);
 }

@@ -29,7 +29,7 @@ pub use compile::CompileOptions;
 pub const MAX_LIMITS_PER_RULE: usize = 64;
 pub use matcher::{DescriptorEntry, Found, ValueEncoding};
 pub(crate) use normalize::canonical_ip;
-pub use normalize::{MAX_RAW_VALUE_IN_KEY, ValueHasher};
+pub use normalize::{HASH_MARK, MAX_RAW_VALUE_IN_KEY, ValueHasher};
 
 /// The currently loaded rules; `None` until a rule set has loaded successfully. Shared between the
 /// limiter and the rules' source (the reloader, the server's xDS client), which swaps in a new set

@@ -26,6 +26,28 @@ pub const MAX_RAW_VALUE_IN_KEY: usize = 256;
 /// practically impossible while keeping keys short (32 hex characters).
 const HASH_BYTES: usize = 16;
 
+/// What a hashed value starts with in a storage key, before its 32 hex digits. A value written as it is
+/// must never equal a hash: the hash of a long value is anyone's to compute (with no `TOLLGATE_HASH_KEY`)
+/// or to read from a key name, and a short value spelling it would share the long value's counter. An
+/// escaped value holds `%` only as `%25` or `%5F`, so it never holds this mark; in Go's encoding, where
+/// values are written as they are, a value that reads as a hash is hashed itself
+/// ([`reads_as_hash`]).
+pub const HASH_MARK: &str = "%h";
+
+/// The length of a hashed value in a storage key: the mark and the hex digits.
+pub(crate) const MARKED_HASH_LEN: usize = HASH_MARK.len() + 2 * HASH_BYTES;
+
+/// Whether `value` has the shape of a hashed value in a storage key ([`HASH_MARK`] then 32 lowercase
+/// hex digits): written as it is, it could equal one.
+#[inline]
+pub(crate) fn reads_as_hash(value: &str) -> bool {
+    value.len() == MARKED_HASH_LEN
+        && value.starts_with(HASH_MARK)
+        && value.as_bytes()[HASH_MARK.len()..]
+            .iter()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// The compiled normalisation of one key at one level of a domain.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Normalizer {
@@ -112,10 +134,17 @@ impl ValueHasher {
         }
     }
 
-    /// Appends the hex digest of `value` to `out`.
+    /// Appends the hex digest of `value` to `out` (32 hex digits), as `/top` and the denial log show
+    /// callers.
     pub fn append_hash(&self, out: &mut String, value: &str) {
         let digest = blake3::keyed_hash(&self.key, value.as_bytes());
         out.push_str(&digest.to_hex()[..2 * HASH_BYTES]);
+    }
+
+    /// Appends `value` hashed as a storage key holds it: [`HASH_MARK`], then the hex digest.
+    pub fn append_key_hash(&self, out: &mut String, value: &str) {
+        out.push_str(HASH_MARK);
+        self.append_hash(out, value);
     }
 }
 
@@ -189,5 +218,24 @@ mod tests {
         assert_eq!(x.len(), 2 * HASH_BYTES);
         assert!(!x.contains("alice"));
         assert!(format!("{a:?}").contains("redacted"));
+    }
+
+    #[test]
+    fn a_key_hash_is_marked_and_reads_as_one() {
+        let hasher = ValueHasher::default();
+        let (mut plain, mut marked) = (String::new(), String::new());
+        hasher.append_hash(&mut plain, "a long value");
+        hasher.append_key_hash(&mut marked, "a long value");
+        assert_eq!(marked, format!("{HASH_MARK}{plain}"));
+        assert!(reads_as_hash(&marked));
+        assert!(!reads_as_hash(&plain), "the bare digest is not a key's hash");
+        assert!(!reads_as_hash(&marked[..marked.len() - 1]));
+        assert!(!reads_as_hash(&format!("{marked}0")));
+        assert!(
+            !reads_as_hash(&format!("{HASH_MARK}{}", "A".repeat(32))),
+            "lowercase digits only"
+        );
+        assert!(!reads_as_hash(&format!("{HASH_MARK}{}", "g".repeat(32))));
+        assert!(reads_as_hash(&format!("{HASH_MARK}{}", "0a".repeat(16))));
     }
 }
