@@ -209,6 +209,7 @@ fn bench_sweep(c: &mut Criterion) {
             limit,
             cost: 1,
             group: 0,
+            go_format: false,
         };
         ready(store.apply(&Batch::new(vec![item], CommitPolicy::Independent))).expect("stored");
     }

@@ -411,16 +411,33 @@ fn override_keys_stay_bounded_whatever_the_entry_key() {
     let domain = rules.domain("d").expect("domain d");
     let hasher = ValueHasher::new("test");
     let (long_key, long_value) = ("k".repeat(3 << 20), "v".repeat(3 << 20));
-    let mut key = String::from("d_");
-    domain.raw_key(&[(long_key.as_str(), long_value.as_str())], &hasher, &mut key);
-    assert!(key.len() < 2 * 64 + 8, "{} bytes", key.len());
-    let mut other = String::from("d_");
-    domain.raw_key(&[(long_key.as_str(), "w")], &hasher, &mut other);
-    assert_ne!(key, other, "hashed components still tell values apart");
-    let mut short = String::from("d_");
-    domain.raw_key(&[("user", "alice")], &hasher, &mut short);
-    assert_eq!(
-        short, "d_user_alice_",
-        "short ones stay as envoyproxy/ratelimit writes them"
+    for encoding in [ValueEncoding::Go, ValueEncoding::Escaped] {
+        let mut key = String::from("d_");
+        domain.raw_key(
+            &[(long_key.as_str(), long_value.as_str())],
+            &hasher,
+            &mut key,
+            encoding,
+        );
+        assert!(key.len() < 2 * 64 + 8, "{} bytes", key.len());
+        let mut other = String::from("d_");
+        domain.raw_key(&[(long_key.as_str(), "w")], &hasher, &mut other, encoding);
+        assert_ne!(key, other, "hashed components still tell values apart");
+        let mut short = String::from("d_");
+        domain.raw_key(&[("user", "alice")], &hasher, &mut short, encoding);
+        assert_eq!(
+            short, "d_user_alice_",
+            "short ones stay as envoyproxy/ratelimit writes them"
+        );
+    }
+    // Values in the escaped encoding are escaped; entry keys come from Envoy's configuration, as
+    // they are.
+    let mut escaped = String::from("d_");
+    domain.raw_key(
+        &[("remote_address", "a_b%")],
+        &hasher,
+        &mut escaped,
+        ValueEncoding::Escaped,
     );
+    assert_eq!(escaped, "d_remote_address_a%5Fb%25_");
 }

@@ -67,6 +67,7 @@ fn one(key: &str, limit: Limit) -> Batch {
         limit,
         cost: 1,
         group: 0,
+        go_format: false,
     };
     Batch::new(vec![item], CommitPolicy::Independent)
 }
@@ -451,6 +452,7 @@ async fn a_give_back_returns_only_the_callers_own_last_grant() {
         limit,
         cost: 1,
         group: 0,
+        go_format: false,
     };
     let give = BatchItem {
         cost: 0,
@@ -496,6 +498,7 @@ async fn a_give_back_after_its_lease_ended_is_taken_though_another_replica_calle
         limit: limit(Algorithm::TokenBucket, 1_000),
         cost: 1,
         group: 0,
+        go_format: false,
     };
     let give = BatchItem {
         cost: 0,
@@ -531,6 +534,10 @@ impl Store for HeldGiveBacks {
 
     fn name(&self) -> &'static str {
         self.store.name()
+    }
+
+    fn shares_with_go(&self) -> bool {
+        self.store.shares_with_go()
     }
 }
 
@@ -675,6 +682,7 @@ async fn a_hot_descriptor_beside_cold_ones_keeps_every_decision_in_its_place() {
             limit,
             cost: 1,
             group,
+            go_format: false,
         };
         let batch = Batch::new(
             vec![

@@ -26,6 +26,10 @@ impl Store for DownStore {
     fn name(&self) -> &'static str {
         "down"
     }
+
+    fn shares_with_go(&self) -> bool {
+        true
+    }
 }
 
 impl LeaseStore for DownStore {
@@ -105,6 +109,46 @@ async fn a_limit_without_failure_mode_turns_a_store_failure_into_an_error() {
     assert_eq!(v.overall, Code::Ok);
 }
 
+/// `failure_mode: local` counts a down Redis's keys in an embedded store of this instance's. There a
+/// key in Go's format (a lone fixed window: `k1` = `v_k2_w`) and the same text escaped (a rule with two
+/// limits: `k1` = `v`, `k2` = `w`) are two counters, as they are two keys in Redis.
+#[tokio::test]
+async fn the_local_fallback_tells_a_go_key_from_an_escaped_one() {
+    let rules_text = r#"
+domain: fm
+descriptors:
+  - key: k1
+    rate_limit: {unit: hour, requests_per_unit: 3, failure_mode: local}
+    descriptors:
+      - key: k2
+        rate_limits:
+          - {unit: hour, requests_per_unit: 3, failure_mode: local}
+          - {unit: day, requests_per_unit: 100, failure_mode: local}
+"#;
+    let set = rules(&[rules_text], Algorithm::FixedWindow);
+    let limiter = Limiter::new(
+        Arc::new(ArcSwapOption::from_pointee(set)),
+        DownStore,
+        ValueHasher::default(),
+        LimiterOptions::default(),
+    );
+    let ask = async |entries: &[(&str, &str)]| {
+        let v = limiter.should_rate_limit("fm", &[d(entries)], 0).await;
+        let v = v.expect("answered by the local fallback");
+        assert!(v.statuses[0].from_failure_mode, "{entries:?}");
+        (v.overall, envoy(&v.statuses[0]).limit_remaining)
+    };
+    for remaining in [2, 1, 0] {
+        assert_eq!(ask(&[("k1", "v_k2_w")]).await, (Code::Ok, remaining));
+    }
+    assert_eq!(ask(&[("k1", "v_k2_w")]).await.0, Code::OverLimit);
+    assert_eq!(
+        ask(&[("k1", "v"), ("k2", "w")]).await,
+        (Code::Ok, 2),
+        "the victim's budget is its own"
+    );
+}
+
 fn concurrency_rules(algorithm: Algorithm) -> String {
     format!(
         "domain: race\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: 100, algorithm: {}}}\n",
@@ -157,6 +201,7 @@ fn item(key: String, cost: u64) -> BatchItem {
         limit,
         cost,
         group: 0,
+        go_format: false,
     }
 }
 

@@ -206,6 +206,7 @@ impl Harness {
                 limit: specs[r.spec].limit,
                 cost: r.cost,
                 group: r.group,
+                go_format: false,
             })
             .collect();
         let expected = self

@@ -30,6 +30,7 @@ async fn hit(store: &std::sync::Arc<RedisStore>, key: &str, algorithm: Algorithm
         limit: limit(algorithm),
         cost: 1,
         group: 0,
+        go_format: false,
     };
     let batch = Batch::new(vec![item], CommitPolicy::Independent);
     store.apply(&batch).await.expect("a decision, not an error")[0]

@@ -745,6 +745,7 @@ async fn other_placements_miss_the_consumed_keys(url: &str, kind: &str) {
                 },
                 cost,
                 group,
+                go_format: false,
             };
             // A descriptor with one limit and one with two.
             let batch = |policy: CommitPolicy, cost: u64, keep_together: bool| Batch {
@@ -1246,6 +1247,7 @@ async fn a_cluster_refuses_to_settle_across_slots() {
             limit,
             cost: 1,
             group,
+            go_format: false,
         })
         .collect();
     for policy in [

@@ -289,6 +289,7 @@ fn item(name: &str, limit: Limit, cost: u64, group: u32) -> BatchItem {
         limit,
         cost,
         group,
+        go_format: false,
     }
 }
 

@@ -58,6 +58,7 @@ impl<S: Store> Limiter<S> {
                     limit: rate.limit,
                     cost: target.cost,
                     group,
+                    go_format: target.go_format,
                 });
             }
             if let Some((last, others)) = items[first..].split_last_mut() {
@@ -139,6 +140,7 @@ impl<S: Store> Limiter<S> {
                         limit: share.limit,
                         cost: target.cost,
                         group,
+                        go_format: target.go_format,
                     });
                     shares.push((share, limit.name.clone()));
                 }

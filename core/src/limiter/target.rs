@@ -76,6 +76,8 @@ pub(super) struct Target {
     pub(super) active: u64,
     pub(super) unlimited: bool,
     pub(super) key: String,
+    /// `key` holds values as envoyproxy/ratelimit writes them ([`BatchItem::go_format`]).
+    pub(super) go_format: bool,
     pub(super) cost: u64,
     /// With a `detailed_metric` rule, once the request is known to count: the counters of this
     /// descriptor's values (`None` when the rule's cap folds them into its own).
@@ -243,6 +245,12 @@ impl<S: Store> Limiter<S> {
         domain.all_or_nothing() || self.options.keep_domains_together
     }
 
+    /// Whether a Go fleet may share `domain`'s counters: the store is one it may share (Redis), and the
+    /// domain's keys are not placed together (Go's never are). Elsewhere every key is Tollgate's own.
+    fn go_may_share(&self, domain: &crate::rules::Domain) -> bool {
+        self.store.shares_with_go() && !self.keeps_together(domain)
+    }
+
     /// The length of [`Limiter::scope_key`].
     fn scope_key_len(&self, domain: &str) -> usize {
         self.options.cache_key_prefix.len() + domain.len() + 1
@@ -287,6 +295,7 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Target, LimiterError> {
         let cost = descriptor.hits_addend().unwrap_or(default_cost);
         let mut key = self.scope_key(domain.name());
+        let go_may_share = self.go_may_share(domain);
         if let Some(over) = descriptor.limit_override() {
             let unit = Unit::from_i32(over.unit).ok_or(LimiterError::InvalidOverrideUnit {
                 index,
@@ -299,7 +308,14 @@ impl<S: Store> Limiter<S> {
                 return Err(LimiterError::InvalidOverride { index, reason });
             }
             let rate = Rate::new(over.requests_per_unit, unit, 1, algorithm, None);
-            domain.raw_key(descriptor.entries(), &self.hasher, &mut key);
+            // Keyed as a rule with this one limit would be.
+            let go_format = go_may_share && algorithm == Algorithm::FixedWindow;
+            let encoding = if go_format {
+                ValueEncoding::Go
+            } else {
+                ValueEncoding::Escaped
+            };
+            domain.raw_key(descriptor.entries(), &self.hasher, &mut key, encoding);
             let limit = RuleLimit {
                 name: None,
                 replaces: Vec::new(),
@@ -312,12 +328,12 @@ impl<S: Store> Limiter<S> {
                 active: 1,
                 unlimited: false,
                 key,
+                go_format,
                 cost,
                 detailed_stats: None,
             });
         }
-        let keep_together = self.keeps_together(domain);
-        let encoding = domain.first_encoding(keep_together);
+        let encoding = domain.first_encoding(go_may_share);
         let Some(found) = domain.find(descriptor.entries(), &self.hasher, &mut key, encoding) else {
             return Ok(Target {
                 rule: None,
@@ -325,15 +341,14 @@ impl<S: Store> Limiter<S> {
                 active: 0,
                 unlimited: false,
                 key: String::new(),
+                go_format: false,
                 cost,
                 detailed_stats: None,
             });
         };
         let rule = found.rule;
-        if encoding == ValueEncoding::Go
-            && found.encodings_differ
-            && rule.value_encoding(keep_together) == ValueEncoding::Escaped
-        {
+        let go_format = rule.value_encoding(go_may_share) == ValueEncoding::Go;
+        if encoding == ValueEncoding::Go && found.encodings_differ && !go_format {
             // Tollgate's own key, and a value that reads differently escaped: walk again, escaping.
             // Only then: a value without `_` or `%` is the same either way.
             key.truncate(self.scope_key_len(domain.name()));
@@ -350,6 +365,7 @@ impl<S: Store> Limiter<S> {
             active: rate_bits(&rule.limits),
             unlimited: rule.limits.iter().any(|l| l.rate.is_none()),
             key,
+            go_format,
             cost,
             detailed_stats: None,
         })

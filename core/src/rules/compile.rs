@@ -75,7 +75,7 @@ impl RuleSet {
                     message: format!("domain '{}': {message}", config.domain),
                 })?;
             }
-            let keyed_as = |encoding| ctx.rules.iter().any(|r| r.value_encoding(false) == encoding);
+            let keyed_as = |encoding| ctx.rules.iter().any(|r| r.value_encoding(true) == encoding);
             let domain = Domain {
                 proxy: config.proxy,
                 name: config.domain.clone(),

@@ -240,14 +240,25 @@ impl Domain {
         }
     }
 
-    /// Appends the storage key of a descriptor that bypasses matching (a request limit override): raw
-    /// entry keys and values, as envoyproxy/ratelimit keys them, except that over-long ones are hashed
-    /// (nothing from the request makes a key component longer than [`MAX_RAW_VALUE_IN_KEY`]).
-    pub fn raw_key<E: DescriptorEntry>(&self, entries: &[E], hasher: &ValueHasher, key: &mut String) {
+    /// Appends the storage key of a descriptor that bypasses matching (a request limit override): its
+    /// entry keys as they are and its values in `encoding`, as a rule's key writes them, except that
+    /// over-long ones are hashed (nothing from the request makes a key component longer than
+    /// [`MAX_RAW_VALUE_IN_KEY`]).
+    pub fn raw_key<E: DescriptorEntry>(
+        &self,
+        entries: &[E],
+        hasher: &ValueHasher,
+        key: &mut String,
+        encoding: ValueEncoding,
+    ) {
+        let writing = Writing {
+            encoding,
+            scan: encoding == ValueEncoding::Escaped,
+        };
         for entry in entries {
             push_value(key, entry.key(), hasher, Writing::AS_GO);
             key.push('_');
-            push_value(key, entry.value(), hasher, Writing::AS_GO);
+            push_value(key, entry.value(), hasher, writing);
             key.push('_');
         }
     }

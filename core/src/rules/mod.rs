@@ -78,7 +78,8 @@ impl RuleSet {
 pub struct Domain {
     name: String,
     all_or_nothing: bool,
-    /// Some rule keeps Go's keys ([`Rule::value_encoding`]), and some has keys of Tollgate's own.
+    /// Where a Go fleet may share the counters: some rule keeps Go's keys ([`Rule::value_encoding`]),
+    /// and some has keys of Tollgate's own.
     go_keyed: bool,
     own_keyed: bool,
     /// Some rule hashes its values (`hash: true`): the debug log hashes values it cannot place.
@@ -106,9 +107,10 @@ impl Domain {
     }
 
     /// The encoding to match a descriptor in first: Go's while some rule may keep Go's key, else
-    /// escaped (every key Tollgate's own, `keep_together` included), which then needs no second walk.
-    pub fn first_encoding(&self, keep_together: bool) -> ValueEncoding {
-        if self.go_keyed && !keep_together {
+    /// escaped (every key Tollgate's own), which then needs no second walk. `go_may_share`: as for
+    /// [`Rule::value_encoding`].
+    pub fn first_encoding(&self, go_may_share: bool) -> ValueEncoding {
+        if self.go_keyed && go_may_share {
             ValueEncoding::Go
         } else {
             ValueEncoding::Escaped
@@ -143,13 +145,13 @@ pub struct Rule {
 
 impl Rule {
     /// How request values enter this rule's storage keys: as envoyproxy/ratelimit writes them where a
-    /// Go replica may share the counter (one fixed-window limit, in a domain whose keys are not kept
-    /// together, which the Redis store keys exactly as Go does), escaped everywhere else (see
-    /// [`ValueEncoding`]).
-    pub fn value_encoding(&self, keep_together: bool) -> ValueEncoding {
+    /// Go replica may share the counter (one fixed-window limit, which the Redis store keys exactly as
+    /// Go does), escaped everywhere else (see [`ValueEncoding`]). `go_may_share`: the store is one a Go
+    /// fleet may share (Redis, not the embedded store) and the domain's keys are not kept together.
+    pub fn value_encoding(&self, go_may_share: bool) -> ValueEncoding {
         match self.limits.as_slice() {
             [only]
-                if !keep_together
+                if go_may_share
                     && only.rate.is_some_and(|rate| {
                         rate.limit.algorithm == crate::algorithm::Algorithm::FixedWindow
                     }) =>

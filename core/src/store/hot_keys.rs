@@ -127,6 +127,8 @@ pub struct Reserved {
 struct Slice {
     key: String,
     limit: Limit,
+    /// Told apart from a key of Tollgate's own with the same text ([`BatchItem::go_format`]).
+    go_format: bool,
     units: u64,
     /// Local µs until which `units` may be admitted.
     valid_until_us: u64,
@@ -275,6 +277,11 @@ impl<S: Reserve> HotKeys<S> {
         previous.max(current) * (1_000_000 / TICK_US)
     }
 
+    /// The hash of a (key, limit) in the slice table and among the rate cells.
+    fn hash(&self, key: &str, limit: &Limit, go_format: bool) -> u64 {
+        self.hasher.hash_one((key, limit, go_format))
+    }
+
     fn shard(&self, hash: u64) -> MutexGuard<'_, HashTable<Slice>> {
         lock(&self.slices[(hash >> 60) as usize % SHARDS])
     }
@@ -285,7 +292,7 @@ impl<S: Reserve> HotKeys<S> {
         if item.cost == 0 || item.limit.algorithm == Algorithm::SlidingLog {
             return None;
         }
-        let hash = self.hasher.hash_one((&item.key, &item.limit));
+        let hash = self.hash(&item.key, &item.limit, item.go_format);
         Some((hash, self.rate(hash, now_us)))
     }
 
@@ -328,14 +335,14 @@ impl<S: Reserve> HotKeys<S> {
                 let slice = Slice {
                     key: item.key.clone(),
                     limit: item.limit,
+                    go_format: item.go_format,
                     units: 0,
                     valid_until_us: 0,
                     reset_at_us: 0,
                     busy: None,
                 };
-                let hasher = &self.hasher;
                 shard
-                    .insert_unique(hash, slice, |s| hasher.hash_one((&s.key, &s.limit)))
+                    .insert_unique(hash, slice, |s| self.hash(&s.key, &s.limit, s.go_format))
                     .into_mut()
             }
         };
@@ -469,8 +476,9 @@ impl<S: Reserve> HotKeys<S> {
                     limit: slice.limit,
                     cost: 0,
                     group: 0,
+                    go_format: slice.go_format,
                 };
-                let hash = self.hasher.hash_one((&slice.key, &slice.limit));
+                let hash = self.hash(&slice.key, &slice.limit, slice.go_format);
                 ended.push((item, hash, std::mem::take(&mut slice.units)));
                 true
             });
@@ -506,7 +514,7 @@ async fn sweep<S: Reserve>(hot: Weak<HotKeys<S>>, every: Duration, stop: Cancell
 
 /// Finds `item`'s slice in the table.
 fn same_key(item: &BatchItem) -> impl Fn(&Slice) -> bool + '_ {
-    move |slice| slice.limit == item.limit && slice.key == item.key
+    move |slice| slice.limit == item.limit && slice.go_format == item.go_format && slice.key == item.key
 }
 
 fn lock(shard: &Mutex<HashTable<Slice>>) -> MutexGuard<'_, HashTable<Slice>> {
@@ -617,6 +625,10 @@ impl<S: Reserve> Store for Arc<HotKeys<S>> {
                 Plan::Reserve { .. } | Plan::Reserved => reservations.next().unwrap_or_default(),
             })
             .collect())
+    }
+
+    fn shares_with_go(&self) -> bool {
+        self.inner.shares_with_go()
     }
 }
 

@@ -51,8 +51,16 @@ const ENTRY_BYTES: usize = 160;
 struct Blocked {
     key: String,
     limit: Limit,
+    /// Told apart from a key of Tollgate's own with the same text ([`BatchItem::go_format`]).
+    go_format: bool,
     cost: u64,
     until_us: u64,
+}
+
+impl Blocked {
+    fn is(&self, item: &BatchItem) -> bool {
+        self.limit == item.limit && self.go_format == item.go_format && self.key == item.key
+    }
 }
 
 /// A store wrapped with the over-limit cache.
@@ -94,8 +102,8 @@ impl<S: Store> LocalCache<S> {
         self.hits.load(Ordering::Relaxed)
     }
 
-    fn hash(&self, key: &str, limit: &Limit) -> u64 {
-        self.hasher.hash_one((key, limit))
+    fn hash(&self, key: &str, limit: &Limit, go_format: bool) -> u64 {
+        self.hasher.hash_one((key, limit, go_format))
     }
 
     fn shard(&self, hash: u64) -> MutexGuard<'_, HashTable<Blocked>> {
@@ -110,9 +118,9 @@ impl<S: Store> LocalCache<S> {
         if item.cost == 0 || self.per_shard == 0 {
             return None;
         }
-        let hash = self.hash(&item.key, &item.limit);
+        let hash = self.hash(&item.key, &item.limit, item.go_format);
         let shard = self.shard(hash);
-        let blocked = shard.find(hash, |b| b.limit == item.limit && b.key == item.key)?;
+        let blocked = shard.find(hash, |b| b.is(item))?;
         (blocked.until_us > now_us && item.cost >= blocked.cost).then(|| {
             let wait = blocked.until_us - now_us;
             Decision {
@@ -124,9 +132,9 @@ impl<S: Store> LocalCache<S> {
 
     /// Drops the cached denial of `item`'s key and limit, if any.
     fn forget(&self, item: &BatchItem) {
-        let hash = self.hash(&item.key, &item.limit);
+        let hash = self.hash(&item.key, &item.limit, item.go_format);
         let mut shard = self.shard(hash);
-        if let Ok(blocked) = shard.find_entry(hash, |b| b.limit == item.limit && b.key == item.key) {
+        if let Ok(blocked) = shard.find_entry(hash, |b| b.is(item)) {
             blocked.remove();
         }
     }
@@ -146,9 +154,9 @@ impl<S: Store> LocalCache<S> {
             return;
         }
         let until_us = now_us.saturating_add(decision.retry_after_us);
-        let hash = self.hash(&item.key, &item.limit);
+        let hash = self.hash(&item.key, &item.limit, item.go_format);
         let mut shard = self.shard(hash);
-        if let Some(blocked) = shard.find_mut(hash, |b| b.limit == item.limit && b.key == item.key) {
+        if let Some(blocked) = shard.find_mut(hash, |b| b.is(item)) {
             blocked.until_us = until_us;
             blocked.cost = item.cost;
             return;
@@ -162,10 +170,11 @@ impl<S: Store> LocalCache<S> {
         let entry = Blocked {
             key: item.key.clone(),
             limit: item.limit,
+            go_format: item.go_format,
             cost: item.cost,
             until_us,
         };
-        shard.insert_unique(hash, entry, |b| self.hasher.hash_one((&b.key, &b.limit)));
+        shard.insert_unique(hash, entry, |b| self.hash(&b.key, &b.limit, b.go_format));
     }
 }
 
@@ -239,6 +248,10 @@ impl<S: Store> Store for LocalCache<S> {
         }
         Ok(decisions)
     }
+
+    fn shares_with_go(&self) -> bool {
+        self.inner.shares_with_go()
+    }
 }
 
 /// The over-limit cache only concerns rate limits: leases go straight to the store behind it.
@@ -277,6 +290,7 @@ mod tests {
             },
             cost,
             group: 0,
+            go_format: false,
         }
     }
 

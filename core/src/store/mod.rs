@@ -41,6 +41,12 @@ pub struct BatchItem {
     /// together: when one is denied, the others consume nothing, so a request refused by a per-second
     /// limit does not eat into the per-day budget of the same caller.
     pub group: u32,
+    /// `key` holds request values as envoyproxy/ratelimit writes them
+    /// ([`crate::rules::ValueEncoding::Go`]), for a counter a Go fleet may share: Redis names a lone
+    /// fixed window's key exactly as Go does. A key of Tollgate's own (values escaped) can have the same
+    /// text (`k1` = `v_k2_w` in Go's format is `k1` = `v`, `k2` = `w` escaped), so every store and cache
+    /// tells the two apart by this as well as by the key.
+    pub go_format: bool,
 }
 
 /// What a batch may change.
@@ -176,6 +182,12 @@ pub trait Store: lease::LeaseStore + Send + Sync + 'static {
 
     /// What the debug line of a decision calls this store: `embedded`, `redis`.
     fn name(&self) -> &'static str;
+
+    /// Whether a fleet of envoyproxy/ratelimit may share this store's counters (Redis), so that the
+    /// keys it could share must be written as Go writes them ([`BatchItem::go_format`]). The embedded
+    /// store says no: no Go replica reaches it, and every key of its is Tollgate's own, so that no value
+    /// spells another descriptor's key.
+    fn shares_with_go(&self) -> bool;
 }
 
 /// What [`AnyStore::open`] builds: the embedded store, or Redis (with the per-second Redis of
@@ -444,6 +456,14 @@ impl Store for AnyStore {
             AnyStore::Memory(store) => store.name(),
             #[cfg(feature = "redis")]
             AnyStore::Redis(store) => store.name(),
+        }
+    }
+
+    fn shares_with_go(&self) -> bool {
+        match self {
+            AnyStore::Memory(store) => store.shares_with_go(),
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(store) => store.shares_with_go(),
         }
     }
 }

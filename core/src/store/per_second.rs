@@ -125,6 +125,10 @@ impl Store for RedisStores {
         // Redis, above) should not carry inline.
         Box::pin(self.apply_split(per_second, batch)).await
     }
+
+    fn shares_with_go(&self) -> bool {
+        self.main.shares_with_go()
+    }
 }
 
 impl RedisStores {
@@ -187,6 +191,7 @@ mod tests {
             },
             cost: 1,
             group,
+            go_format: false,
         }
     }
 

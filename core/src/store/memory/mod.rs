@@ -65,6 +65,9 @@ pub struct MemoryStore {
 struct Entry {
     key: String,
     algorithm: Algorithm,
+    /// The key is in Go's format ([`BatchItem::go_format`]): never the case for the limiter's own
+    /// embedded store, whose keys are all Tollgate's, but `failure_mode: local` counts Redis's keys here.
+    go_format: bool,
     /// The batch that last wrote the entry: a batch never evicts what it wrote itself (it would lose
     /// the count it just made). Fits beside `algorithm`, in what would be padding.
     batch: u32,
@@ -77,6 +80,7 @@ impl Entry {
     fn is(&self, item: &BatchItem) -> bool {
         self.window_us == item.limit.window_us
             && self.algorithm == item.limit.algorithm
+            && self.go_format == item.go_format
             && self.key == item.key
     }
 }
@@ -191,8 +195,12 @@ impl MemoryStore {
 
     /// An item's hash, which places its entry (shard and bucket).
     fn hash(&self, item: &BatchItem) -> u64 {
-        self.hasher
-            .hash_one((&item.key, item.limit.window_us, item.limit.algorithm))
+        self.hasher.hash_one((
+            &item.key,
+            item.limit.window_us,
+            item.limit.algorithm,
+            item.go_format,
+        ))
     }
 
     fn lock_shards(&self, hashes: &[u64]) -> Locked<'_> {
@@ -348,6 +356,7 @@ impl MemoryStore {
                 let entry = Entry {
                     key: item.key.clone(),
                     algorithm: item.limit.algorithm,
+                    go_format: item.go_format,
                     batch,
                     window_us: item.limit.window_us,
                     state,
@@ -361,7 +370,7 @@ impl MemoryStore {
     /// An entry's hash: its item's ([`MemoryStore::hash`]).
     fn entry_hash(&self, entry: &Entry) -> u64 {
         self.hasher
-            .hash_one((&entry.key, entry.window_us, entry.algorithm))
+            .hash_one((&entry.key, entry.window_us, entry.algorithm, entry.go_format))
     }
 
     /// Removes the entry of `table` that least affects decisions among a sample: an expired one, else
@@ -392,6 +401,10 @@ impl Store for MemoryStore {
 
     fn name(&self) -> &'static str {
         "embedded"
+    }
+
+    fn shares_with_go(&self) -> bool {
+        false
     }
 }
 
@@ -576,6 +589,7 @@ mod tests {
                 },
                 cost: 5,
                 group: 0,
+                go_format: false,
             }];
             store
                 .apply_batch(&old, CommitPolicy::Independent, None)
@@ -639,6 +653,7 @@ mod tests {
             },
             cost: 1,
             group: 0,
+            go_format: false,
         }]
     }
 
@@ -710,6 +725,7 @@ mod tests {
             },
             cost: 1,
             group,
+            go_format: false,
         };
         let shard = |key: &str| shard_of(store.hash(&item(key, 0)));
         let other = (0..)

@@ -1,10 +1,13 @@
 //! Redis key names and Redis Cluster slots.
 //!
-//! - **Fixed window, one limit per descriptor**: envoyproxy/ratelimit's exact key,
+//! - **Fixed window, one limit per descriptor, its key in Go's format** ([`crate::store::BatchItem::go_format`]):
+//!   envoyproxy/ratelimit's exact key,
 //!   `CACHE_KEY_PREFIX + domain + "_" + key + "_" + value + "_" … + window_start_seconds`, holding a plain
 //!   counter. A fleet mixing the Go service and Tollgate during a rolling migration shares these counters.
 //! - **Everything else** (other algorithms, several limits on one descriptor, `all_or_nothing`
-//!   domains): Tollgate keys, `{tag}rest` + `algorithm_windowS` (+ `_start` for fixed windows). The
+//!   domains, keys of Tollgate's own format): Tollgate keys, `{tag}rest` + `algorithm_windowS` (+ `_start`
+//!   for fixed windows). A key of Tollgate's own format is never named as Go's: its text may equal a Go
+//!   key's (`k1` = `v_k2_w` in Go's format is `k1` = `v`, `k2` = `w` escaped), its name never does. The
 //!   hash tag keeps together what one script must touch atomically in Redis Cluster. It is the
 //!   descriptor's key (all limits of one descriptor, one slot), or for `all_or_nothing` domains the
 //!   domain (the whole request, one slot). `rest` is the remainder of the descriptor's key.
@@ -26,10 +29,11 @@ pub(crate) const SLOTS: u16 = 16_384;
 /// How a batch's keys are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Placement<'a> {
-    /// Each descriptor on its own; single-limit fixed windows use envoyproxy/ratelimit's key.
+    /// Each descriptor on its own.
     PerDescriptor {
-        /// Whether this item's descriptor has several limits (they must share a slot).
-        shared: bool,
+        /// A fixed window of this item is named as envoyproxy/ratelimit names it: its key is in Go's
+        /// format, and its descriptor has no other limit (several must share a slot).
+        go_named: bool,
     },
     /// The whole batch in the slot of this scope (`CACHE_KEY_PREFIX + domain`).
     Scope(&'a str),
@@ -46,7 +50,7 @@ pub(crate) fn redis_key(
 ) -> String {
     let window_secs = limit.window_us / 1_000_000;
     let start_secs = window_start_us / 1_000_000;
-    if limit.algorithm == Algorithm::FixedWindow && placement == (Placement::PerDescriptor { shared: false })
+    if limit.algorithm == Algorithm::FixedWindow && placement == (Placement::PerDescriptor { go_named: true })
     {
         return format!("{descriptor_key}{start_secs}");
     }
@@ -184,14 +188,14 @@ mod tests {
             "domain_key_value_",
             &l,
             1_234_000_000,
-            Placement::PerDescriptor { shared: false },
+            Placement::PerDescriptor { go_named: true },
         );
         assert_eq!(key, "domain_key_value_1234");
         let key = redis_key(
             "prefix:domain_key2_value2_subkey2_subvalue2_",
             &l,
             1_200_000_000,
-            Placement::PerDescriptor { shared: false },
+            Placement::PerDescriptor { go_named: true },
         );
         assert_eq!(key, "prefix:domain_key2_value2_subkey2_subvalue2_1200");
     }
@@ -200,13 +204,13 @@ mod tests {
     fn tollgate_keys_are_tagged_readable_and_distinct_per_limit() {
         let per_second = limit(Algorithm::FixedWindow, 1);
         let per_day = limit(Algorithm::FixedWindow, 86_400);
-        let shared = Placement::PerDescriptor { shared: true };
-        let a = redis_key("api_user_alice_", &per_second, 86_400_000_000, shared);
-        let b = redis_key("api_user_alice_", &per_day, 86_400_000_000, shared);
+        let own = Placement::PerDescriptor { go_named: false };
+        let a = redis_key("api_user_alice_", &per_second, 86_400_000_000, own);
+        let b = redis_key("api_user_alice_", &per_day, 86_400_000_000, own);
         assert_eq!(a, "{api_user_alice_}fixed_window_1s_86400");
         assert_eq!(b, "{api_user_alice_}fixed_window_86400s_86400");
         assert_eq!(slot(&a), slot(&b));
-        let bucket = redis_key("api_user_alice_", &limit(Algorithm::TokenBucket, 60), 0, shared);
+        let bucket = redis_key("api_user_alice_", &limit(Algorithm::TokenBucket, 60), 0, own);
         assert_eq!(bucket, "{api_user_alice_}token_bucket_60s");
     }
 

@@ -496,7 +496,7 @@ impl RedisStore {
                     Placement::Scope(batch.scope())
                 } else {
                     Placement::PerDescriptor {
-                        shared: shares_group(items, at),
+                        go_named: item.go_format && !shares_group(items, at),
                     }
                 };
                 let fixed = item.limit.algorithm == Algorithm::FixedWindow;
@@ -662,6 +662,10 @@ impl Store for Arc<RedisStore> {
         // common request (coalesced, above) should not carry it inline through every future that
         // awaits this one.
         Box::pin(self.apply_alone(batch, named)).await
+    }
+
+    fn shares_with_go(&self) -> bool {
+        true
     }
 }
 

@@ -449,6 +449,7 @@ mod tests {
             },
             cost,
             group,
+            go_format: false,
         }
     }
 
