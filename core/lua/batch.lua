@@ -63,7 +63,8 @@
 --   same rule), and unpacking a field costs more than anything done with it.
 -- Returns: one binary string, 8 + 25 bytes per item: now_us as a little-endian double, then per
 --   item struct '<Bddd': flags (1: allowed; 2: its key held an impossible value, see exact.lua,
---   decided as none and removed or overwritten unless peeking), remaining, reset_after_us,
+--   decided as none and removed or overwritten unless peeking; 4, a reservation only: its reservers
+--   hash held what no Tollgate writes, and was removed, see reserve below), remaining, reset_after_us,
 --   retry_after_us; a reservation's reply then ends with the extra units granted, a double. Doubles hold
 --   every value exactly below 2^53 (beyond, only for absurd limits, the caller saturates them at
 --   u64::MAX as Rust does). One string instead of an array of 1 + 4n integers: Redis turns each
@@ -444,10 +445,24 @@ end
 --      at most `want`, at most what the key admits divided by twice the reservers, at least nothing.
 --      So as the key runs out the slices shrink to none and each decision is made here again. A
 --      denied item is counted as any consuming call counts it (a fixed window counts denials).
--- Returns the extra units granted (0 when denied). ARGV[4..8]: want, give_back, the replica's id,
--- the lease in ms, how long the hash outlives its last reservation in ms.
+-- The hash as Tollgate leaves it is a hash of at most MAX_RESERVERS fields with a TTL (every write sets
+-- one). Anything else under its name (another type, more fields, no TTL: written by hand, or by
+-- something else) would fail every reservation of the key, or count reservers forever: it is removed,
+-- the call goes on as with no reservers, and the reply flags it.
+-- Returns the extra units granted (0 when denied), and whether the hash was removed. ARGV[4..8]: want,
+-- give_back, the replica's id, the lease in ms, how long the hash outlives its last reservation in ms.
 local MAX_RESERVERS = 256
 local ZERO = { 0 }
+
+-- Whether the reservers hash is one Tollgate could have left (an absent one is). HLEN first: O(1),
+-- and an error (caught) for a key of another type, so a crafted key costs no more than a real one.
+local function reservers_intact(reservers)
+  local size = redis.pcall('HLEN', reservers)
+  if type(size) ~= 'number' then
+    return false
+  end
+  return size == 0 or size <= MAX_RESERVERS and redis.call('PTTL', reservers) >= 0
+end
 
 -- The window a slice belongs to: a window algorithm's current window start; 0 for the buckets, whose
 -- units stay good until the lease ends.
@@ -463,8 +478,12 @@ end
 local function reserve(keys, now, want, give_back, replica, lease_ms, keep_ms)
   local reservers, now_ms, window = keys[2], math.floor(now / 1000), slice_window(now)
   local take, held, live, mine = cost_of[1], 0, 1, false
+  local repaired = not reservers_intact(reservers)
+  if repaired then
+    redis.call('DEL', reservers)
+  end
   -- held: the units of this replica's last grant in this window, the most it may give back.
-  local fields = redis.call('HGETALL', reservers)
+  local fields = repaired and {} or redis.call('HGETALL', reservers)
   for j = 1, #fields, 2 do
     local units, until_ms, at = string.match(fields[j + 1], '^(%d+):(%d+):(%d+)$')
     if fields[j] == replica then
@@ -487,8 +506,9 @@ local function reserve(keys, now, want, give_back, replica, lease_ms, keep_ms)
     write_refunded_counters(1)
     write_states(1)
     remove_broken()
-    -- The decision below starts from what the refund left.
-    raw[1] = redis.call('GET', keys[1])
+    -- The decision below starts from what the refund left (MGET: a key of another type reads as
+    -- none, as it did before the refund, where GET would fail the call).
+    raw[1] = redis.call('MGET', keys[1])[1]
     written[1] = false
   end
   local grant = take
@@ -515,7 +535,7 @@ local function reserve(keys, now, want, give_back, replica, lease_ms, keep_ms)
   elseif mine then
     redis.call('HDEL', reservers, replica)
   end
-  return extra
+  return extra, repaired
 end
 
 local function tollgate_batch(keys, args)
@@ -607,10 +627,10 @@ local function tollgate_batch(keys, args)
     end
   end
 
-  local extra = nil
+  local extra, reservers_repaired = nil, false
   if reservation then
     local r = reservation
-    extra = reserve(keys, now, r.want, r.give_back, r.replica, r.lease_ms, r.keep_ms)
+    extra, reservers_repaired = reserve(keys, now, r.want, r.give_back, r.replica, r.lease_ms, r.keep_ms)
   elseif policy == 4 then
     refund_all(n, now, marker_ttl and keys, marker_ttl)
     write_refunded_counters(n)
@@ -645,9 +665,11 @@ local function tollgate_batch(keys, args)
   for i = 1, n do
     reply_parts[i + 1] = pack('<Bddd', allowed[i] and 1 or 0, remaining[i], reset[i], retry[i])
   end
-  for i = 1, broken_count > 0 and n or 0 do
-    if broken[first_of[i]] then
-      reply_parts[i + 1] = pack('<Bddd', (allowed[i] and 1 or 0) + 2, remaining[i], reset[i], retry[i])
+  -- The other flags are rare: only the items they mark are packed again.
+  for i = 1, (broken_count > 0 or reservers_repaired) and n or 0 do
+    local flags = (broken[first_of[i]] and 2 or 0) + (reservers_repaired and 4 or 0)
+    if flags > 0 then
+      reply_parts[i + 1] = pack('<Bddd', (allowed[i] and 1 or 0) + flags, remaining[i], reset[i], retry[i])
     end
   end
   if extra then

@@ -1,10 +1,12 @@
 //! State in Redis is not trusted: values under Tollgate's key names that no Tollgate could have written
-//! (NaN, infinities, negative or huge counts, instants far ahead of Redis's clock, a lease key of the
-//! wrong type), written by hand with no TTL, are read as no state, repaired, counted, and never give a
-//! permanent error, a permanent denial or a limit that admits everything.
+//! (NaN, infinities, negative or huge counts, instants far ahead of Redis's clock, a lease key or a hot
+//! key's reservers hash of the wrong type), written by hand with no TTL, are read as no state,
+//! repaired, counted, and never give a permanent error, a permanent denial or a limit that admits
+//! everything.
 
 use redis::AsyncCommands;
 use tollgate_core::algorithm::{Algorithm, Decision, Limit};
+use tollgate_core::store::hot_keys::{Reserve, ReserveRequest};
 use tollgate_core::store::lease::{AcquireRequest, LeaseItem, LeaseStore};
 use tollgate_core::store::redis::RedisStore;
 use tollgate_core::store::{Batch, BatchItem, CommitPolicy, Store};
@@ -209,5 +211,73 @@ async fn a_lease_key_of_the_wrong_type_is_replaced() {
     assert!(slot.available, "{slot:?}");
     assert_eq!(slot.in_flight, 1, "the key starts afresh with this lease");
     assert_eq!(store.impossible_states(), 1);
+    stop.cancel();
+}
+
+/// A hot key's reservers hash (`{tag}reservers:…`) replaced by something no Tollgate writes: another
+/// type, a hash without a TTL (here holding a reserver whose lease never ends, which would halve every
+/// slice for good), a hash with more fields than reservers are ever admitted. Each is found by the
+/// next reservation, removed, counted, and the key's reservations go on, the hash rebuilt with a TTL
+/// (no request fails, not once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservers_hash_no_tollgate_writes_is_replaced() {
+    require_redis!();
+    let (_redis, store, stop, mut conn) = connected().await;
+    let item = BatchItem {
+        key: "rd_k_hot_".to_owned(),
+        limit: Limit {
+            requests: 1_000,
+            burst: 1_000,
+            ..limit(Algorithm::FixedWindow)
+        },
+        cost: 1,
+        group: 0,
+        go_format: true,
+    };
+    let reserve = async |replica: &str| {
+        let request = ReserveRequest {
+            item: &item,
+            want: 2,
+            give_back: 0,
+            replica,
+            lease_us: 60_000_000,
+        };
+        store.reserve(request).await.expect("a reservation, not an error")
+    };
+    assert_eq!(reserve("first").await.extra, 2);
+    let names: Vec<String> = conn.keys("*reservers:*").await.expect("KEYS");
+    let [name] = names.as_slice() else {
+        panic!("one reservers hash: {names:?}")
+    };
+    let too_many: Vec<(String, String)> = (0..600).map(|i| (format!("r{i}"), "1:1:1".to_owned())).collect();
+    for (found, crafted) in (1..).zip(["string", "list", "hash without a TTL", "600 fields"]) {
+        let () = conn.del(name).await.expect("DEL");
+        match crafted {
+            "string" => conn.set(name, "1:1:1").await.expect("SET"),
+            "list" => conn.rpush(name, "1:1:1").await.expect("RPUSH"),
+            "hash without a TTL" => conn
+                .hset(name, "ghost", "9:99999999999999:0")
+                .await
+                .expect("HSET"),
+            _ => conn.hset_multiple(name, &too_many).await.expect("HSET"),
+        }
+        let reserved = reserve(&format!("replica-{found}")).await;
+        assert!(reserved.decision.allowed, "{crafted}: {reserved:?}");
+        assert_eq!(reserved.extra, 2, "{crafted}: the key reserves as before");
+        let kind: String = redis::cmd("TYPE")
+            .arg(name)
+            .query_async(&mut conn)
+            .await
+            .expect("TYPE");
+        assert_eq!(kind, "hash", "{crafted}: rebuilt");
+        let fields: u64 = conn.hlen(name).await.expect("HLEN");
+        assert_eq!(fields, 1, "{crafted}: this reservation alone");
+        let ttl: i64 = conn.pttl(name).await.expect("PTTL");
+        assert!(ttl > 0, "{crafted}: a TTL again ({ttl})");
+        assert_eq!(store.impossible_states(), found, "{crafted}: counted");
+    }
+    // A hash as Tollgate leaves it is not counted.
+    assert_eq!(reserve("replica-4").await.extra, 2);
+    assert_eq!(store.impossible_states(), 4);
     stop.cancel();
 }

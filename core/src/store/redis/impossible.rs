@@ -4,6 +4,8 @@
 //! centuries), admit without limit until its window rolls, or fail every call; and with no TTL it
 //! would never heal. The script reads it as no state, removes or overwrites it (`lua/exact.lua` says
 //! what is checked), and flags the item; here each one is counted, and logged at most once a minute.
+//! A hot key's reservers hash is held to the same rule (`lua/batch.lua`, reserve): one of another type,
+//! with more fields than reservers are admitted, or without a TTL is removed, flagged and counted.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -36,7 +38,8 @@ impl Impossible {
                 key,
                 total,
                 "a Redis key held a value no Tollgate could have written (NaN, an infinity, a \
-                 negative count, or a time far ahead): decided as no state and repaired"
+                 negative count, a time far ahead, a reservers hash of the wrong shape): decided as no \
+                 state and repaired"
             );
         }
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::keys::reservers_key;
-use super::script::{BatchScript, Reservation, ScriptItem, ScriptReply, Tail};
+use super::script::{BatchScript, Reservation, ReservedReply, ScriptItem, ScriptReply, Tail};
 use super::{CallError, Connections, RedisStore, within};
 use crate::algorithm::Algorithm;
 use crate::store::hot_keys::{Reserve, ReserveRequest, Reserved};
@@ -43,16 +43,21 @@ impl Reserve for Arc<RedisStore> {
             })
             .await;
         self.observe(slot, &reply);
-        let (
-            ScriptReply {
-                now_us,
-                decisions,
-                impossible,
-            },
+        let ReservedReply {
+            reply:
+                ScriptReply {
+                    now_us,
+                    decisions,
+                    impossible,
+                },
             extra,
-        ) = reply.map_err(|e| e.into_store_error(deadline))?;
+            reservers_repaired,
+        } = reply.map_err(|e| e.into_store_error(deadline))?;
         if !impossible.is_empty() {
             self.impossible.found(1, key, now_us);
+        }
+        if reservers_repaired {
+            self.impossible.found(1, &reservers, now_us);
         }
         self.offsets.record(slot, sent_at, self.clock.now_us(), now_us);
         let decision = decisions[0];

@@ -182,6 +182,21 @@ pub struct ScriptReply {
     pub impossible: Vec<usize>,
 }
 
+/// A reservation's reply (see [`BatchScript::decode_reserved`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservedReply {
+    /// The decision of the reservation's item, as any call's.
+    pub reply: ScriptReply,
+    /// Units granted beyond the item's cost.
+    pub extra: u64,
+    /// The key's reservers hash held what no Tollgate writes (another type, more fields than reservers
+    /// are admitted, no TTL) and was removed.
+    pub reservers_repaired: bool,
+}
+
+/// The flag of a reservation's item whose reservers hash was removed (`lua/batch.lua`).
+const RESERVERS_REPAIRED: u8 = 4;
+
 /// Why a reply (of the script, or of a fixed-window pipeline) could not be decoded. None of these
 /// happens with the calls Tollgate sends; they mean the server is not the Redis we expect (or the
 /// reply was corrupted), never a decision.
@@ -404,9 +419,9 @@ impl BatchScript {
         invocation
     }
 
-    /// Decodes a reservation's reply (see `lua/batch.lua`): its one decision, and the extra units
-    /// granted beyond the item's cost.
-    pub fn decode_reserved(reply: redis::Value) -> Result<(ScriptReply, u64), ReplyError> {
+    /// Decodes a reservation's reply (see `lua/batch.lua`): its one decision, the extra units granted
+    /// beyond the item's cost, and whether the key's reservers hash was found crafted and removed.
+    pub fn decode_reserved(reply: redis::Value) -> Result<ReservedReply, ReplyError> {
         let mut bytes = bulk_bytes(reply)?;
         let extra_at = 8 + REPLY_ITEM_BYTES;
         if bytes.len() != extra_at + 8 {
@@ -417,7 +432,14 @@ impl BatchScript {
         }
         let extra = double_at(&bytes, extra_at);
         bytes.truncate(extra_at);
-        Ok((Self::decode_bytes(bytes, 1)?, extra))
+        // Bit 2 of the item's flags, a reservation's own; the others decode as any item's.
+        let reservers_repaired = bytes[8] & RESERVERS_REPAIRED != 0;
+        bytes[8] &= !RESERVERS_REPAIRED;
+        Ok(ReservedReply {
+            reply: Self::decode_bytes(bytes, 1)?,
+            extra,
+            reservers_repaired,
+        })
     }
 
     /// Decodes the script's reply for `items` items: `8 + 25 × items` bytes (see `lua/batch.lua`).
@@ -570,11 +592,24 @@ mod tests {
         };
         assert!(BatchScript::decode_reserved(Value::BulkString(bytes.clone())).is_err());
         bytes.extend_from_slice(&42.0f64.to_le_bytes());
-        let (decoded, extra) = BatchScript::decode_reserved(Value::BulkString(bytes.clone())).expect("valid");
+        let decoded = BatchScript::decode_reserved(Value::BulkString(bytes.clone())).expect("valid");
         assert_eq!(
-            (decoded.now_us, decoded.decisions[0].remaining, extra),
+            (
+                decoded.reply.now_us,
+                decoded.reply.decisions[0].remaining,
+                decoded.extra
+            ),
             (5, 7, 42)
         );
+        assert!(!decoded.reservers_repaired);
+        // Flags 7: allowed, the key repaired, the reservers hash repaired.
+        bytes[8] = 7;
+        let decoded = BatchScript::decode_reserved(Value::BulkString(bytes.clone())).expect("valid");
+        assert!(decoded.reservers_repaired && decoded.reply.decisions[0].allowed);
+        assert_eq!(decoded.reply.impossible, [0]);
+        bytes[8] = 8;
+        assert!(BatchScript::decode_reserved(Value::BulkString(bytes.clone())).is_err());
+        bytes[8] = 1;
         bytes.push(0);
         assert!(BatchScript::decode_reserved(Value::BulkString(bytes)).is_err());
     }
