@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tollgate::proto::rls::rate_limit_response::Code;
 use tollgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use tollgate_core::algorithm::{Algorithm, Decision, Limit};
-use tollgate_core::clock::SystemClock;
+use tollgate_core::clock::{Clock, ManualClock, SystemClock};
 use tollgate_core::store::hot_keys::{HotKeyOptions, HotKeys, Reserve, ReserveRequest, Reserved};
 use tollgate_core::store::lease::{AcquireRequest, LeaseSlot, LeaseStore, ReleaseRequest, Released};
 use tollgate_core::store::redis::RedisStore;
@@ -241,6 +241,41 @@ async fn a_quiet_replica_gives_its_unspent_units_back_after_the_lease() {
         }
         stop.cancel();
     }
+}
+
+/// A slice is timed on the monotonic clock: a wall clock stepped back (an NTP step) does not let it be
+/// admitted from once its lease has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_stepped_back_does_not_extend_a_slice() {
+    require_redis!();
+    let redis = RedisServer::start();
+    let (store, connector) = connected_store(&redis.url(), "single").await;
+    let wall_now = SystemClock.now_us();
+    let clock = ManualClock::new(wall_now);
+    let lease = Duration::from_secs(1);
+    let options = HotKeyOptions { rate: 1, lease };
+    let stop = CancellationToken::new();
+    let hot = HotKeys::start(store, options, Arc::new(clock.clone()), stop.clone());
+    let batch = one("wall_step_", limit(Algorithm::FixedWindow, 1_000));
+    // Decisions until one is answered from a slice that still holds units (the first slices are small:
+    // a slice is what a tenth of the lease brings at the key's rate).
+    let mut holding = false;
+    for _ in 0..200 {
+        let decision = hot.apply(&batch).await.expect("Redis answers")[0];
+        holding = decision.from_slice && hot.held_units() > 0;
+        if holding {
+            break;
+        }
+    }
+    assert!(holding, "no slice held units");
+    // The wall clock goes back an hour; twice the lease passes.
+    clock.set_us(wall_now - 3_600_000_000);
+    clock.advance_us(2 * lease.as_micros() as u64);
+    let decision = hot.apply(&batch).await.expect("Redis answers")[0];
+    assert!(decision.allowed);
+    assert!(!decision.from_slice, "a slice was admitted from after its lease");
+    stop.cancel();
+    connector.cancel();
 }
 
 /// On a hot key with room to spare, almost every decision is answered locally.

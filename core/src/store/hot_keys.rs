@@ -17,7 +17,8 @@
 //! **The guarantee.** A replica admits only units Redis granted it, and a grant is consumed from the
 //! key in the same atomic step that decides it, so the key never admits more than its limit counts:
 //! - fixed window and sliding window: a slice is spent only within the window that granted it (its end
-//!   measured from before the call was sent), so every unit is counted in the window it is admitted in;
+//!   measured from before the call was sent, on the monotonic clock, which no step of the wall clock
+//!   moves), so every unit is counted in the window it is admitted in;
 //! - token bucket and GCRA: units are taken from the bucket when granted and admitted within the
 //!   lease, so over any interval of length T the key admits at most what it admits in T plus the lease;
 //! - unspent units go back when a slice's lease ends (the same script call, capped at the replica's
@@ -130,9 +131,11 @@ struct Slice {
     /// Told apart from a key of Tollgate's own with the same text ([`BatchItem::go_format`]).
     go_format: bool,
     units: u64,
-    /// Local µs until which `units` may be admitted.
+    /// Until when `units` may be admitted, on this replica's monotonic clock ([`Clock::monotonic_us`]):
+    /// a slice is timed there, so that a step of the wall clock (an NTP step back) cannot stretch it
+    /// past the window or the lease that granted it.
     valid_until_us: u64,
-    /// Local µs at which the key's usage drains, as of the reservation (reported as the reset).
+    /// When the key's usage drains, as of the reservation (reported as the reset), on the same clock.
     reset_at_us: u64,
     /// A reservation for this key is in flight: a request on the key alone waits for it (told here when
     /// it lands), others decide in Redis meanwhile.
@@ -366,7 +369,7 @@ impl<S: Reserve> HotKeys<S> {
         u64::try_from(self.options.lease.as_micros()).unwrap_or(u64::MAX)
     }
 
-    /// Runs one reservation and files its grant; `sent_us` is the local time before the call (a
+    /// Runs one reservation and files its grant; `sent_us` is the monotonic time before the call (a
     /// window's end is measured from there, so the slice never outlives it).
     async fn reserve(
         &self,
@@ -446,7 +449,7 @@ impl<S: Reserve> HotKeys<S> {
             let _ = tokio::time::timeout(self.options.lease, landed).await;
         }
         // The same decision, counted once in the rate.
-        match self.plan_measured(item, hash, rate, self.clock.now_us()) {
+        match self.plan_measured(item, hash, rate, self.clock.monotonic_us()) {
             Plan::Wait(_) => Plan::Send,
             other => other,
         }
@@ -458,7 +461,7 @@ impl<S: Reserve> HotKeys<S> {
     /// call could reach Redis first and clear the grant record the give-back is capped by, and the
     /// units would be lost to the key.
     async fn give_back_ended(&self) {
-        let now = self.clock.now_us();
+        let now = self.clock.monotonic_us();
         // Each ended slice's key, as a costless item, its hash and its unspent units.
         let mut ended = Vec::new();
         for shard in &self.slices {
@@ -553,7 +556,7 @@ impl<S: Reserve> Store for Arc<HotKeys<S>> {
         if self.options.rate == 0 || batch.policy != CommitPolicy::Independent || batch.keep_together {
             return self.inner.apply(batch).await;
         }
-        let now = self.clock.now_us();
+        let now = self.clock.monotonic_us();
         let items = &batch.items;
         let mut plans: Vec<Plan<'_, S>> = if items.len() == 1 {
             // The common request, one descriptor: a cold key goes on with nothing allocated here.

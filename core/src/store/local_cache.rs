@@ -191,7 +191,9 @@ impl<S: Store> Store for LocalCache<S> {
             return self.refund(batch).await;
         }
         let remembers = !matches!(batch.policy, CommitPolicy::Peek);
-        let now = self.clock.now_us();
+        // A denial is cached for a duration: timed on the monotonic clock, so that a step of the wall
+        // clock neither stretches it (a step back) nor cuts it short.
+        let now = self.clock.monotonic_us();
         let cached: Vec<Option<Decision>> = batch.items.iter().map(|item| self.lookup(item, now)).collect();
         let hits = cached.iter().flatten().count();
         if hits == 0 {
