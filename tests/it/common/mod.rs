@@ -9,6 +9,8 @@ pub mod envoy_gateway;
 pub mod fault_proxy;
 pub mod process;
 pub mod redis;
+#[cfg(target_os = "linux")]
+pub mod sockets;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
