@@ -38,7 +38,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::task::AtomicWaker;
-use tollgate_core::observe::metrics::Metrics;
+
+use crate::server_counters::ServerCounters;
 
 /// Pause after an accept error (out of file descriptors, say), so an accept loop does not spin on it.
 pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
@@ -65,7 +66,7 @@ pub struct ConnectionCap {
     /// Names the listener and its setting in the log line.
     what: &'static str,
     refusals: RateLimitedLog,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ServerCounters>,
 }
 
 /// The connections a listener holds.
@@ -110,7 +111,7 @@ pub struct Slot {
 
 impl ConnectionCap {
     /// At most `max` connections (at least one); `what` names the listener and its setting.
-    pub fn new(max: usize, what: &'static str, metrics: Arc<Metrics>) -> Self {
+    pub fn new(max: usize, what: &'static str, metrics: Arc<ServerCounters>) -> Self {
         Self {
             open: Arc::default(),
             max: max.max(1),
@@ -313,7 +314,7 @@ mod tests {
         slot.shared.evicted.load(Ordering::Acquire)
     }
 
-    fn counters(metrics: &Metrics) -> (u64, u64) {
+    fn counters(metrics: &ServerCounters) -> (u64, u64) {
         (
             metrics.connections_evicted.get(),
             metrics.connections_refused.get(),
@@ -322,7 +323,7 @@ mod tests {
 
     #[test]
     fn within_one_source_the_oldest_on_probation_gives_way_then_newcomers_are_refused() {
-        let metrics = Metrics::new();
+        let metrics = ServerCounters::new();
         let mut cap = ConnectionCap::new(2, "test", Arc::clone(&metrics));
         let (first, second) = (cap.admit(A).expect("room"), cap.admit(A).expect("room"));
         first.request();
@@ -345,7 +346,7 @@ mod tests {
 
     #[test]
     fn the_source_holding_the_most_gives_way_on_probation_first_then_its_oldest() {
-        let metrics = Metrics::new();
+        let metrics = ServerCounters::new();
         let mut cap = ConnectionCap::new(4, "test", Arc::clone(&metrics));
         let a: Vec<Slot> = (0..4).map(|_| cap.admit(A).expect("room")).collect();
         for slot in [&a[0], &a[2], &a[3]] {
@@ -368,7 +369,7 @@ mod tests {
 
     #[test]
     fn an_idle_connection_is_on_probation_for_its_own_source_only() {
-        let metrics = Metrics::new();
+        let metrics = ServerCounters::new();
         let mut cap = ConnectionCap::new(3, "test", Arc::clone(&metrics));
         let envoy = cap.admit(B).expect("room");
         envoy.request();
@@ -392,7 +393,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_evicted_slot_wakes_its_connection() {
-        let mut cap = ConnectionCap::new(1, "test", Metrics::new());
+        let mut cap = ConnectionCap::new(1, "test", ServerCounters::new());
         let first = Arc::new(cap.admit(A).expect("room"));
         let waiting = tokio::spawn({
             let first = Arc::clone(&first);

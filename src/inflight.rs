@@ -24,8 +24,9 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::Semaphore;
 use tokio::time::Sleep;
-use tollgate_core::observe::metrics::Metrics;
 use tonic::Status;
+
+use crate::server_counters::ServerCounters;
 
 /// The budgets and the read timeout, shared by every connection of the process.
 #[derive(Debug, Clone)]
@@ -33,7 +34,7 @@ pub struct RequestBudget {
     process: Arc<Semaphore>,
     per_connection: usize,
     read_timeout: Duration,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ServerCounters>,
 }
 
 /// One connection's share: bytes its unfinished requests may hold at once.
@@ -43,7 +44,12 @@ pub struct ConnectionBudget(Arc<Semaphore>);
 impl RequestBudget {
     /// `process` bytes of unfinished requests for the whole process, `per_connection` for each
     /// connection, and `read_timeout` for a request to arrive whole; refusals are counted in `metrics`.
-    pub fn new(process: usize, per_connection: usize, read_timeout: Duration, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        process: usize,
+        per_connection: usize,
+        read_timeout: Duration,
+        metrics: Arc<ServerCounters>,
+    ) -> Self {
         Self {
             process: Arc::new(Semaphore::new(process.min(Semaphore::MAX_PERMITS))),
             per_connection,
@@ -94,7 +100,7 @@ pub struct Budgeted<B> {
     /// poll, and a timer per request would be an allocation and a timer-wheel entry on the hot path.
     deadline: Option<Pin<Box<Sleep>>>,
     read_timeout: Duration,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ServerCounters>,
     complete: bool,
 }
 
@@ -218,7 +224,12 @@ mod tests {
     type Chunk = Result<Frame<Bytes>, Status>;
 
     fn budget(process: usize, per_connection: usize) -> RequestBudget {
-        RequestBudget::new(process, per_connection, Duration::from_secs(10), Metrics::new())
+        RequestBudget::new(
+            process,
+            per_connection,
+            Duration::from_secs(10),
+            ServerCounters::new(),
+        )
     }
 
     fn chunks(sizes: &[usize]) -> StreamBody<futures_util::stream::Iter<std::vec::IntoIter<Chunk>>> {

@@ -19,7 +19,8 @@
 //!   reflection, server spans. [`http`]: the admin and debug listeners' routes (axum).
 //! - [`xds`]: rules over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`), an ADS client.
 //! - [`observe`]: the Prometheus exposition of the core's metrics, logs and trace export, health
-//!   (which drives tonic-health's reporter for `grpc.health.v1`).
+//!   (which drives tonic-health's reporter for `grpc.health.v1`); [`server_counters`]: the counters
+//!   only the server keeps (its listeners' bounds, forward auth, the decision log, statsd).
 //! - [`inflight`]: the bounds on unfinished requests both listeners share (bytes, read timeout);
 //!   [`connections`]: each listener's connection cap, where connections that sent nothing give way.
 //! - [`settings`], [`server`], [`cli`]: configuring, wiring and running the service; [`pem`]: the
@@ -42,6 +43,7 @@ pub mod observe;
 pub mod pem;
 pub mod proto;
 pub mod server;
+pub mod server_counters;
 pub mod settings;
 mod what_if;
 pub mod write_timeout;

@@ -21,7 +21,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
-use tollgate_core::observe::metrics::Metrics;
+
+use crate::server_counters::ServerCounters;
 
 /// One connection's watch on its writes; see the module's comment.
 #[derive(Debug)]
@@ -33,12 +34,12 @@ pub struct WriteTimeout {
     waiting: bool,
     /// Whether the timeout fired (counted once; every later write fails too).
     stalled: bool,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ServerCounters>,
 }
 
 impl WriteTimeout {
     /// Writes may wait `after` for progress; a connection closed for it is counted in `metrics`.
-    pub fn new(after: Duration, metrics: Arc<Metrics>) -> Self {
+    pub fn new(after: Duration, metrics: Arc<ServerCounters>) -> Self {
         Self {
             after,
             timer: None,
@@ -147,7 +148,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_write_that_waits_past_the_timeout_fails_once_counted() {
-        let metrics = Metrics::new();
+        let metrics = ServerCounters::new();
         // A pipe of 64 bytes nobody reads.
         let (near, _far) = tokio::io::duplex(64);
         let mut watched = Watched::new(
@@ -168,7 +169,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn progress_restarts_the_timeout() {
-        let metrics = Metrics::new();
+        let metrics = ServerCounters::new();
         let (near, mut far) = tokio::io::duplex(64);
         let mut watched = Watched::new(
             near,

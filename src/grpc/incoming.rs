@@ -44,8 +44,8 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use super::tls::ServerTls;
 use crate::connections::{ACCEPT_ERROR_PAUSE, ConnectionCap, RateLimitedLog, Slot, Source, source_of};
 use crate::inflight::{ConnectionBudget, RequestBudget};
+use crate::server_counters::ServerCounters;
 use crate::write_timeout::WriteTimeout;
-use tollgate_core::observe::metrics::Metrics;
 
 /// Longest a TLS handshake may take before the connection is dropped. Envoy's take milliseconds.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -184,7 +184,7 @@ pub struct Conn {
     idle: Idle,
     /// The connection's share of the request-bytes budget, handed to each of its requests.
     budget: ConnectionBudget,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ServerCounters>,
     /// Held while the connection is open: one of the listener's `max_connections`, which it must close
     /// when another connection takes its place. Shared with the requests ([`ConnInfo`]), each of which
     /// (but health checks) puts the connection in use.
@@ -237,7 +237,7 @@ pub(super) fn incoming(
     tls: Option<Arc<ServerTls>>,
     age: Option<ConnectionAge>,
     admission: Admission,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ServerCounters>,
 ) -> ReceiverStream<io::Result<Conn>> {
     let (sender, receiver) = mpsc::channel(MAX_HANDSHAKES);
     tokio::spawn(accept_loop(listener, tls, age, admission, metrics, sender));
@@ -249,7 +249,7 @@ async fn accept_loop(
     tls: Option<Arc<ServerTls>>,
     age: Option<ConnectionAge>,
     admission: Admission,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ServerCounters>,
     sender: mpsc::Sender<io::Result<Conn>>,
 ) {
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));

@@ -13,7 +13,10 @@ use futures_util::TryFutureExt as _;
 use futures_util::future::MapOk;
 use tonic::codegen::http::{HeaderValue, Request, Response};
 
+use std::sync::Arc;
+
 use crate::inflight::{ConnectionBudget, RequestBudget};
+use crate::server_counters::ServerCounters;
 
 /// Bounds on what one client can make the gRPC listener hold.
 #[derive(Debug, Clone)]
@@ -38,6 +41,8 @@ pub struct GrpcLimits {
     pub write_timeout: Duration,
     /// The bytes unfinished requests may hold, and how long a request may take to arrive.
     pub budget: RequestBudget,
+    /// Where the connections these bounds close, and the TLS handshakes that fail, are counted.
+    pub counters: Arc<ServerCounters>,
 }
 
 /// Answers tonic's "decoded message length too large" (`OUT_OF_RANGE`) as `RESOURCE_EXHAUSTED`.

@@ -57,7 +57,7 @@ where
         write_timeout: limits.write_timeout,
         budget: limits.budget.clone(),
     };
-    let connections = incoming::incoming(listener, tls, age, admission, Arc::clone(limiter.metrics()));
+    let connections = incoming::incoming(listener, tls, age, admission, Arc::clone(&limits.counters));
     let native = RateLimiterServer::new(NativeService::new(Arc::clone(&limiter), options.headers.clone()))
         .max_decoding_message_size(limits.max_message_bytes);
     let rls = RateLimitServiceServer::new(EnvoyRateLimitService::new(limiter, options))

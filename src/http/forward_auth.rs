@@ -31,8 +31,8 @@ use axum::routing::any;
 
 use crate::api::headers::{HeaderOptions, headers, raw_body};
 use crate::connections::RateLimitedLog;
+use crate::server_counters::{ForwardAuthAnswer, ServerCounters};
 use tollgate_core::limiter::{Code, ErrorKind, Limiter, Verdict};
-use tollgate_core::observe::metrics::ForwardAuthAnswer;
 use tollgate_core::rules::proxy::{BadRequest, BadRequestAnswer, ProxiedRequest};
 use tollgate_core::store::AnyStore;
 
@@ -40,6 +40,8 @@ use tollgate_core::store::AnyStore;
 #[derive(Debug)]
 struct ForwardAuth {
     limiter: Arc<Limiter<AnyStore>>,
+    /// Where the answers, and the requests that came with a body, are counted.
+    counters: Arc<ServerCounters>,
     /// The configured header styles, with `RateLimit`/`RateLimit-Policy` and `Retry-After` always on.
     headers: HeaderOptions,
     /// The warning that a proxy forwards request bodies, at most once a minute.
@@ -47,8 +49,12 @@ struct ForwardAuth {
 }
 
 /// The `/forward-auth/{domain}` route, answering with `headers`' styles (and always the IETF
-/// `RateLimit` fields and `Retry-After`).
-pub(super) fn router(limiter: Arc<Limiter<AnyStore>>, headers: &HeaderOptions) -> Router {
+/// `RateLimit` fields and `Retry-After`); answers are counted in `counters`.
+pub(super) fn router(
+    limiter: Arc<Limiter<AnyStore>>,
+    counters: Arc<ServerCounters>,
+    headers: &HeaderOptions,
+) -> Router {
     let headers = HeaderOptions {
         ietf: true,
         retry_after: true,
@@ -57,6 +63,7 @@ pub(super) fn router(limiter: Arc<Limiter<AnyStore>>, headers: &HeaderOptions) -
     };
     let state = ForwardAuth {
         limiter,
+        counters,
         headers,
         bodies: Mutex::default(),
     };
@@ -93,7 +100,7 @@ async fn forward_auth(
         Err(message) => return plain(StatusCode::BAD_REQUEST, message),
     };
     if carries_body(request.headers()) {
-        api.limiter.metrics().forward_auth_bodies.add(1);
+        api.counters.forward_auth_bodies.add(1);
         api.bodies.lock().unwrap_or_else(PoisonError::into_inner).warn(
             "a proxy forwards request bodies to /forward-auth (never read): turn that off",
             &domain,
@@ -101,7 +108,7 @@ async fn forward_auth(
         );
     }
     let (answer, response) = api.decide(&domain, request.headers(), refused).await;
-    api.limiter.metrics().forward_auth(answer);
+    api.counters.forward_auth(answer);
     response
 }
 

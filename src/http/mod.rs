@@ -27,6 +27,7 @@ use crate::api::envoy::EnvoyOptions;
 use crate::api::native::NativeApi;
 use crate::observe::go_series::GoSeries;
 use crate::observe::health::Health;
+use crate::server_counters::ServerCounters;
 use tollgate_core::limiter::Limiter;
 use tollgate_core::store::AnyStore;
 
@@ -37,6 +38,8 @@ pub struct Admin {
     pub health: Health,
     /// The decision core, for `/json`.
     pub limiter: Arc<Limiter<AnyStore>>,
+    /// The server's own counters, for `/metrics` and `/forward-auth/{domain}`.
+    pub counters: Arc<ServerCounters>,
     /// The same response options as the gRPC service (headers, dynamic metadata).
     pub options: EnvoyOptions,
     /// Largest request body read (`/json`, `/v1/*`); a larger one is refused with 413 unread.
@@ -53,6 +56,7 @@ pub fn admin_router(admin: Admin) -> Router {
         "/metrics",
         Exposition {
             limiter: Arc::clone(&admin.limiter),
+            counters: Arc::clone(&admin.counters),
             go: admin.go.clone(),
         },
     );
@@ -60,7 +64,11 @@ pub fn admin_router(admin: Admin) -> Router {
         .with_native
         .then(|| native_router(&admin.limiter, &admin.options, admin.max_body_bytes));
     let body_limit = DefaultBodyLimit::max(admin.max_body_bytes);
-    let forward_auth = forward_auth::router(Arc::clone(&admin.limiter), &admin.options.headers);
+    let forward_auth = forward_auth::router(
+        Arc::clone(&admin.limiter),
+        Arc::clone(&admin.counters),
+        &admin.options.headers,
+    );
     let router = Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/readyz", get(readyz))
@@ -107,11 +115,13 @@ pub fn prometheus_router(exposition: Exposition, path: &str) -> Router {
     metrics_router(path, exposition)
 }
 
-/// What `/metrics` reads: the limiter's counters, and how the Go series are named.
+/// What `/metrics` reads: the limiter's counters, the server's, and how the Go series are named.
 #[derive(Debug, Clone)]
 pub struct Exposition {
     /// The limiter, whose metrics and store counters are exposed.
     pub limiter: Arc<Limiter<AnyStore>>,
+    /// The counters only the server keeps (listeners, forward auth, decision log, statsd).
+    pub counters: Arc<ServerCounters>,
     /// The Go series' names: the Go service's default mapping, or `PROMETHEUS_MAPPER_YAML`'s.
     pub go: GoSeries,
 }
@@ -180,8 +190,12 @@ async fn top(State(limiter): State<Arc<Limiter<AnyStore>>>) -> Response {
 /// Prometheus text exposition format 0.0.4.
 async fn metrics(State(exposition): State<Arc<Exposition>>) -> Response {
     let limiter = &exposition.limiter;
-    let body =
-        crate::observe::prometheus::render(limiter.metrics(), limiter.store_counters(), &exposition.go);
+    let body = crate::observe::prometheus::render(
+        limiter.metrics(),
+        &exposition.counters,
+        limiter.store_counters(),
+        &exposition.go,
+    );
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         body,

@@ -23,11 +23,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tollgate_core::observe::metrics::Metrics;
 use tower::Service as _;
 
 use crate::connections::{ACCEPT_ERROR_PAUSE, ConnectionCap, RateLimitedLog, source_of};
 use crate::inflight::RequestBudget;
+use crate::server_counters::ServerCounters;
 use crate::write_timeout::{Watched, WriteTimeout};
 
 /// Most headers in a request; more is answered 431. hyper's own default, set here so that it is a
@@ -58,7 +58,7 @@ pub async fn serve(
     router: Router,
     limits: HttpLimits,
     what: &'static str,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ServerCounters>,
     stop: CancellationToken,
 ) {
     let mut cap = ConnectionCap::new(limits.max_connections, what, Arc::clone(&metrics));

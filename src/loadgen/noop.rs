@@ -61,9 +61,9 @@ pub(crate) async fn serve(addr: SocketAddr, http: Option<SocketAddr>) -> anyhow:
 /// Answers `/forward-auth/{domain}` with 200 and nothing else, with the admin port's default bounds.
 fn forward_auth(listener: tokio::net::TcpListener) -> anyhow::Result<impl Future<Output = ()>> {
     let settings = crate::settings::Settings::load_from(None, &HashMap::new(), &[])?;
-    let metrics = tollgate_core::observe::metrics::Metrics::new();
-    let budget = crate::server::options::request_budget(&settings.listen, std::sync::Arc::clone(&metrics));
-    let (_, limits) = crate::server::options::transport_limits(&settings.listen, &budget);
+    let counters = crate::server_counters::ServerCounters::new();
+    let budget = crate::server::options::request_budget(&settings.listen, std::sync::Arc::clone(&counters));
+    let (_, limits) = crate::server::options::transport_limits(&settings.listen, &budget, &counters);
     let router = axum::Router::new().route(
         "/forward-auth/{domain}",
         axum::routing::any(|| async { axum::http::StatusCode::OK }),
@@ -74,7 +74,7 @@ fn forward_auth(listener: tokio::net::TcpListener) -> anyhow::Result<impl Future
         router,
         limits,
         "noop HTTP",
-        metrics,
+        counters,
         stop,
     ))
 }

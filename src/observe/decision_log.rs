@@ -22,8 +22,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::Context as _;
 use serde::Serialize;
 use tollgate_core::limiter::{Recorded, Recorder};
-use tollgate_core::observe::metrics::Metrics;
 
+use crate::server_counters::ServerCounters;
 use crate::settings::TelemetrySettings;
 
 /// Requests waiting for the writer at most.
@@ -38,12 +38,15 @@ pub struct DecisionLog {
     queue: SyncSender<Recorded>,
     /// A request is recorded when its sampling key is at most this.
     threshold: u64,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ServerCounters>,
 }
 
 impl DecisionLog {
     /// The decision log `settings` ask for, its file opened and its writer started; `None` when off.
-    pub fn start(settings: &TelemetrySettings, metrics: Arc<Metrics>) -> anyhow::Result<Option<Arc<Self>>> {
+    pub fn start(
+        settings: &TelemetrySettings,
+        metrics: Arc<ServerCounters>,
+    ) -> anyhow::Result<Option<Arc<Self>>> {
         if settings.decision_log.is_empty() {
             return Ok(None);
         }
@@ -145,7 +148,7 @@ fn append(path: &Path) -> anyhow::Result<(BufWriter<File>, u64)> {
 }
 
 /// The writer thread: lines in, flushed when the queue is quiet, until every sender is gone.
-fn write(receiver: &Receiver<Recorded>, mut file: Rotating, metrics: &Metrics) {
+fn write(receiver: &Receiver<Recorded>, mut file: Rotating, metrics: &ServerCounters) {
     let mut line = Vec::with_capacity(512);
     let mut failures = 0u64;
     loop {

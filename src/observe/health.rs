@@ -26,11 +26,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tollgate_core::observe::metrics::Metrics;
 use tollgate_core::rules::RulesHandle;
 use tollgate_core::store::redis::RedisStore;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
+
+use crate::server_counters::ServerCounters;
 
 /// gRPC service names that report readiness.
 pub const READINESS_SERVICES: [&str; 2] = ["ratelimit", "envoy.service.ratelimit.v3.RateLimitService"];
@@ -169,7 +170,7 @@ pub async fn watch(
     health: Health,
     rules: RulesHandle,
     redis: Pinged,
-    metrics: Arc<Metrics>,
+    counters: Arc<ServerCounters>,
     stop: CancellationToken,
 ) {
     let mut ticker = tokio::time::interval(WATCH_INTERVAL);
@@ -190,7 +191,7 @@ pub async fn watch(
         }
         let pings = futures_util::future::join_all(redis.iter().map(|(_, store)| store.ping())).await;
         for ((name, _), up) in redis.iter().zip(&pings) {
-            metrics.set_store_up(name, *up);
+            counters.set_store_up(name, *up);
         }
         let up = pings.iter().all(|up| *up);
         if answering != Some(up) {

@@ -1,5 +1,6 @@
-//! The Prometheus text exposition of what the core records (`tollgate_core::observe::metrics`), served
-//! at `/metrics` on the HTTP and debug ports (and `PROMETHEUS_ADDR` with `USE_PROMETHEUS`).
+//! The Prometheus text exposition of what the core records (`tollgate_core::observe::metrics`) and what
+//! the server counts itself ([`crate::server_counters`]), served at `/metrics` on the HTTP and debug
+//! ports (and `PROMETHEUS_ADDR` with `USE_PROMETHEUS`).
 //!
 //! envoyproxy/ratelimit's series come first, named as its Prometheus sink names them
 //! ([`super::go_series`]: per rule `ratelimit_service_rate_limit_{total_hits,…}{domain,key1,key2}`,
@@ -9,18 +10,19 @@
 
 use std::fmt::Write as _;
 
-use tollgate_core::observe::metrics::{ForwardAuthAnswer, Metrics, StoreOperation};
+use tollgate_core::observe::metrics::{Metrics, StoreOperation};
 use tollgate_core::store::StoreCounters;
 
 use super::go_series::{self, GoSeries};
 use super::text_format::render_histogram;
+use crate::server_counters::{ForwardAuthAnswer, ServerCounters};
 
-/// The Prometheus text exposition of every series of `metrics`, with the store's own counters and the
-/// process' (`process_*`).
-pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String {
+/// The Prometheus text exposition of every series of `metrics` and the server's own `counters`, with
+/// the store's counters and the process' (`process_*`).
+pub fn render(metrics: &Metrics, counters: &ServerCounters, store: StoreCounters, go: &GoSeries) -> String {
     let mut out = String::with_capacity(4096);
     go_series::render(metrics, &store, go, &mut out);
-    let counters: [(&str, &str, u64); 37] = [
+    let series: [(&str, &str, u64); 37] = [
         (
             "tollgate_domain_not_found_total",
             "Requests for an unknown domain.",
@@ -139,42 +141,42 @@ pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String 
         (
             "tollgate_grpc_tls_handshake_failures_total",
             "TLS handshakes refused or timed out on the gRPC listener.",
-            metrics.tls_handshake_failures.get(),
+            counters.tls_handshake_failures.get(),
         ),
         (
             "tollgate_request_bytes_over_budget_total",
             "Requests failed because unfinished requests held their connection's or the process's budget of bytes (TOLLGATE_MAX_CONNECTION_BYTES_IN_FLIGHT, TOLLGATE_MAX_REQUEST_BYTES_IN_FLIGHT).",
-            metrics.request_bytes_over_budget.get(),
+            counters.request_bytes_over_budget.get(),
         ),
         (
             "tollgate_request_read_timeouts_total",
             "Requests failed because their body did not arrive whole within TOLLGATE_READ_TIMEOUT.",
-            metrics.request_read_timeouts.get(),
+            counters.request_read_timeouts.get(),
         ),
         (
             "tollgate_connections_refused_total",
             "Connections closed at once because their listener held as many as it may (TOLLGATE_MAX_CONNECTIONS, TOLLGATE_HTTP_MAX_CONNECTIONS).",
-            metrics.connections_refused.get(),
+            counters.connections_refused.get(),
         ),
         (
             "tollgate_connections_evicted_total",
             "Connections closed to make room for a new connection at their listener's cap: one on probation of its own address, or one of the address holding the most.",
-            metrics.connections_evicted.get(),
+            counters.connections_evicted.get(),
         ),
         (
             "tollgate_connections_stalled_total",
             "Connections closed because a write made no progress within TOLLGATE_WRITE_TIMEOUT (a peer that does not read its answers).",
-            metrics.connections_stalled.get(),
+            counters.connections_stalled.get(),
         ),
         (
             "tollgate_connections_timed_out_total",
             "Connections closed because they sent no request (gRPC preface, HTTP headers) within TOLLGATE_READ_TIMEOUT.",
-            metrics.connections_timed_out.get(),
+            counters.connections_timed_out.get(),
         ),
         (
             "tollgate_statsd_lines_dropped_total",
             "Stat lines the statsd sink could not send (USE_STATSD); their increases go with the next flush.",
-            metrics.statsd_lines_dropped.get(),
+            counters.statsd_lines_dropped.get(),
         ),
         (
             "tollgate_stats_folded_total",
@@ -207,7 +209,7 @@ pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String 
             metrics.leases_released.get(),
         ),
     ];
-    for (name, help, value) in counters {
+    for (name, help, value) in series {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
     }
     let name = "tollgate_store_call_duration_seconds";
@@ -219,7 +221,7 @@ pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String 
         let labels = format!("operation=\"{}\",", operation.name());
         render_histogram(metrics.store_time(operation), &mut out, name, &labels, 1.0);
     }
-    render_forward_auth(metrics, &mut out);
+    render_forward_auth(counters, &mut out);
     let name = "tollgate_memory_keys";
     let _ = writeln!(
         out,
@@ -237,7 +239,7 @@ pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String 
         out,
         "# HELP {name} Whether the store answers (1) or not (0), per store: embedded, redis, redis_persecond.\n# TYPE {name} gauge"
     );
-    for (store, up) in metrics.stores_up() {
+    for (store, up) in counters.stores_up() {
         let _ = writeln!(out, "{name}{{store=\"{store}\"}} {}", u64::from(up));
     }
     if let Some(slots) = store.lease_slots {
@@ -267,26 +269,26 @@ pub fn render(metrics: &Metrics, store: StoreCounters, go: &GoSeries) -> String 
 }
 
 /// The proxies' forward-auth requests by answer, and those that came with a body; the decision log.
-fn render_forward_auth(metrics: &Metrics, out: &mut String) {
+fn render_forward_auth(counters: &ServerCounters, out: &mut String) {
     let name = "tollgate_forward_auth_requests_total";
     let _ = writeln!(
         out,
         "# HELP {name} Forward-auth requests from proxies (/forward-auth/{{domain}}), per answer.\n# TYPE {name} counter"
     );
     for answer in ForwardAuthAnswer::ALL {
-        let value = metrics.forward_auth_answers(answer);
+        let value = counters.forward_auth_answers(answer);
         let _ = writeln!(out, "{name}{{answer=\"{}\"}} {value}", answer.name());
     }
     for (name, help, value) in [
         (
             "tollgate_decision_log_written_total",
             "Requests written to the decision log (TOLLGATE_DECISION_LOG).",
-            metrics.decision_log_written.get(),
+            counters.decision_log_written.get(),
         ),
         (
             "tollgate_decision_log_dropped_total",
             "Requests the decision log dropped: its queue full, or its file unwritable.",
-            metrics.decision_log_dropped.get(),
+            counters.decision_log_dropped.get(),
         ),
     ] {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
@@ -295,7 +297,7 @@ fn render_forward_auth(metrics: &Metrics, out: &mut String) {
     let _ = writeln!(
         out,
         "# HELP {name} Forward-auth requests that came with a body, which the proxy should not forward (never read).\n# TYPE {name} counter\n{name} {}",
-        metrics.forward_auth_bodies.get()
+        counters.forward_auth_bodies.get()
     );
 }
 
@@ -322,6 +324,7 @@ mod tests {
         metrics.rule("api", "api.user").total_hits.add(2);
         let text = render(
             &metrics,
+            &ServerCounters::default(),
             StoreCounters {
                 local_cache_hits: 7,
                 redis_batches: 40,
@@ -387,10 +390,11 @@ mod tests {
             !text.contains("tollgate_store_up{"),
             "no store state until a watcher records one"
         );
-        metrics.set_store_up("redis", true);
-        metrics.set_store_up("redis_persecond", false);
-        metrics.set_store_up("redis", false);
-        let text = render(&metrics, StoreCounters::default(), &DEFAULT);
+        let counters = ServerCounters::default();
+        counters.set_store_up("redis", true);
+        counters.set_store_up("redis_persecond", false);
+        counters.set_store_up("redis", false);
+        let text = render(&metrics, &counters, StoreCounters::default(), &DEFAULT);
         assert!(text.contains("tollgate_store_up{store=\"redis\"} 0"), "{text}");
         assert!(
             text.contains("tollgate_store_up{store=\"redis_persecond\"} 0"),

@@ -36,6 +36,7 @@ use tollgate_core::store::StoreCounters;
 use super::dogstatsd::Namer;
 use super::go_stats::{self, GoStat, Kind};
 use crate::connections::RateLimitedLog;
+use crate::server_counters::ServerCounters;
 use crate::settings::{ExtraTags, Mogrifier, StatsdProtocol};
 
 /// Largest write over TCP, as gostats buffers it.
@@ -110,9 +111,15 @@ impl Naming {
 pub type StoreReader = Box<dyn Fn() -> StoreCounters + Send + Sync>;
 
 /// Sends the Go stats of `metrics` and the store `store` reads until `stop`, then once more (so the
-/// last increases are not lost).
-pub async fn run(options: StatsdOptions, metrics: Arc<Metrics>, store: StoreReader, stop: CancellationToken) {
-    let mut sink = Sink::new(options, metrics, store);
+/// last increases are not lost); lines it cannot send are counted in `counters`.
+pub async fn run(
+    options: StatsdOptions,
+    metrics: Arc<Metrics>,
+    counters: Arc<ServerCounters>,
+    store: StoreReader,
+    stop: CancellationToken,
+) {
+    let mut sink = Sink::new(options, metrics, counters, store);
     match sink.naming {
         Naming::Statsd { .. } => {
             tracing::info!(addr = %sink.options.addr, protocol = %sink.options.protocol, "sending stats to statsd");
@@ -138,6 +145,7 @@ pub async fn run(options: StatsdOptions, metrics: Arc<Metrics>, store: StoreRead
 struct Sink {
     options: StatsdOptions,
     metrics: Arc<Metrics>,
+    counters: Arc<ServerCounters>,
     store: StoreReader,
     naming: Naming,
     /// Each Go stat name's [`Naming::parts`], as the last flush used them.
@@ -157,7 +165,12 @@ struct Batch {
 }
 
 impl Sink {
-    fn new(mut options: StatsdOptions, metrics: Arc<Metrics>, store: StoreReader) -> Self {
+    fn new(
+        mut options: StatsdOptions,
+        metrics: Arc<Metrics>,
+        counters: Arc<ServerCounters>,
+        store: StoreReader,
+    ) -> Self {
         if matches!(options.dialect, Dialect::DogStatsd { .. }) {
             options.protocol = StatsdProtocol::Udp;
         }
@@ -165,6 +178,7 @@ impl Sink {
             naming: Naming::new(&options),
             options,
             metrics,
+            counters,
             store,
             parts: HashMap::new(),
             sent: HashMap::new(),
@@ -187,7 +201,7 @@ impl Sink {
                 // The rest of this flush would fail the same way: it waits for the next one.
                 let lines =
                     batch.text.lines().count() + batches.map(|b| b.text.lines().count()).sum::<usize>();
-                self.metrics.statsd_lines_dropped.add(lines as u64);
+                self.counters.statsd_lines_dropped.add(lines as u64);
                 let addr = self.options.addr.clone();
                 self.failures.warn("cannot send stats to statsd", &addr, error);
                 return;
@@ -340,7 +354,12 @@ mod tests {
             tags,
             dialect: Dialect::Statsd,
         };
-        Sink::new(options, Metrics::new(), Box::new(StoreCounters::default))
+        Sink::new(
+            options,
+            Metrics::new(),
+            ServerCounters::new(),
+            Box::new(StoreCounters::default),
+        )
     }
 
     fn counter(name: &str, value: u64) -> GoStat {

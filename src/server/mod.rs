@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 use crate::grpc::GrpcListener;
 use crate::observe::decision_log::DecisionLog;
 use crate::observe::health::{Health, HealthPolicy};
+use crate::server_counters::ServerCounters;
 use crate::settings::{DecisionSettings, ListenSettings, Settings, TelemetrySettings};
 use tollgate_core::clock::Clock;
 use tollgate_core::limiter::{Limiter, RefundKeys, RulesHandle};
@@ -125,6 +126,7 @@ pub async fn run(
     let tls = server_tls(&listen)?;
     let go_series = go_series(&stats)?;
     let metrics = Metrics::new();
+    let counters = ServerCounters::new();
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let policy = HealthPolicy {
         needs_a_domain: rules_settings.healthy_with_at_least_one_config_loaded,
@@ -142,7 +144,7 @@ pub async fn run(
     let store = build_store(&store_settings, &origins, Arc::clone(&clock), stop.clone())?;
     let redis = pinged(&store);
     if redis.is_empty() {
-        metrics.set_store_up("embedded", true);
+        counters.set_store_up("embedded", true);
     } else {
         health.expect_store().await;
     }
@@ -150,12 +152,13 @@ pub async fn run(
         health.clone(),
         Arc::clone(&rules),
         redis,
-        Arc::clone(&metrics),
+        Arc::clone(&counters),
         stop.clone(),
     ));
     let fallback = MemoryStore::with_max_keys(Arc::clone(&clock), store_settings.memory_max_keys);
     let store_name = store.to_string();
     let limiter = build_limiter(&decisions, &telemetry, store, fallback, &rules, metrics, &clock)?;
+    let limiter = with_decision_log(limiter, &telemetry, Arc::clone(&counters))?;
     let origin = source.follow(&tasks, &rules, &health, &stop);
     tasks.spawn(sweep(Arc::clone(&limiter), stop.clone()));
     if stats.statsd() || stats.dog_statsd() {
@@ -177,7 +180,14 @@ pub async fn run(
         let metrics = Arc::clone(limiter.metrics());
         let reader = Arc::clone(&limiter);
         let store = Box::new(move || reader.store_counters());
-        tasks.spawn(crate::observe::statsd::run(options, metrics, store, stop.clone()));
+        let counters = Arc::clone(&counters);
+        tasks.spawn(crate::observe::statsd::run(
+            options,
+            metrics,
+            counters,
+            store,
+            stop.clone(),
+        ));
     }
     tasks.spawn(log_offenders(Arc::clone(&limiter), stop.clone()));
     if let Some(tls) = &tls {
@@ -197,21 +207,23 @@ pub async fn run(
     let envoy = envoy_options(&answers);
     let exposition = crate::http::Exposition {
         limiter: Arc::clone(&limiter),
+        counters: Arc::clone(&counters),
         go: go_series.clone(),
     };
     let admin = crate::http::Admin {
         health: health.clone(),
         limiter: Arc::clone(&limiter),
+        counters: Arc::clone(&counters),
         options: envoy.clone(),
         max_body_bytes: listen.max_request_bytes,
         with_native: listeners.native_http.is_none(),
         go: go_series.clone(),
     };
-    let budget = request_budget(&listen, Arc::clone(limiter.metrics()));
-    let (grpc_limits, http_limits) = transport_limits(&listen, &budget);
+    let budget = request_budget(&listen, Arc::clone(&counters));
+    let (grpc_limits, http_limits) = transport_limits(&listen, &budget, &counters);
     let serve_http = |listener, router, what| {
-        let (limits, metrics) = (http_limits.clone(), Arc::clone(limiter.metrics()));
-        crate::http::serve(listener, router, limits, what, metrics, stop.clone())
+        let (limits, counters) = (http_limits.clone(), Arc::clone(&counters));
+        crate::http::serve(listener, router, limits, what, counters, stop.clone())
     };
     let http = serve_http(
         listeners.http,
@@ -274,7 +286,8 @@ pub async fn run(
 }
 
 /// The limiter over `store` and `rules`: its options, the store `failure_mode: local` counts in while
-/// `store` fails, and the fleet's refund keys (tokens dated by `clock`).
+/// `store` fails, and the fleet's refund keys (tokens dated by `clock`). The decision log is added by
+/// [`with_decision_log`].
 fn build_limiter(
     decisions: &DecisionSettings,
     telemetry: &TelemetrySettings,
@@ -283,7 +296,7 @@ fn build_limiter(
     rules: &RulesHandle,
     metrics: Arc<Metrics>,
     clock: &Arc<dyn Clock>,
-) -> anyhow::Result<Arc<Limiter<AnyStore>>> {
+) -> anyhow::Result<Limiter<AnyStore>> {
     let mut options = limiter_options(decisions, telemetry);
     if decisions.stop_cache_key_increment_when_overlimit && store.is_cluster() {
         // Exact rather than racy: one script call sees every descriptor of a request.
@@ -305,7 +318,17 @@ fn build_limiter(
     .with_metrics(metrics)
     .with_local_fallback(fallback)
     .with_refund_keys(keys, Arc::clone(clock));
-    let limiter = match DecisionLog::start(telemetry, Arc::clone(limiter.metrics()))? {
+    Ok(limiter)
+}
+
+/// `limiter`, recording its decisions in the decision log when `telemetry` asks for one (what it writes
+/// and drops counted in `counters`).
+fn with_decision_log(
+    limiter: Limiter<AnyStore>,
+    telemetry: &TelemetrySettings,
+    counters: Arc<ServerCounters>,
+) -> anyhow::Result<Arc<Limiter<AnyStore>>> {
+    let limiter = match DecisionLog::start(telemetry, counters)? {
         Some(log) => {
             tracing::info!(path = %telemetry.decision_log, "recording decisions (TOLLGATE_DECISION_LOG)");
             limiter.with_recorder(log)

@@ -14,12 +14,12 @@ use crate::http::HttpLimits;
 use crate::inflight::RequestBudget;
 use crate::observe::go_series::GoSeries;
 use crate::observe::mapping::Mapping;
+use crate::server_counters::ServerCounters;
 use crate::settings::{
     AnswerSettings, DecisionSettings, HeaderStyle, ListenSettings, Settings, SettingsError, StatsSettings,
     TelemetrySettings,
 };
 use tollgate_core::limiter::{LimiterOptions, RefundKeys};
-use tollgate_core::observe::metrics::Metrics;
 use tollgate_core::rules::CompileOptions;
 
 /// The gRPC listener's TLS (`GRPC_SERVER_USE_TLS`), read from its files; `None` for plaintext.
@@ -145,16 +145,18 @@ pub(crate) fn compile_options(settings: &Settings) -> CompileOptions {
 }
 
 /// The process's request-bytes budget and read timeout, one for every listener.
-pub(crate) fn request_budget(settings: &ListenSettings, metrics: Arc<Metrics>) -> RequestBudget {
+pub(crate) fn request_budget(settings: &ListenSettings, counters: Arc<ServerCounters>) -> RequestBudget {
     let (process, per_connection) = settings.bytes_in_flight();
-    RequestBudget::new(process, per_connection, settings.read_timeout, metrics)
+    RequestBudget::new(process, per_connection, settings.read_timeout, counters)
 }
 
 /// The gRPC transport's bounds, and each HTTP listener's: connections capped at the settings or at
-/// shares of the open-file limit (see [`ListenSettings::connection_caps`]).
+/// shares of the open-file limit (see [`ListenSettings::connection_caps`]); what they refuse is counted
+/// in `counters`.
 pub(crate) fn transport_limits(
     settings: &ListenSettings,
     budget: &RequestBudget,
+    counters: &Arc<ServerCounters>,
 ) -> (GrpcLimits, HttpLimits) {
     let open_files = crate::observe::open_file_limit();
     let (grpc, http) = settings.connection_caps(open_files);
@@ -170,10 +172,15 @@ pub(crate) fn transport_limits(
         write_timeout: settings.write_timeout,
         budget: budget.clone(),
     };
-    (grpc_limits(settings, grpc, budget), http)
+    (grpc_limits(settings, grpc, budget, counters), http)
 }
 
-fn grpc_limits(settings: &ListenSettings, max_connections: usize, budget: &RequestBudget) -> GrpcLimits {
+fn grpc_limits(
+    settings: &ListenSettings,
+    max_connections: usize,
+    budget: &RequestBudget,
+    counters: &Arc<ServerCounters>,
+) -> GrpcLimits {
     GrpcLimits {
         max_message_bytes: settings.max_request_bytes,
         max_concurrent_streams: settings.grpc_max_concurrent_streams,
@@ -185,6 +192,7 @@ fn grpc_limits(settings: &ListenSettings, max_connections: usize, budget: &Reque
         idle_probation: settings.idle_connection_probation,
         write_timeout: settings.write_timeout,
         budget: budget.clone(),
+        counters: Arc::clone(counters),
     }
 }
 

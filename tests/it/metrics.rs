@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
+use tollgate::server_counters::ServerCounters;
 use tollgate_core::algorithm::Algorithm;
 use tollgate_core::clock::ManualClock;
 use tollgate_core::limiter::{Limiter, LimiterOptions};
@@ -151,15 +152,17 @@ async fn a_million_distinct_values_add_no_series() {
     };
     // The rule's series appear with its first hit (an idle rule has none); later values add none.
     decide(0).await;
+    let counters = ServerCounters::default();
     let before = series(&tollgate::observe::prometheus::render(
         &metrics,
+        &counters,
         Default::default(),
         &GO_DEFAULT,
     ));
     for i in 1..1_000_000u32 {
         decide(i).await;
     }
-    let text = tollgate::observe::prometheus::render(&metrics, Default::default(), &GO_DEFAULT);
+    let text = tollgate::observe::prometheus::render(&metrics, &counters, Default::default(), &GO_DEFAULT);
     assert_eq!(series(&text), before, "distinct values must not create series");
     assert_eq!(
         series_value(

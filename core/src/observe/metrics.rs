@@ -262,57 +262,6 @@ impl Method {
     }
 }
 
-/// How a proxy's forward-auth request was answered: the `answer` label of
-/// `tollgate_forward_auth_requests_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ForwardAuthAnswer {
-    /// Allowed by the limits (2xx).
-    Allowed,
-    /// Refused by a limit (429, or the 401/403 NGINX needs).
-    Refused,
-    /// The request made no descriptor, so no limit applied (2xx).
-    NotLimited,
-    /// The request could not be read (no client address, a garbled cost) and the domain's
-    /// `proxy.failure_mode` let it through.
-    UnreadableAllowed,
-    /// The request could not be read and `proxy.failure_mode: closed` refused it.
-    UnreadableRefused,
-    /// The request could not be read and no `proxy.failure_mode` answers: 400.
-    Unreadable,
-    /// No loaded domain of that name has a `proxy:` block: 404.
-    NoProxyBlock,
-    /// Nothing could be decided (the store failed with no failure mode, no rules loaded): 503.
-    Error,
-}
-
-impl ForwardAuthAnswer {
-    /// Every answer, in the order the series are written.
-    pub const ALL: [ForwardAuthAnswer; 8] = [
-        ForwardAuthAnswer::Allowed,
-        ForwardAuthAnswer::Refused,
-        ForwardAuthAnswer::NotLimited,
-        ForwardAuthAnswer::UnreadableAllowed,
-        ForwardAuthAnswer::UnreadableRefused,
-        ForwardAuthAnswer::Unreadable,
-        ForwardAuthAnswer::NoProxyBlock,
-        ForwardAuthAnswer::Error,
-    ];
-
-    /// The label value.
-    pub fn name(self) -> &'static str {
-        match self {
-            ForwardAuthAnswer::Allowed => "allowed",
-            ForwardAuthAnswer::Refused => "refused",
-            ForwardAuthAnswer::NotLimited => "not_limited",
-            ForwardAuthAnswer::UnreadableAllowed => "unreadable_allowed",
-            ForwardAuthAnswer::UnreadableRefused => "unreadable_refused",
-            ForwardAuthAnswer::Unreadable => "unreadable",
-            ForwardAuthAnswer::NoProxyBlock => "no_proxy_block",
-            ForwardAuthAnswer::Error => "error",
-        }
-    }
-}
-
 /// What a store call was for: the `operation` label of `tollgate_store_call_duration_seconds`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreOperation {
@@ -378,8 +327,6 @@ pub struct Metrics {
     /// Requests answered OK only because of global shadow mode (`SHADOW_MODE`): every rule counted,
     /// some said OVER_LIMIT.
     pub global_shadow_mode: Counter,
-    /// Stat lines the statsd sink could not send (they are sent again with the next flush).
-    pub statsd_lines_dropped: Counter,
     /// Values folded into another series by a cardinality cap (unknown domains beyond
     /// [`MAX_UNKNOWN_DOMAINS`], `detailed_metric` values beyond their rule's cap).
     pub stats_folded: Counter,
@@ -390,44 +337,16 @@ pub struct Metrics {
     /// Descriptors decided in this instance because the store failed and the rule says
     /// `failure_mode: local`.
     pub failure_mode_local: Counter,
-    /// TLS handshakes on the gRPC listener that failed or timed out (a plaintext client, an unknown
-    /// client certificate, a wrong SAN).
-    pub tls_handshake_failures: Counter,
-    /// Requests failed because unfinished requests held their connection's or the process's budget of
-    /// bytes.
-    pub request_bytes_over_budget: Counter,
-    /// Requests failed because they did not arrive whole within the read timeout.
-    pub request_read_timeouts: Counter,
-    /// Connections closed at once because their listener held as many as it may.
-    pub connections_refused: Counter,
-    /// Connections closed because they sent no request within the read timeout.
-    pub connections_timed_out: Counter,
-    /// Connections closed to make room for a new one at their listener's cap.
-    pub connections_evicted: Counter,
-    /// Connections closed because a write made no progress within the write timeout (a peer that does
-    /// not read its answers).
-    pub connections_stalled: Counter,
     /// Time to answer a request, store included, per [`Method`].
     response_time: [Histogram; Method::ALL.len()],
     /// Time of the store call alone, per [`StoreOperation`].
     store_time: [Histogram; StoreOperation::ALL.len()],
-    /// Forward-auth requests, per [`ForwardAuthAnswer`].
-    forward_auth: [Counter; ForwardAuthAnswer::ALL.len()],
-    /// Forward-auth requests that came with a body, which the proxy should not forward (it is never
-    /// read).
-    pub forward_auth_bodies: Counter,
-    /// Requests written to the decision log (`TOLLGATE_DECISION_LOG`).
-    pub decision_log_written: Counter,
-    /// Requests the decision log dropped: its queue full, or its file unwritable.
-    pub decision_log_dropped: Counter,
     /// New leases granted (renewals are not counted).
     pub leases_acquired: Counter,
     /// Acquires refused because a concurrency rule was full.
     pub leases_refused: Counter,
     /// Releases that freed at least one slot (a release of an expired lease frees none).
     pub leases_released: Counter,
-    /// The store does not answer (readiness' view of Redis; never set on the embedded store).
-    store_up: Mutex<Vec<(&'static str, bool)>>,
     loaded: Mutex<(String, u64)>,
 }
 
@@ -464,16 +383,6 @@ impl Metrics {
             .entry((Arc::clone(domain), Arc::clone(path)))
             .or_insert_with(|| Arc::new(DetailedValues::new(Arc::clone(domain), max_values)));
         Arc::clone(values)
-    }
-
-    /// Counts a forward-auth request answered `answer`.
-    pub fn forward_auth(&self, answer: ForwardAuthAnswer) {
-        self.forward_auth[answer as usize].add(1);
-    }
-
-    /// Forward-auth requests answered `answer` so far.
-    pub fn forward_auth_answers(&self, answer: ForwardAuthAnswer) -> u64 {
-        self.forward_auth[answer as usize].get()
     }
 
     /// Records a request for `domain`, which no rules define.
@@ -520,16 +429,6 @@ impl Metrics {
         self.store_time[operation as usize].observe(elapsed);
     }
 
-    /// Records whether the store `name` answers (`tollgate_store_up{store=name}`: `embedded`, `redis`,
-    /// `redis_persecond`).
-    pub fn set_store_up(&self, name: &'static str, up: bool) {
-        let mut stores = self.store_up.lock().unwrap_or_else(PoisonError::into_inner);
-        match stores.iter_mut().find(|(known, _)| *known == name) {
-            Some((_, state)) => *state = up,
-            None => stores.push((name, up)),
-        }
-    }
-
     /// Requests of `method` so far.
     pub fn requests(&self, method: Method) -> u64 {
         self.total_requests[method as usize].get()
@@ -554,14 +453,6 @@ impl Metrics {
     /// Time of store calls made for `operation`.
     pub fn store_time(&self, operation: StoreOperation) -> &Histogram {
         &self.store_time[operation as usize]
-    }
-
-    /// Each store and whether it answers, as last recorded by [`Metrics::set_store_up`].
-    pub fn stores_up(&self) -> Vec<(&'static str, bool)> {
-        self.store_up
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
     }
 
     /// Every rule's counters, by (domain, rule path), in order.
