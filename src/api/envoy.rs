@@ -1,6 +1,7 @@
-//! Envoy's rate limit messages (`envoy.service.ratelimit.v3`) ↔ the [`Limiter`](tollgate_core::limiter::Limiter),
-//! with no transport: the gRPC service ([`crate::grpc`]) and the HTTP `/json` endpoint
-//! ([`crate::http`]) both answer through [`build_response`].
+//! Envoy's rate limit messages (`envoy.service.ratelimit.v3`) ↔ the [`Limiter`], with no transport:
+//! the gRPC service ([`crate::grpc`]) and the HTTP `/json` endpoint ([`crate::http`]) both call
+//! [`EnvoyApi`], so both decide and answer exactly alike; each maps a [`LimiterError`] to its own
+//! status codes.
 //!
 //! This is where the neutral verdict takes Envoy's shape, exactly as envoyproxy/ratelimit's, because
 //! Envoy derives its `x-ratelimit-*` headers from it: `current_limit` and `duration_until_reset` are
@@ -8,6 +9,7 @@
 //! unmatched and `u32::MAX` when unlimited; `duration_until_reset` is rounded up to whole seconds.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use prost_types::{ListValue, Struct, Value, value::Kind};
 
@@ -18,9 +20,12 @@ use crate::proto::descriptor::rate_limit_descriptor::Entry;
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::rls::rate_limit_response::{self, DescriptorStatus as WireStatus, RateLimit};
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
-use tollgate_core::limiter::{Code, DescriptorStatus, LimitOverride, RequestDescriptor, Verdict};
+use tollgate_core::limiter::{
+    Code, DescriptorStatus, LimitOverride, Limiter, LimiterError, RequestDescriptor, Verdict,
+};
 use tollgate_core::rules::DescriptorEntry;
 use tollgate_core::rules::file::MetaValue;
+use tollgate_core::store::Store;
 
 /// What the Envoy front end adds to a verdict.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -29,6 +34,31 @@ pub struct EnvoyOptions {
     pub headers: HeaderOptions,
     /// Return dynamic metadata (`RESPONSE_DYNAMIC_METADATA`).
     pub dynamic_metadata: bool,
+}
+
+/// Envoy's `ShouldRateLimit` over a limiter.
+#[derive(Debug)]
+pub struct EnvoyApi<S> {
+    limiter: Arc<Limiter<S>>,
+    options: EnvoyOptions,
+}
+
+impl<S> EnvoyApi<S> {
+    /// Serves `limiter` to Envoy; answers carry what `options` adds (headers, dynamic metadata).
+    pub fn new(limiter: Arc<Limiter<S>>, options: EnvoyOptions) -> Self {
+        Self { limiter, options }
+    }
+}
+
+impl<S: Store> EnvoyApi<S> {
+    /// `ShouldRateLimit`: decide every descriptor of `request` and answer as envoyproxy/ratelimit does.
+    pub async fn should_rate_limit(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, LimiterError> {
+        let verdict = self
+            .limiter
+            .should_rate_limit(&request.domain, &request.descriptors, request.hits_addend)
+            .await?;
+        Ok(build_response(request, verdict, &self.options))
+    }
 }
 
 impl RequestDescriptor for RateLimitDescriptor {
@@ -60,7 +90,7 @@ impl DescriptorEntry for Entry {
 }
 
 /// Builds the wire response for a verdict.
-pub fn build_response(
+fn build_response(
     request: &RateLimitRequest,
     verdict: Verdict,
     options: &EnvoyOptions,

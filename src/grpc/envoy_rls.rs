@@ -1,12 +1,12 @@
-//! `envoy.service.ratelimit.v3.RateLimitService` over tonic: decode the call, ask the limiter, encode
-//! the answer with [`crate::api::envoy`]. Nothing else lives here.
+//! `envoy.service.ratelimit.v3.RateLimitService` over tonic: each call goes to [`EnvoyApi`], traced
+//! (see [`super::traced`]), its errors mapped by [`super::envoy_status_of`]. Nothing else lives here.
 
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
 use super::envoy_status_of;
-use crate::api::envoy::{EnvoyOptions, build_response};
+use crate::api::envoy::{EnvoyApi, EnvoyOptions};
 use crate::proto::rls::rate_limit_response;
 use crate::proto::rls::rate_limit_service_server::RateLimitService;
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
@@ -16,14 +16,15 @@ use tollgate_core::store::Store;
 /// The gRPC service.
 #[derive(Debug)]
 pub struct EnvoyRateLimitService<S> {
-    limiter: Arc<Limiter<S>>,
-    options: EnvoyOptions,
+    api: EnvoyApi<S>,
 }
 
 impl<S> EnvoyRateLimitService<S> {
     /// Serves `limiter` to Envoy.
     pub fn new(limiter: Arc<Limiter<S>>, options: EnvoyOptions) -> Self {
-        Self { limiter, options }
+        Self {
+            api: EnvoyApi::new(limiter, options),
+        }
     }
 }
 
@@ -40,20 +41,13 @@ impl<S: Store> RateLimitService for EnvoyRateLimitService<S> {
                 "ok"
             }
         };
-        super::traced(request, SHOULD_RATE_LIMIT, over, |request| self.decide(request)).await
+        let call = |request| async move {
+            let response = self.api.should_rate_limit(&request).await;
+            response.map(Response::new).map_err(envoy_status_of)
+        };
+        super::traced(request, SHOULD_RATE_LIMIT, over, call).await
     }
 }
 
 /// The RPC's full method name, as spans name it.
 const SHOULD_RATE_LIMIT: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-
-impl<S: Store> EnvoyRateLimitService<S> {
-    async fn decide(&self, request: RateLimitRequest) -> Result<Response<RateLimitResponse>, Status> {
-        let verdict = self
-            .limiter
-            .should_rate_limit(&request.domain, &request.descriptors, request.hits_addend)
-            .await
-            .map_err(envoy_status_of)?;
-        Ok(Response::new(build_response(&request, verdict, &self.options)))
-    }
-}

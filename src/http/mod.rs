@@ -21,9 +21,9 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 
-use crate::api::envoy::EnvoyOptions;
+use crate::api::envoy::{EnvoyApi, EnvoyOptions};
 use crate::api::native::NativeApi;
 use crate::observe::go_series::GoSeries;
 use crate::observe::health::Health;
@@ -64,6 +64,10 @@ pub fn admin_router(admin: Admin) -> Router {
         .with_native
         .then(|| native_router(&admin.limiter, &admin.options, admin.max_body_bytes));
     let body_limit = DefaultBodyLimit::max(admin.max_body_bytes);
+    let envoy = envoy_json::router(Arc::new(EnvoyApi::new(
+        Arc::clone(&admin.limiter),
+        admin.options.clone(),
+    )));
     let forward_auth = forward_auth::router(
         Arc::clone(&admin.limiter),
         Arc::clone(&admin.counters),
@@ -72,8 +76,8 @@ pub fn admin_router(admin: Admin) -> Router {
     let router = Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/readyz", get(readyz))
-        .route("/json", post(envoy_json::json))
         .with_state(Arc::new(admin))
+        .merge(envoy)
         .merge(metrics)
         .merge(forward_auth)
         .layer(body_limit);
