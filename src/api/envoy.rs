@@ -52,7 +52,10 @@ impl<S> EnvoyApi<S> {
 
 impl<S: Store> EnvoyApi<S> {
     /// `ShouldRateLimit`: decide every descriptor of `request` and answer as envoyproxy/ratelimit does.
-    pub async fn should_rate_limit(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, LimiterError> {
+    pub async fn should_rate_limit(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, LimiterError> {
         let verdict = self
             .limiter
             .should_rate_limit(&request.domain, &request.descriptors, request.hits_addend)
@@ -90,11 +93,7 @@ impl DescriptorEntry for Entry {
 }
 
 /// Builds the wire response for a verdict.
-fn build_response(
-    request: &RateLimitRequest,
-    verdict: Verdict,
-    options: &EnvoyOptions,
-) -> RateLimitResponse {
+fn build_response(request: &RateLimitRequest, verdict: Verdict, options: &EnvoyOptions) -> RateLimitResponse {
     let response_headers_to_add = headers(verdict.overall, &verdict.statuses, &options.headers)
         .into_iter()
         .map(|(key, value)| HeaderValue {
