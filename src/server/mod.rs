@@ -31,7 +31,8 @@ mod rules_source;
 mod store;
 
 use options::{
-    envoy_options, go_series, limiter_options, refund_keys, request_budget, server_tls, transport_limits,
+    envoy_options, go_series, limiter_options, refund_keys, request_budget, server_tls, statsd_options,
+    transport_limits,
 };
 use rules_source::RulesSource;
 use store::{build_store, pinged};
@@ -162,21 +163,7 @@ pub async fn run(
     let origin = source.follow(&tasks, &rules, &health, &stop);
     tasks.spawn(sweep(Arc::clone(&limiter), stop.clone()));
     if stats.statsd() || stats.dog_statsd() {
-        use crate::observe::statsd::{Dialect, StatsdOptions};
-        let options = StatsdOptions {
-            addr: stats.statsd_addr(),
-            protocol: stats.statsd_protocol,
-            interval: stats.stats_flush_interval,
-            tags: stats.extra_tags.clone(),
-            dialect: if stats.dog_statsd() {
-                Dialect::DogStatsd {
-                    mogrifiers: stats.dog_statsd_mogrifiers.clone(),
-                    global_tags: stats.dog_statsd_global_tags.clone(),
-                }
-            } else {
-                Dialect::Statsd
-            },
-        };
+        let options = statsd_options(&stats);
         let metrics = Arc::clone(limiter.metrics());
         let reader = Arc::clone(&limiter);
         let store = Box::new(move || reader.store_counters());

@@ -1,5 +1,7 @@
-//! Settings sections turned into the options of the parts the server wires: the limiter's, the Envoy
-//! API's answers, the refund keys, and the gRPC listener's TLS and bounds.
+//! Settings sections turned into the options of the parts the server wires, in this one file: the
+//! store's (with the files of TLS to Redis), the limiter's, the rules compiler's, the Envoy API's
+//! answers, the refund keys, statsd's, and the listeners' TLS and bounds. The settings module reads
+//! and checks values; the parts take their own options types; only this file knows both.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,13 +16,17 @@ use crate::http::HttpLimits;
 use crate::inflight::RequestBudget;
 use crate::observe::go_series::GoSeries;
 use crate::observe::mapping::Mapping;
+use crate::observe::statsd::{Dialect, StatsdOptions};
 use crate::server_counters::ServerCounters;
 use crate::settings::{
-    AnswerSettings, DecisionSettings, HeaderStyle, ListenSettings, Settings, SettingsError, StatsSettings,
-    TelemetrySettings,
+    AnswerSettings, DecisionSettings, HeaderStyle, ListenSettings, Origins, RedisEndpoint, Settings,
+    SettingsError, StatsSettings, StoreSettings, TelemetrySettings,
 };
 use tollgate_core::limiter::{LimiterOptions, RefundKeys};
 use tollgate_core::rules::CompileOptions;
+use tollgate_core::store::StoreOptions;
+use tollgate_core::store::hot_keys::HotKeyOptions;
+use tollgate_core::store::redis::RedisOptions;
 
 /// The gRPC listener's TLS (`GRPC_SERVER_USE_TLS`), read from its files; `None` for plaintext.
 pub(super) fn server_tls(settings: &ListenSettings) -> anyhow::Result<Option<Arc<ServerTls>>> {
@@ -111,6 +117,76 @@ pub(super) fn go_series(settings: &StatsSettings) -> anyhow::Result<GoSeries> {
     Ok(GoSeries::Mapped(Arc::new(mapping)))
 }
 
+/// The store's options: the embedded store, or each Redis with its endpoint's connections, timeouts
+/// and gathering window, the `REDIS_TLS_*` files (read now, so a missing one stops startup) and
+/// `traces` (whether spans are exported).
+pub(super) fn store_options(
+    settings: &StoreSettings,
+    origins: &Origins,
+    traces: bool,
+) -> Result<StoreOptions, SettingsError> {
+    let tls = redis_tls_certificates(settings)?;
+    let redis = |target, endpoint: &RedisEndpoint| RedisOptions {
+        connections: endpoint.pool_size,
+        deadline: settings.redis_deadline,
+        connect_timeout: endpoint.connect_timeout,
+        expiration_jitter_max_secs: settings.expiration_jitter_max_seconds,
+        tls: tls.clone(),
+        pipeline_fixed_windows: settings.redis_pipeline_fixed_windows,
+        pipeline_window: endpoint.pipeline_window,
+        pipeline_limit: endpoint.pipeline_limit,
+        traces,
+        ..RedisOptions::new(target)
+    };
+    Ok(StoreOptions {
+        memory_max_keys: settings.memory_max_keys,
+        local_cache_bytes: settings.local_cache_size_in_bytes,
+        redis: settings
+            .redis_target(origins)?
+            .map(|target| redis(target, &settings.redis)),
+        per_second: settings
+            .per_second_target(origins)?
+            .map(|target| redis(target, &settings.per_second)),
+        hot_keys: HotKeyOptions {
+            rate: settings.hot_key_rate,
+            lease: settings.hot_key_lease,
+        },
+    })
+}
+
+/// The certificates for TLS to Redis, read from the configured files (none configured: `None`, and the
+/// system's roots verify the server).
+fn redis_tls_certificates(settings: &StoreSettings) -> Result<Option<redis::TlsCertificates>, SettingsError> {
+    let read = read_setting_file;
+    let root_cert = match settings.redis_tls_cacert.as_str() {
+        "" => None,
+        path => Some(read("redis_tls_cacert", path)?),
+    };
+    let client_tls = match (
+        settings.redis_tls_client_cert.as_str(),
+        settings.redis_tls_client_key.as_str(),
+    ) {
+        ("", "") => None,
+        (cert, key) if !cert.is_empty() && !key.is_empty() => Some(redis::ClientTlsConfig {
+            client_cert: read("redis_tls_client_cert", cert)?,
+            client_key: read("redis_tls_client_key", key)?,
+        }),
+        _ => {
+            return Err(SettingsError::BadValue {
+                name: "redis_tls_client_cert".into(),
+                value: settings.redis_tls_client_cert.clone(),
+                reason: "a client certificate and its key go together".into(),
+            });
+        }
+    };
+    Ok(
+        (root_cert.is_some() || client_tls.is_some()).then_some(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        }),
+    )
+}
+
 /// The limiter's options; `keep_domains_together` is the store's to decide (see `super::build_limiter`).
 pub(crate) fn limiter_options(settings: &DecisionSettings, telemetry: &TelemetrySettings) -> LimiterOptions {
     LimiterOptions {
@@ -141,6 +217,24 @@ pub(crate) fn compile_options(settings: &Settings) -> CompileOptions {
         split_per_second: settings.store.redis_persecond,
         max_file_bytes: settings.rules.rules_max_file_bytes,
         detailed_metric_max_values: settings.stats.detailed_metric_max_values,
+    }
+}
+
+/// Where and how statsd (`USE_STATSD`) or DogStatsD (`USE_DOG_STATSD`) is sent.
+pub(super) fn statsd_options(stats: &StatsSettings) -> StatsdOptions {
+    StatsdOptions {
+        addr: stats.statsd_addr(),
+        protocol: stats.statsd_protocol,
+        interval: stats.stats_flush_interval,
+        tags: stats.extra_tags.clone(),
+        dialect: if stats.dog_statsd() {
+            Dialect::DogStatsd {
+                mogrifiers: stats.dog_statsd_mogrifiers.clone(),
+                global_tags: stats.dog_statsd_global_tags.clone(),
+            }
+        } else {
+            Dialect::Statsd
+        },
     }
 }
 
@@ -220,7 +314,7 @@ pub(super) fn header_options(settings: &AnswerSettings) -> HeaderOptions {
 }
 
 /// The contents of the file a setting names; the error names the setting and the path.
-pub(super) fn read_setting_file(name: &'static str, path: &str) -> Result<Vec<u8>, SettingsError> {
+fn read_setting_file(name: &'static str, path: &str) -> Result<Vec<u8>, SettingsError> {
     std::fs::read(path).map_err(|e| SettingsError::BadValue {
         name: name.into(),
         value: path.into(),

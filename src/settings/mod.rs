@@ -1,7 +1,7 @@
 //! Service settings, by section: how the server listens ([`ListenSettings`]), where rules come from
 //! ([`RulesSettings`]), where counters live ([`StoreSettings`], whose [`RedisEndpoint`] describes both
 //! the main and the per-second Redis), how requests are decided ([`DecisionSettings`]) and answered
-//! ([`AnswerSettings`]), and what operators are told ([`TelemetrySettings`]).
+//! ([`AnswerSettings`]), and what operators are told ([`StatsSettings`], [`TelemetrySettings`]).
 //!
 //! Each setting is read in one line of its section: its key (the settings file's name for it, and
 //! `TOLLGATE_` + its upper case), envoyproxy/ratelimit's name for it, and its default. Layers, later
@@ -9,8 +9,10 @@
 //! command-line flag ([`source`]). Adding a setting is that line, its field, and its row in
 //! docs/settings.md (a test holds the document to the code).
 //!
-//! Settings are a leaf: typed values, checked once when loaded; nothing here knows the store or the
-//! listeners. The server turns them into its parts' options ([`crate::server`]).
+//! Settings are a leaf: typed values, checked once when loaded (a Redis URL is parsed into the
+//! store's `RedisTarget` then, so a bad one stops startup; defaults are the parts' own constants).
+//! They build no part's options: `crate::server::options` turns them into the store's, the
+//! limiter's, the listeners' and the others', in that one place.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;

@@ -4,12 +4,12 @@
 use std::fmt;
 use std::time::Duration;
 
-use tollgate_core::store::hot_keys::{self, HotKeyOptions};
+use tollgate_core::store::hot_keys;
 use tollgate_core::store::redis::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONNECTIONS, DEFAULT_DEADLINE, DEFAULT_EXPIRATION_JITTER_SECS,
-    RedisOptions, RedisTarget, without_userinfo,
+    RedisTarget, without_userinfo,
 };
-use tollgate_core::store::{StoreOptions, local_cache, memory};
+use tollgate_core::store::{local_cache, memory};
 
 use super::source::{Go, Reader};
 use super::{Origins, Secret, SettingsError};
@@ -227,43 +227,6 @@ impl StoreSettings {
                 "ignoring REDIS_PERSECOND_URL: REDIS_PERSECOND is false, every limit is in REDIS_URL".into(),
             );
         }
-    }
-
-    /// The store's options: the embedded store, or each Redis with its endpoint's connections,
-    /// timeouts and gathering window, `tls` (the `REDIS_TLS_*` files, read by the caller) and `traces`
-    /// (whether spans are exported).
-    pub fn store_options(
-        &self,
-        origins: &Origins,
-        tls: Option<redis::TlsCertificates>,
-        traces: bool,
-    ) -> Result<StoreOptions, SettingsError> {
-        let redis = |target, endpoint: &RedisEndpoint| RedisOptions {
-            connections: endpoint.pool_size,
-            deadline: self.redis_deadline,
-            connect_timeout: endpoint.connect_timeout,
-            expiration_jitter_max_secs: self.expiration_jitter_max_seconds,
-            tls: tls.clone(),
-            pipeline_fixed_windows: self.redis_pipeline_fixed_windows,
-            pipeline_window: endpoint.pipeline_window,
-            pipeline_limit: endpoint.pipeline_limit,
-            traces,
-            ..RedisOptions::new(target)
-        };
-        Ok(StoreOptions {
-            memory_max_keys: self.memory_max_keys,
-            local_cache_bytes: self.local_cache_size_in_bytes,
-            redis: self
-                .redis_target(origins)?
-                .map(|target| redis(target, &self.redis)),
-            per_second: self
-                .per_second_target(origins)?
-                .map(|target| redis(target, &self.per_second)),
-            hot_keys: HotKeyOptions {
-                rate: self.hot_key_rate,
-                lease: self.hot_key_lease,
-            },
-        })
     }
 
     /// Where Redis is, or `None` for the embedded store. The error names the URL without its userinfo.
