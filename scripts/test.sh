@@ -43,7 +43,7 @@ pass "unit, property and integration tests" cargo test --locked --all-features
 pass "wire suites on Redis" env TOLLGATE_TEST_STORE=redis cargo test --locked --all-features --test it -- \
     forward_auth:: grpc:: headers:: hostile_input:: json_endpoint:: native:: reload:: spelled_keys:: transport_bounds::
 # And once more with the rules pushed over xDS by a management server in the test process, wherever a
-# test's rules have an xDS form (envoyproxy/ratelimit's fields only; see src/xds/files.rs).
+# test's rules have an xDS form (envoyproxy/ratelimit's fields only; see src/rules_as_xds.rs).
 pass "wire suites with rules over xDS" env TOLLGATE_TEST_RULES=xds cargo test --locked --all-features --test it -- \
     grpc:: headers:: hostile_input:: json_endpoint:: native:: spelled_keys::
 # Envoy in front of Tollgate (tests/envoy: real Envoy and Tollgate processes, Redis where the story needs

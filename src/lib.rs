@@ -25,7 +25,9 @@
 //!   [`connections`]: each listener's connection cap, where connections that sent nothing give way.
 //! - [`settings`], [`server`], [`cli`]: configuring, wiring and running the service; [`pem`]: the
 //!   certificate and key files TLS reads.
-//! - `loadgen` (private): `tollgate bench`, the load generator behind the command line.
+//! - `loadgen` (private): `tollgate bench`, the load generator behind the command line;
+//!   [`rules_as_xds`]: rules files as the `RateLimitConfig`s a management server would push, for
+//!   `tollgate xds-serve` and the test suites' rules-over-xDS pass (not used by the server itself).
 //! - `what_if` (private): `tollgate what-if`, recorded traffic replayed against two rule sets.
 //! - The client for application servers is a crate of its own, `tollgate-client` (`clients/rust`), with
 //!   no server dependencies.
@@ -42,6 +44,7 @@ mod loadgen;
 pub mod observe;
 pub mod pem;
 pub mod proto;
+pub mod rules_as_xds;
 pub mod server;
 pub mod server_counters;
 pub mod settings;

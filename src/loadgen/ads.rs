@@ -1,5 +1,5 @@
 //! `tollgate xds-serve`: a management server that pushes one rules directory over xDS, State of the
-//! World, as [`crate::xds::files::configs`] converts it. It exists so that the same rules can be
+//! World, as [`crate::rules_as_xds::configs`] converts it. It exists so that the same rules can be
 //! measured loaded from a file and pushed over xDS (`scripts/bench-xds-scale.sh`), and to try
 //! `CONFIG_TYPE=GRPC_XDS_SOTW` without Envoy Gateway. It serves one version, read at start, and
 //! prints each ACK and NACK it receives.
@@ -27,7 +27,7 @@ const VERSION: &str = "1";
 
 /// Serves the files of `dir` on `addr` until the process is stopped.
 pub(crate) async fn serve(addr: SocketAddr, dir: &Path) -> anyhow::Result<()> {
-    let configs = crate::xds::files::configs(dir).with_context(|| {
+    let configs = crate::rules_as_xds::configs(dir).with_context(|| {
         format!(
             "{} has a file that is not YAML with envoyproxy/ratelimit's fields only",
             dir.display()

@@ -36,7 +36,6 @@ use tollgate_core::rules::reload::install;
 use tollgate_core::rules::{CompileOptions, RuleSet, RulesHandle};
 
 mod config;
-pub mod files;
 
 /// The xDS type URL of envoyproxy/ratelimit's rule sets.
 pub const RATE_LIMIT_CONFIG_TYPE: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";

@@ -133,7 +133,7 @@ pub(crate) fn expires_at_us(_limit: &Limit, state: &State) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{
+    use super::super::harness::{
         check_burst_plus_refill, check_invariants, large_case, refund_flags, run, run_mixed, small_case,
         with_refunds,
     };

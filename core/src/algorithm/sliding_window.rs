@@ -219,7 +219,7 @@ pub(crate) fn expires_at_us(limit: &Limit, state: &State) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{admitted, check_invariants, large_case, run, small_case, timeline};
+    use super::super::harness::{admitted, check_invariants, large_case, run, small_case, timeline};
     use super::super::{Algorithm, Decision, Limit};
     use super::*;
     use proptest::prelude::*;

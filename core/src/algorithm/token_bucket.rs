@@ -134,7 +134,7 @@ pub(crate) fn expires_at_us(limit: &Limit, state: &State) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{
+    use super::super::harness::{
         check_burst_plus_refill, check_invariants, large_case, run, small_case, timeline,
     };
     use super::super::{Algorithm, Decision, Limit};

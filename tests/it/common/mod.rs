@@ -128,7 +128,7 @@ impl Harness {
 
 /// Whether the suites take their rules over xDS (`TOLLGATE_TEST_RULES=xds`): each test's files, pushed
 /// by a management server in the test process wherever they have an xDS form
-/// ([`tollgate::xds::files::configs`]).
+/// ([`tollgate::rules_as_xds::configs`]).
 pub fn rules_over_xds() -> bool {
     std::env::var("TOLLGATE_TEST_RULES").is_ok_and(|v| v == "xds")
 }
@@ -244,7 +244,7 @@ impl TestServer {
             server
         });
         // `TOLLGATE_TEST_RULES=xds`: the same rules, pushed by a management server in the test process.
-        let ads = match rules_over_xds().then(|| tollgate::xds::files::configs(dir.path())) {
+        let ads = match rules_over_xds().then(|| tollgate::rules_as_xds::configs(dir.path())) {
             Some(Some(configs)) => {
                 let ads = ads::AdsServer::start().await;
                 ads.push("1", &configs);

@@ -1,6 +1,7 @@
 //! Rules files as the `RateLimitConfig`s a management server would push for them: what
 //! `tollgate xds-serve` serves (so the same rules can be measured from a file and over xDS), and what
-//! the wire-level test suites push when they run with their rules over xDS.
+//! the wire-level test suites push when they run with their rules over xDS. Tooling beside
+//! `loadgen`, not part of the server: the xDS client (`crate::xds`) never reads files.
 //!
 //! Only envoyproxy/ratelimit's fields exist in the proto. A file that uses anything else (a Tollgate
 //! extension, metadata) has no xDS form: [`configs`] returns `None`.
