@@ -7,7 +7,7 @@
 //!
 //! Values are written as they enter storage keys, so a `hash: true` value stays hashed. Opt-in, and
 //! bounded everywhere: a share of callers (`TOLLGATE_DECISION_LOG_SAMPLE`, a caller's requests kept or
-//! dropped together), a queue of [`QUEUE`] requests to a thread of its own (a request never waits
+//! dropped together), a queue of `QUEUE` (65,536) requests to a thread of its own (a request never waits
 //! for the disk: a full queue drops, counted in `tollgate_decision_log_dropped_total`), files of at
 //! most `TOLLGATE_DECISION_LOG_MAX_BYTES`, rotated to `FILE.1` … `FILE.N` with
 //! `TOLLGATE_DECISION_LOG_FILES` kept.

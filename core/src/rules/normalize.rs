@@ -31,7 +31,7 @@ const HASH_BYTES: usize = 16;
 /// or to read from a key name, and a short value spelling it would share the long value's counter. An
 /// escaped value holds `%` only as `%25` or `%5F`, so it never holds this mark; in Go's encoding, where
 /// values are written as they are, a value that reads as a hash is hashed itself
-/// ([`reads_as_hash`]).
+/// (`reads_as_hash`).
 pub const HASH_MARK: &str = "%h";
 
 /// The length of a hashed value in a storage key: the mark and the hex digits.
