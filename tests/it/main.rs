@@ -26,6 +26,7 @@ mod metrics;
 mod native;
 mod proxies;
 mod redis_fixture;
+mod redis_link;
 mod redis_parity;
 mod redis_state;
 mod redis_store;

@@ -8,8 +8,9 @@ use std::time::Duration;
 use redis::cluster_async::ClusterConnection;
 
 use super::keys::refund_marker;
+use super::link::CallError;
 use super::script::{Markers, ScriptItem};
-use super::{CallError, RedisStore, by_slot};
+use super::{RedisStore, by_slot};
 use crate::algorithm::Decision;
 use crate::store::{Batch, CommitPolicy, StoreError};
 

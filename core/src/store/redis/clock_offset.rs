@@ -11,7 +11,8 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use super::keys::{SLOTS, slot};
+use super::keys::slot;
+use super::link::SLOTS;
 
 /// A slot never heard from.
 const UNKNOWN: i64 = i64::MIN;

@@ -3,7 +3,7 @@
 //! A script call must stay in one hash slot, and concurrent requests' keys rarely share one, so in a
 //! cluster coalescing cannot merge requests into one call as it does on one node. What it can share is
 //! the trip: the calls of a drained group, one `FCALL` per slot, go to each master as one pipeline over
-//! Tollgate's own connection to it ([`super::slot_map`]), so Redis reads, wakes up and answers once per
+//! Tollgate's own connection to it ([`super::link`]'s slot map), so Redis reads, wakes up and answers once per
 //! master and group instead of once per request and slot.
 //!
 //! An `FCALL` that a master answers with an error (`MOVED`, `ASK` or `TRYAGAIN` while a slot moves, or
@@ -23,9 +23,9 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 
 use super::coalesce::Answers;
-use super::script::{BatchScript, ReplyError, ScriptItem, Tail};
-use super::slot_map::Routes;
-use super::{CallError, RedisStore, by_slot, place, within};
+use super::link::{CallError, ReplyError, Routes, within};
+use super::script::{BatchScript, ScriptItem, Tail};
+use super::{RedisStore, by_slot, place};
 use crate::algorithm::Decision;
 use crate::store::{CommitPolicy, StoreError};
 
@@ -43,7 +43,7 @@ impl RedisStore {
         let slots = by_slot(items.iter().map(|item| item.key));
         // Without functions (Redis 6.2, EVALSHA) every call goes through the cluster connection.
         let routes = if self.script.has_functions() {
-            self.route(slots.keys().copied())
+            self.link.route(slots.keys().copied())
         } else {
             Routes {
                 linked: Vec::new(),
@@ -123,7 +123,7 @@ impl RedisStore {
         self.script_calls.fetch_add(parts.len() as u64, Ordering::Relaxed);
         let sent_at = self.clock.now_us();
         let replies = within(timeout, pipe.query_async::<Vec<redis::Value>>(link)).await;
-        self.observe(parts.first().map(|(slot, _)| *slot), &replies);
+        self.link.observe(parts.first().map(|(slot, _)| *slot), &replies);
         let replies = match replies {
             Ok(replies) if replies.len() == parts.len() => replies,
             Ok(replies) => {
@@ -136,7 +136,7 @@ impl RedisStore {
             Err(error) => {
                 // The master may have gone (a failover): its calls go through the cluster connection
                 // until the map is read again.
-                self.link_failed(master);
+                self.link.link_failed(master);
                 let error = into_store_error(error);
                 return parts.iter().map(|_| Err(error.clone())).collect();
             }

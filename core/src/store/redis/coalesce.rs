@@ -34,7 +34,7 @@
 //!   the next call rather than inflating one already full);
 //! - a call holds its slot until Redis answers, or [`CALL_TIMEOUT`] passes: a slow Redis gets no more
 //!   concurrent calls than [`CALLS_IN_FLIGHT`]. A call that times out stalls its connection, which is
-//!   not written again until it is known to be drained or is replaced ([`super::node_pool`]), so a
+//!   not written again until it is known to be drained or is replaced (`link/node_pool.rs`), so a
 //!   Redis that stalls without closing its connections (stopped, blackholed, a long command) runs,
 //!   when it resumes, only the calls that were in flight. (In a cluster a group's per-master
 //!   pipelines stop at their requests' deadline instead, so that one stalled master does not hold up
@@ -271,8 +271,8 @@ impl RedisStore {
     /// One script call for several queued requests (in a cluster, one per slot, pipelined per master);
     /// each gets its own decisions back.
     async fn send_scripted(&self, group: Vec<Pending>) {
-        let connections = self.connections.load_full();
-        if let Some(super::Connections::Cluster(conn)) = connections.as_deref() {
+        let connections = self.link.connections();
+        if let Some(super::link::Connections::Cluster(conn)) = connections.as_deref() {
             let timeout = self.group_timeout(&group);
             let (named, mut answers) = Answers::new(group);
             let items = script_items(&named);

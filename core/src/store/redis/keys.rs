@@ -21,10 +21,8 @@
 //!
 //! In Redis Cluster a request's items are grouped by [`slot`] and each group is one script call.
 
+use super::link::SLOTS;
 use crate::algorithm::{Algorithm, Limit};
-
-/// Number of Redis Cluster hash slots.
-pub(crate) const SLOTS: u16 = 16_384;
 
 /// How a batch's keys are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

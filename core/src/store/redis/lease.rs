@@ -40,6 +40,7 @@ impl RedisStore {
         count: usize,
     ) -> Result<Vec<u64>, StoreError> {
         let reply: Value = self
+            .link
             .call_whole(|mut conn| async move { invocation.invoke_async(&mut conn).await })
             .await
             .map_err(|e| e.into_store_error(self.options.deadline))?;

@@ -21,163 +21,51 @@
 
 mod alone;
 mod clock_offset;
-mod cluster_rebuild;
 mod cluster_scripts;
 mod coalesce;
 mod impossible;
 mod keys;
 mod lease;
-mod node_pool;
+pub mod link;
 mod options;
 mod pipeline;
 mod reserve;
 pub mod script;
-mod sentinel;
-mod slot_map;
-mod target;
 mod timed_counters;
 mod window_timer;
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
+use futures_util::future::BoxFuture;
+use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 pub use keys::slot;
+pub use link::{RedisLink, RedisMode, RedisTarget, TargetError, without_userinfo};
 pub use options::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONNECTIONS, DEFAULT_DEADLINE, DEFAULT_EXPIRATION_JITTER_SECS,
     RedisOptions,
 };
-pub use target::{RedisMode, RedisTarget, TargetError, without_userinfo};
 
 use self::clock_offset::ClockOffsets;
-use self::cluster_rebuild::ClusterRebuild;
 use self::keys::{Placement, redis_key};
-use self::node_pool::NodePool;
+use self::link::{CallError, Connections, Prepare, WholeConnection, within};
 use self::script::{BatchScript, Markers, ScriptItem, ScriptReply};
-use self::sentinel::{SentinelLink, suggests_failover};
 use super::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::Clock;
-
-/// Live connections, filled in by the background connector.
-enum Connections {
-    /// A single Redis or Sentinel's master.
-    Node(Arc<NodePool>),
-    Cluster(ClusterConnection),
-}
-
-impl Connections {
-    /// Runs `call` on a connection for a call sent whole: on one node the next of the pool that is
-    /// not stalled, whose pool then learns how the call went (a timeout stalls the connection); in a
-    /// cluster the cluster connection, which routes by the call's keys.
-    async fn on_whole<T, Fut>(&self, call: impl FnOnce(WholeConnection) -> Fut) -> Result<T, CallError>
-    where
-        Fut: Future<Output = Result<T, CallError>>,
-    {
-        match self {
-            Connections::Node(pool) => {
-                let taken = pool.take().ok_or(CallError::Stalled)?;
-                let result = call(WholeConnection::Node(taken.conn)).await;
-                pool.after_call(taken.entry, &result);
-                result
-            }
-            Connections::Cluster(conn) => call(WholeConnection::Cluster(conn.clone())).await,
-        }
-    }
-}
-
-/// A connection for calls sent whole: to the single node or Sentinel's master, or to the cluster
-/// (which routes by the call's keys).
-#[derive(Clone)]
-enum WholeConnection {
-    Node(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for WholeConnection {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
-        match self {
-            WholeConnection::Node(conn) => conn.req_packed_command(cmd),
-            WholeConnection::Cluster(conn) => conn.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        match self {
-            WholeConnection::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
-            WholeConnection::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            WholeConnection::Node(conn) => conn.get_db(),
-            WholeConnection::Cluster(conn) => conn.get_db(),
-        }
-    }
-}
-
-/// Why one script call failed, kept typed until it reaches the store's edge so Sentinel can tell a
-/// moved master from other failures.
-enum CallError {
-    /// No connection has been made yet.
-    NotConnected,
-    /// Every connection to the node is stalled: a call on each outlived its timeout, and none is known
-    /// to be drained or replaced yet ([`node_pool`]).
-    Stalled,
-    /// An all-or-nothing batch whose keys live in several Redis Cluster slots.
-    CrossSlot,
-    Timeout,
-    Redis(redis::RedisError),
-    Reply(script::ReplyError),
-}
-
-impl CallError {
-    fn into_store_error(self, deadline: Duration) -> StoreError {
-        match self {
-            CallError::NotConnected => StoreError::Unavailable("not connected to Redis yet".into()),
-            CallError::Stalled => StoreError::Unavailable(
-                "Redis stopped answering: waiting for it to drain or reconnect".into(),
-            ),
-            CallError::CrossSlot => StoreError::CrossSlot,
-            CallError::Timeout => StoreError::Timeout(deadline),
-            CallError::Redis(error) => StoreError::Unavailable(error.to_string()),
-            CallError::Reply(error) => StoreError::Unavailable(format!("unexpected script reply: {error}")),
-        }
-    }
-
-    /// Whether the master may have moved (Sentinel): the call timed out, the connection broke, or the
-    /// server now refuses writes as a replica.
-    fn suggests_failover(&self) -> bool {
-        match self {
-            CallError::Timeout => true,
-            CallError::NotConnected | CallError::Stalled | CallError::CrossSlot => false,
-            CallError::Redis(error) => suggests_failover(error),
-            CallError::Reply(_) => false,
-        }
-    }
-}
 
 /// The Redis store.
 pub struct RedisStore {
     options: RedisOptions,
     coalescer: coalesce::Coalescer,
-    connections: ArcSwapOption<Connections>,
+    /// The connections, and what keeps them serving.
+    link: Arc<RedisLink>,
     script: BatchScript,
     clock: Arc<dyn Clock>,
     /// Redis clock minus local clock (per node in a cluster), from the replies.
@@ -194,28 +82,62 @@ pub struct RedisStore {
     timed: timed_counters::TimedCounters,
     /// Keys found holding values no Tollgate could have written.
     impossible: impossible::Impossible,
-    /// Redis Cluster only: rebuilds a connection whose calls keep failing.
-    rebuild: Option<ClusterRebuild>,
-    /// Redis Cluster only: the master serving each slot, once read, and a connection to each, for
-    /// grouping pipelines by master.
-    slot_map: ArcSwapOption<slot_map::Masters>,
-    /// When the slot map was last asked for (local µs), so it is asked for at most once a second.
-    slot_map_tried_us: AtomicU64,
-    /// This store, for the background tasks it starts.
-    me: std::sync::Weak<RedisStore>,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("target", &self.options.target)
-            .field("connected", &self.connections.load().is_some())
+            .field("target", self.link.target())
+            .field("connected", &self.link.connections().is_some())
             .finish_non_exhaustive()
     }
 }
 
-/// First and longest pause between connection attempts.
-const RECONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+/// What the store prepares on the link's new connections: the batch library, loaded before the first
+/// request.
+struct LoadLibrary {
+    script: BatchScript,
+    connect_timeout: Duration,
+    deadline: Duration,
+}
+
+impl Prepare for LoadLibrary {
+    /// Loads the batch library before the first request (in a cluster, redis-rs sends `FUNCTION LOAD`
+    /// to every master).
+    fn connected(&self, mut conn: WholeConnection) -> BoxFuture<'static, ()> {
+        let script = self.script.clone();
+        Box::pin(async move {
+            if let Err(error) = script.preload(&mut conn).await {
+                // Not fatal: calls load the library on demand when they find it missing.
+                tracing::warn!(%error, "cannot load the Tollgate library into Redis yet");
+            }
+        })
+    }
+
+    /// Loads the batch function on a master, so that no call needs to load it on the way. A script call
+    /// that finds it missing loads it through the cluster connection, on every master at once; with one
+    /// master down that load waits for it, and the calls to the others with it (fixed-window counters
+    /// fall back to the script when their master's pipeline fails). Already there (another replica, or an
+    /// earlier map) is fine; anything else is left to that fallback, and logged.
+    fn master_linked(&self, mut link: ConnectionManager) -> BoxFuture<'static, ()> {
+        let (script, connect_timeout, deadline) = (self.script.clone(), self.connect_timeout, self.deadline);
+        Box::pin(async move {
+            if !script.has_functions() {
+                return;
+            }
+            let mut load = redis::cmd("FUNCTION");
+            load.arg("LOAD").arg(script.library());
+            match within(connect_timeout, load.query_async::<redis::Value>(&mut link)).await {
+                Ok(_) => {}
+                Err(CallError::Redis(error)) if error.to_string().contains("already exists") => {}
+                Err(error) => {
+                    let error = error.into_store_error(deadline);
+                    tracing::warn!(%error, "cannot load the batch function on a cluster master");
+                }
+            }
+        })
+    }
+}
 
 impl RedisStore {
     /// Whether the current request is traced (its Redis calls get spans of their own).
@@ -226,177 +148,41 @@ impl RedisStore {
     /// Creates the store and starts connecting in the background until `stop` is cancelled. Returns at
     /// once: a Redis that is down at startup is not an error, only a store that is not ready yet.
     pub fn start(options: RedisOptions, clock: Arc<dyn Clock>, stop: CancellationToken) -> Arc<Self> {
-        // redis-rs builds its TLS configs on rustls' process-wide provider; another install (a second
-        // store in tests) is a no-op.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let cluster = matches!(options.target.mode, RedisMode::Cluster(_));
-        let store = Arc::new_cyclic(|store| Self {
+        let script = BatchScript::new();
+        let prepare = LoadLibrary {
+            script: script.clone(),
+            connect_timeout: options.connect_timeout,
+            deadline: options.deadline,
+        };
+        let link = RedisLink::start_preparing(options.link(), Arc::clone(&clock), stop, prepare);
+        Arc::new_cyclic(|store| Self {
             coalescer: coalesce::Coalescer::start(
                 store.clone(),
                 options.pipeline_window,
                 options.pipeline_limit,
             ),
+            offsets: ClockOffsets::new(link.is_cluster()),
             options,
-            connections: ArcSwapOption::empty(),
-            script: BatchScript::new(),
+            link,
+            script,
             clock,
-            offsets: ClockOffsets::new(cluster),
             jitter_hasher: hashbrown::DefaultHashBuilder::default(),
             batches: AtomicU64::new(0),
             script_calls: AtomicU64::new(0),
             pipelines: AtomicU64::new(0),
             timed: timed_counters::TimedCounters::new(),
             impossible: impossible::Impossible::default(),
-            rebuild: cluster.then(ClusterRebuild::new),
-            slot_map: ArcSwapOption::empty(),
-            slot_map_tried_us: AtomicU64::new(0),
-            me: store.clone(),
-        });
-        tokio::spawn(Arc::clone(&store).connect_until_connected(stop));
-        store
-    }
-
-    async fn connect_until_connected(self: Arc<Self>, stop: CancellationToken) {
-        let mut backoff = RECONNECT_BACKOFF.0;
-        loop {
-            match self.connect().await {
-                Ok(connections) => {
-                    if let Err(error) = self.preload(&connections).await {
-                        // Not fatal: calls load the library on demand when they find it missing.
-                        tracing::warn!(%error, "cannot load the Tollgate library into Redis yet");
-                    }
-                    self.connections.store(Some(Arc::new(connections)));
-                    tracing::info!(target = %self.options.target, "connected to Redis");
-                    return;
-                }
-                Err(error) => {
-                    tracing::warn!(target = %self.options.target, %error, retry_in = ?backoff, "cannot connect to Redis");
-                }
-            }
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(backoff) => {}
-            }
-            backoff = (backoff * 2).min(RECONNECT_BACKOFF.1);
-        }
-    }
-
-    /// Notes whether a script call to cluster slot `slot` reached Redis; when calls to a slot keep
-    /// failing, starts a rebuild of the cluster connection in the background.
-    fn observe<T>(&self, slot: Option<u16>, result: &Result<T, CallError>) {
-        let (Some(rebuild), Some(slot)) = (&self.rebuild, slot) else {
-            return;
-        };
-        let failed = matches!(result, Err(CallError::Timeout | CallError::Redis(_)));
-        if !rebuild.record(slot, failed) {
-            return;
-        }
-        let Some(store) = self.me.upgrade() else {
-            rebuild.done();
-            return;
-        };
-        tokio::spawn(async move {
-            tracing::warn!(
-                failing_for = ?ClusterRebuild::AFTER,
-                "Redis Cluster calls keep failing: reconnecting from the seed nodes"
-            );
-            match store.connect().await {
-                Ok(connections) => {
-                    store.connections.store(Some(Arc::new(connections)));
-                    tracing::info!("reconnected to Redis Cluster");
-                }
-                Err(error) => tracing::warn!(%error, "cannot reconnect to Redis Cluster yet"),
-            }
-            if let Some(rebuild) = &store.rebuild {
-                rebuild.done();
-            }
-        });
-    }
-
-    fn manager_config(&self) -> ConnectionManagerConfig {
-        let timeout = self.options.connect_timeout;
-        ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            // The per-call deadline is enforced above this layer; this only stops a dead socket from
-            // holding a multiplexed connection forever.
-            .set_response_timeout(Some(self.options.deadline.max(timeout)))
-            .set_number_of_retries(1)
-    }
-
-    /// A client for one node at `info`, with the configured TLS certificates if any.
-    fn node_client(&self, info: redis::ConnectionInfo) -> redis::RedisResult<redis::Client> {
-        match &self.options.tls {
-            Some(certificates) => redis::Client::build_with_tls(info, certificates.clone()),
-            None => redis::Client::open(info),
-        }
-    }
-
-    async fn connect(&self) -> Result<Connections, redis::RedisError> {
-        let timeout = self.options.connect_timeout;
-        match &self.options.target.mode {
-            RedisMode::Single(info) => {
-                let config = self.manager_config();
-                let client = self.node_client(info.clone())?;
-                let mut pool = Vec::with_capacity(self.options.connections.max(1));
-                for _ in 0..self.options.connections.max(1) {
-                    pool.push(ConnectionManager::new_with_config(client.clone(), config.clone()).await?);
-                }
-                Ok(Connections::Node(NodePool::new(
-                    node_pool::Source::Client(client),
-                    config,
-                    timeout,
-                    pool,
-                )))
-            }
-            RedisMode::Cluster(nodes) => {
-                let mut builder = ClusterClient::builder(nodes.clone())
-                    .tcp_settings(target::tcp_settings())
-                    .connection_timeout(timeout)
-                    .response_timeout(self.options.deadline.max(timeout))
-                    .retries(2);
-                if let Some(certificates) = &self.options.tls {
-                    builder = builder.certs(certificates.clone());
-                }
-                let client = builder.build()?;
-                Ok(Connections::Cluster(client.get_async_connection().await?))
-            }
-            RedisMode::Sentinel {
-                master,
-                sentinels,
-                node,
-                tls,
-            } => {
-                let tls = tls.map(|mode| (mode, self.options.tls.clone()));
-                let config = self.manager_config();
-                let (link, master) =
-                    SentinelLink::connect(master, sentinels, node, tls, config.clone()).await?;
-                Ok(Connections::Node(NodePool::new(
-                    node_pool::Source::Sentinel(link),
-                    config,
-                    timeout,
-                    vec![master],
-                )))
-            }
-        }
-    }
-
-    /// Loads the batch library before the first request (in a cluster, redis-rs sends `FUNCTION LOAD`
-    /// to every master).
-    async fn preload(&self, connections: &Connections) -> redis::RedisResult<()> {
-        match connections {
-            Connections::Node(pool) => self.script.preload(&mut pool.first()).await,
-            Connections::Cluster(conn) => self.script.preload(&mut conn.clone()).await,
-        }
+        })
     }
 
     /// Where this store's Redis is (its address without userinfo).
     pub fn target(&self) -> &RedisTarget {
-        &self.options.target
+        self.link.target()
     }
 
     /// Whether the target is a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
-        matches!(self.options.target.mode, RedisMode::Cluster(_))
+        self.link.is_cluster()
     }
 
     /// Batches applied so far (one per request that reached Redis).
@@ -410,21 +196,14 @@ impl RedisStore {
         self.impossible.count()
     }
 
-    /// Connections found stalled so far: a call on them outlived its timeout (see `node_pool.rs`).
+    /// Connections found stalled so far: a call on them outlived its timeout (see `link/node_pool.rs`).
     pub fn stalled_connections(&self) -> u64 {
-        match self.connections.load().as_deref() {
-            Some(Connections::Node(pool)) => pool.stalls(),
-            _ => 0,
-        }
+        self.link.stalled_connections()
     }
 
     /// The connections as envoyproxy/ratelimit's pool stats count them (`None` on a Redis Cluster).
     pub fn pool_counters(&self) -> Option<crate::store::PoolCounters> {
-        match self.connections.load().as_deref() {
-            Some(Connections::Node(pool)) => Some(pool.counters()),
-            Some(_) => None,
-            None => (!self.is_cluster()).then(crate::store::PoolCounters::default),
-        }
+        self.link.pool_counters()
     }
 
     /// Requests refused because the queue of requests waiting for a coalesced call was full.
@@ -460,27 +239,7 @@ impl RedisStore {
 
     /// Whether Redis answers a `PING` within the deadline (readiness).
     pub async fn ping(&self) -> bool {
-        let command = redis::cmd("PING");
-        let reply = self
-            .call_whole(|mut conn| async move { command.query_async::<String>(&mut conn).await })
-            .await;
-        reply.is_ok()
-    }
-
-    /// Runs one call that is sent whole (not split per hash slot) on a connection of the deployment,
-    /// within the deadline. A timeout stalls the connection; on Sentinel, a failure that suggests a
-    /// failover refreshes the master ([`node_pool`]).
-    async fn call_whole<T, F, Fut>(&self, call: F) -> Result<T, CallError>
-    where
-        F: FnOnce(WholeConnection) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
-    {
-        let Some(connections) = self.connections.load_full() else {
-            return Err(CallError::NotConnected);
-        };
-        connections
-            .on_whole(|conn| within(self.options.deadline, call(conn)))
-            .await
+        self.link.ping().await
     }
 
     /// Each item's Redis key, and the item as the script sees it (its `key` left empty: the caller
@@ -566,7 +325,7 @@ impl RedisStore {
         } else {
             call.await
         };
-        self.observe(slot, &reply);
+        self.link.observe(slot, &reply);
         let reply = reply?;
         let ScriptReply {
             now_us,
@@ -578,17 +337,6 @@ impl RedisStore {
         }
         self.offsets.record(slot, sent_at, self.clock.now_us(), now_us);
         Ok(decisions)
-    }
-}
-
-/// `call`, bounded by `timeout`: its reply, or the Redis error or missed deadline as a [`CallError`].
-async fn within<T>(
-    timeout: Duration,
-    call: impl Future<Output = redis::RedisResult<T>>,
-) -> Result<T, CallError> {
-    match tokio::time::timeout(timeout, call).await {
-        Ok(reply) => reply.map_err(CallError::Redis),
-        Err(_) => Err(CallError::Timeout),
     }
 }
 
@@ -686,7 +434,7 @@ impl RedisStore {
         markers: Option<Markers<'_>>,
         timeout: Duration,
     ) -> Result<Vec<Decision>, StoreError> {
-        let Some(connections) = self.connections.load_full() else {
+        let Some(connections) = self.link.connections() else {
             return Err(StoreError::Unavailable("not connected to Redis yet".into()));
         };
         let result = match &*connections {

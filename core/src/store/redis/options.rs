@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::RedisTarget;
+use super::link::LinkOptions;
 
 /// Default per-call deadline: Envoy's default rate-limit timeout, so a stuck Redis is answered by the
 /// rules' failure mode instead of Envoy timing out blind. Not shorter: on a busy 2-core host a healthy
@@ -69,6 +70,17 @@ impl RedisOptions {
             pipeline_window: Duration::ZERO,
             pipeline_limit: 0,
             traces: false,
+        }
+    }
+
+    /// The options that say how to reach Redis, for the store's [`super::RedisLink`].
+    pub(super) fn link(&self) -> LinkOptions {
+        LinkOptions {
+            target: self.target.clone(),
+            connections: self.connections,
+            deadline: self.deadline,
+            connect_timeout: self.connect_timeout,
+            tls: self.tls.clone(),
         }
     }
 }

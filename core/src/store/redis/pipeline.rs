@@ -26,7 +26,7 @@
 //!
 //! In a Redis Cluster the queued requests' counters go out as one pipeline per master, over a
 //! connection to each master, grouped by the slot map Tollgate reads (`CLUSTER SLOTS`,
-//! [`super::slot_map`]); a counter whose slot moved since gets `MOVED` or `ASK`, is not counted there,
+//! [`super::link`]'s slot map); a counter whose slot moved since gets `MOVED` or `ASK`, is not counted there,
 //! and is decided by the script instead. Until the map is read, and after a master fails, the script
 //! decides the counters, one call per slot (never a pipeline through redis-rs' cluster connection,
 //! which resends a whole pipeline on one redirect).
@@ -42,8 +42,9 @@ use redis::ServerErrorKind;
 use redis::aio::{ConnectionLike, ConnectionManager};
 
 use super::coalesce::{Answers, Pending};
-use super::script::{ReplyError, ScriptItem};
-use super::{CallError, Connections, RedisStore, by_slot, fail, place, shares_group, within};
+use super::link::{CallError, Connections, ReplyError, within};
+use super::script::ScriptItem;
+use super::{RedisStore, by_slot, fail, place, shares_group};
 use crate::algorithm::{Algorithm, Decision, fixed_window};
 use crate::store::{BatchItem, CommitPolicy, StoreError};
 
@@ -86,7 +87,7 @@ impl RedisStore {
             let decided = self.decide_by_script(named, &positions, timeout).await;
             Done::Scripted(positions, decided)
         };
-        let Some(connections) = self.connections.load_full() else {
+        let Some(connections) = self.link.connections() else {
             let error = StoreError::Unavailable("not connected to Redis yet".into());
             apply(named, answers, Done::Counted(all(), Err(error)));
             return;
@@ -99,7 +100,7 @@ impl RedisStore {
                 // the script, one call per slot through the cluster connection: that connection would
                 // send a whole pipeline again on a single ASK or MOVED reply, counting twice what the
                 // first node had counted, where a script call that is redirected has run nowhere.
-                let routes = self.route(slots.keys().copied());
+                let routes = self.link.route(slots.keys().copied());
                 let pipeline = |(master, mut link, of_master): (u16, ConnectionManager, Vec<u16>)| {
                     let positions: Vec<usize> = of_master
                         .iter()
@@ -113,9 +114,9 @@ impl RedisStore {
                         if counted.is_err() {
                             // The master may have gone (a failover): its counters go to the script,
                             // which follows the cluster, until the map is read again.
-                            self.link_failed(master);
+                            self.link.link_failed(master);
                         }
-                        self.observe(Some(of_master[0]), &counted);
+                        self.link.observe(Some(of_master[0]), &counted);
                         Done::Counted(positions, counted.map_err(into_store_error))
                     }
                 };
@@ -259,7 +260,7 @@ impl RedisStore {
                 redis::Value::ServerError(error) => {
                     if matches!(error.kind(), Some(ServerErrorKind::Moved | ServerErrorKind::Ask)) {
                         // A slot moved since the map was read: read it again.
-                        self.read_slot_map();
+                        self.link.read_slot_map();
                     }
                     None
                 }

@@ -6,9 +6,10 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::RedisStore;
 use super::keys::reservers_key;
+use super::link::{CallError, Connections, within};
 use super::script::{BatchScript, Reservation, ReservedReply, ScriptItem, ScriptReply, Tail};
-use super::{CallError, Connections, RedisStore, within};
 use crate::algorithm::Algorithm;
 use crate::store::hot_keys::{Reserve, ReserveRequest, Reserved};
 use crate::store::{Batch, CommitPolicy, StoreError};
@@ -24,7 +25,7 @@ impl Reserve for Arc<RedisStore> {
             reservers: &reservers,
             request,
         });
-        let Some(connections) = self.connections.load_full() else {
+        let Some(connections) = self.link.connections() else {
             return Err(StoreError::Unavailable("not connected to Redis yet".into()));
         };
         let slot = matches!(*connections, Connections::Cluster(_)).then(|| super::slot(key));
@@ -42,7 +43,7 @@ impl Reserve for Arc<RedisStore> {
                 reply.and_then(|value| BatchScript::decode_reserved(value).map_err(CallError::Reply))
             })
             .await;
-        self.observe(slot, &reply);
+        self.link.observe(slot, &reply);
         let ReservedReply {
             reply:
                 ScriptReply {

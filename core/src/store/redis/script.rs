@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis::aio::ConnectionLike;
 
+pub use super::link::ReplyError;
 use crate::algorithm::{Algorithm, Decision, Limit};
 use crate::store::CommitPolicy;
 use crate::store::hot_keys::ReserveRequest;
@@ -196,34 +197,6 @@ pub struct ReservedReply {
 
 /// The flag of a reservation's item whose reservers hash was removed (`lua/batch.lua`).
 const RESERVERS_REPAIRED: u8 = 4;
-
-/// Why a reply (of the script, or of a fixed-window pipeline) could not be decoded. None of these
-/// happens with the calls Tollgate sends; they mean the server is not the Redis we expect (or the
-/// reply was corrupted), never a decision.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ReplyError {
-    /// The reply was not of the expected type: a bulk string from the script, an array from a
-    /// pipeline.
-    #[error("unexpected reply type: {0}")]
-    WrongType(String),
-    /// The reply had the wrong size: bytes of the script's reply, values of a pipeline's.
-    #[error("expected {expected} in the reply, got {got}")]
-    WrongLength {
-        /// The script: `8 + 25 × items` bytes; a pipeline: its commands' replies.
-        expected: usize,
-        /// What arrived.
-        got: usize,
-    },
-    /// A value was not what it may be: `allowed` other than 0 or 1 in the script's reply, or a
-    /// pipeline's reply that is not an integer.
-    #[error("reply value {index} is not valid: {value}")]
-    BadValue {
-        /// Position in the reply: the script's item, or the pipeline's command.
-        index: usize,
-        /// The value as received, for the log.
-        value: String,
-    },
-}
 
 /// The batch script (all algorithms + driver): a Redis Function library, or an EVAL script on servers
 /// without functions.

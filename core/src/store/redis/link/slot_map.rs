@@ -1,18 +1,20 @@
-//! Redis Cluster: which master serves each hash slot, as Tollgate last read it (`CLUSTER SLOTS`).
+//! Redis Cluster: which master serves each hash slot, as the link last read it (`CLUSTER SLOTS`), and
+//! a connection of the link's own to each master.
 //!
-//! Concurrent requests' keys rarely share a slot (16,384 of them), but they share a few masters. So the
-//! fixed-window counters of coalesced requests go out as one pipeline per master, each command
-//! carrying its own key ([`super::pipeline`]), and the map says which keys go together.
+//! Concurrent requests' keys rarely share a slot (16,384 of them), but they share a few masters, so
+//! the store sends what they share as one pipeline per master, each command carrying its own key
+//! (`pipeline.rs`, `cluster_scripts.rs` beside this folder), and the map says which keys go together.
 //!
 //! Each pipeline goes to its master over a connection of its own, not through redis-rs' cluster
 //! connection: that one sends a whole pipeline again wherever any of its replies says `MOVED` or
 //! `ASK`, which would count again the counters the first master had counted. Where the map is out of
 //! date (a slot moved), the master answers `MOVED` or `ASK` for the commands it does not serve, without
-//! running them, and runs the others; those counters are decided again by the script, which redis-rs
-//! routes by key, and the map is read again.
+//! running them, and runs the others; the store sends those again through the cluster connection,
+//! which redis-rs routes by key, and the map is read again.
 //!
-//! The store reads the map in the background, at most once a second, and opens a connection to each
-//! master with the seed nodes' credentials and TLS settings before it uses the map.
+//! The link reads the map in the background, at most once a second, and opens a connection to each
+//! master with the seed nodes' credentials and TLS settings (prepared by the link's user: see
+//! [`super::Prepare`]) before it uses the map.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,15 +22,17 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 
-use super::keys::SLOTS;
-use super::{CallError, Connections, RedisMode, RedisStore, target, within};
+use super::{Connections, RedisLink, RedisMode, address, within};
+
+/// Hash slots of a Redis Cluster.
+pub(crate) const SLOTS: u16 = 16_384;
 
 /// A slot no master serves, as far as the map knows.
 const NOBODY: u16 = u16::MAX;
 
 /// The master serving each hash slot.
 #[derive(Debug)]
-pub(super) struct SlotMap {
+pub(crate) struct SlotMap {
     /// Per slot, an index into `masters`.
     owner: Box<[u16]>,
     /// Each master's address (host, port), as the cluster announces it.
@@ -120,7 +124,7 @@ impl SlotMap {
 }
 
 /// The slot map, with a connection to each of its masters (in [`SlotMap::masters`] order).
-pub(super) struct Masters {
+pub(crate) struct Masters {
     /// Which master serves each slot.
     pub(super) map: SlotMap,
     /// A connection to each master.
@@ -147,21 +151,21 @@ impl Masters {
     }
 }
 
-/// Where the hash slots of a call go in a Redis Cluster ([`RedisStore::route`]); `L`, a link to a master.
-pub(super) struct Routes<L = ConnectionManager> {
-    /// Each master with a usable link: its index (for [`RedisStore::link_failed`]), the link, and the
+/// Where the hash slots of a call go in a Redis Cluster ([`RedisLink::route`]); `L`, a link to a master.
+pub(crate) struct Routes<L = ConnectionManager> {
+    /// Each master with a usable link: its index (for [`RedisLink::link_failed`]), the link, and the
     /// slots it serves, ascending.
-    pub(super) linked: Vec<(u16, L, Vec<u16>)>,
+    pub(crate) linked: Vec<(u16, L, Vec<u16>)>,
     /// The slots without a usable link (the map not read yet, a master whose link failed, a slot no
     /// master serves), ascending: they go through redis-rs' cluster connection, one script call each.
-    pub(super) unlinked: Vec<u16>,
+    pub(crate) unlinked: Vec<u16>,
 }
 
-impl RedisStore {
+impl RedisLink {
     /// A call over the link to `master` (of the map in force) failed: the master may have gone (a
     /// failover). Its slots go through the cluster connection, which follows the cluster, and the map
     /// is read again (at most once a second) until a newer one replaces it.
-    pub(super) fn link_failed(&self, master: u16) {
+    pub(crate) fn link_failed(&self, master: u16) {
         if let Some(masters) = self.slot_map.load_full()
             && let Some(failed) = masters.failed.get(usize::from(master))
         {
@@ -173,7 +177,7 @@ impl RedisStore {
     /// `slots` (ascending) by the master serving them, with the link to each, per the map in force. A
     /// slot without a usable link has the map read again (at most once a second): the map may not be
     /// read yet, or be out of date.
-    pub(super) fn route(&self, slots: impl Iterator<Item = u16>) -> Routes {
+    pub(crate) fn route(&self, slots: impl Iterator<Item = u16>) -> Routes {
         let masters = self.slot_map.load_full();
         let routes = match &masters {
             Some(masters) => masters.map.group(slots, |master| masters.link(master).cloned()),
@@ -189,10 +193,10 @@ impl RedisStore {
     }
 
     /// Reads the cluster's slot map in the background, at most once a second, for the next pipelines
-    /// to group their counters by master (until then, the script decides them, one call per slot).
+    /// to group their commands by master (until then, [`RedisLink::route`] routes every slot unlinked).
     /// Also called when a master answers `MOVED` or `ASK`: the map in force stays (the other slots are
     /// still where it says) until the newer one replaces it.
-    pub(super) fn read_slot_map(&self) {
+    pub(crate) fn read_slot_map(&self) {
         const EVERY_US: u64 = 1_000_000;
         let now = self.clock.now_us();
         let tried = self.slot_map_tried_us.load(Ordering::Relaxed);
@@ -204,7 +208,7 @@ impl RedisStore {
         {
             return;
         }
-        let Some(store) = self.me.upgrade() else {
+        let Some(link) = self.me.upgrade() else {
             return;
         };
         let connections = self.connections.load_full();
@@ -228,13 +232,13 @@ impl RedisStore {
                     return;
                 }
                 Err(error) => {
-                    let error = error.into_store_error(store.options.deadline);
+                    let error = error.into_store_error(link.options.deadline);
                     tracing::warn!(%error, "cannot read CLUSTER SLOTS: fixed windows go to the script, one call per slot");
                     return;
                 }
             };
-            match store.link_masters(&map).await {
-                Ok(links) => store.slot_map.store(Some(Arc::new(Masters::new(map, links)))),
+            match link.link_masters(&map).await {
+                Ok(links) => link.slot_map.store(Some(Arc::new(Masters::new(map, links)))),
                 Err(error) => {
                     tracing::warn!(%error, "cannot connect to every cluster master: fixed windows go to the script, one call per slot");
                 }
@@ -253,39 +257,13 @@ impl RedisStore {
         let mut links = Vec::with_capacity(map.masters().len());
         for (host, port) in map.masters() {
             let info =
-                target::node_at(seed, host, *port).ok_or_else(|| unusable("a seed on a unix socket"))?;
+                address::node_at(seed, host, *port).ok_or_else(|| unusable("a seed on a unix socket"))?;
             let client = self.node_client(info)?;
-            let mut link = ConnectionManager::new_with_config(client, self.manager_config()).await?;
-            self.load_library(&mut link).await;
+            let link = ConnectionManager::new_with_config(client, self.manager_config()).await?;
+            self.prepare.master_linked(link.clone()).await;
             links.push(link);
         }
         Ok(links)
-    }
-
-    /// Loads the batch function on a master, so that no call needs to load it on the way. A script call
-    /// that finds it missing loads it through the cluster connection, on every master at once; with one
-    /// master down that load waits for it, and the calls to the others with it (fixed-window counters
-    /// fall back to the script when their master's pipeline fails). Already there (another replica, or an
-    /// earlier map) is fine; anything else is left to that fallback, and logged.
-    async fn load_library(&self, link: &mut ConnectionManager) {
-        if !self.script.has_functions() {
-            return;
-        }
-        let mut load = redis::cmd("FUNCTION");
-        load.arg("LOAD").arg(self.script.library());
-        match within(
-            self.options.connect_timeout,
-            load.query_async::<redis::Value>(link),
-        )
-        .await
-        {
-            Ok(_) => {}
-            Err(CallError::Redis(error)) if error.to_string().contains("already exists") => {}
-            Err(error) => {
-                let error = error.into_store_error(self.options.deadline);
-                tracing::warn!(%error, "cannot load the batch function on a cluster master");
-            }
-        }
     }
 }
 

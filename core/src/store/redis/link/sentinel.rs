@@ -32,8 +32,8 @@ impl SentinelLink {
             master,
             SentinelServerType::Master,
         )?
-        .set_client_to_sentinel_tcp_settings(super::target::tcp_settings())
-        .set_client_to_redis_tcp_settings(super::target::tcp_settings())
+        .set_client_to_sentinel_tcp_settings(super::address::tcp_settings())
+        .set_client_to_redis_tcp_settings(super::address::tcp_settings())
         .set_client_to_redis_db(node.db());
         // The sentinels' own credentials (`REDIS_SENTINEL_AUTH`) ride on their addresses; the master's
         // (`REDIS_AUTH`) on `node`.

@@ -8,7 +8,7 @@
 //!   `REDIS_AUTH` applies to the master, `REDIS_SENTINEL_AUTH` to the sentinels).
 //!
 //! TLS: `REDIS_TLS=true` with `host:port`, or a `rediss://` URL; certificates come separately (see
-//! [`super::RedisOptions::tls`]). With Sentinel, `REDIS_TLS` covers both the sentinels and the master
+//! [`super::LinkOptions::tls`]). With Sentinel, `REDIS_TLS` covers both the sentinels and the master
 //! they name, as in the Go service.
 
 use std::fmt;

@@ -47,7 +47,7 @@ pub(super) enum Source {
 }
 
 /// The pool.
-pub(super) struct NodePool {
+pub(crate) struct NodePool {
     entries: Box<[Entry]>,
     next: AtomicUsize,
     source: Source,
