@@ -9,7 +9,7 @@
 //! An `FCALL` that a master answers with an error (`MOVED`, `ASK` or `TRYAGAIN` while a slot moves, or
 //! `Function not found` on a master that has not loaded the library yet) has run nowhere: that slot's
 //! call is made again through redis-rs' cluster connection, which follows redirects and loads the
-//! library ([`RedisStore::invoke`]). Without the slot map, without a link to a slot's master, or on a
+//! library ([`Caller::invoke`](super::call::Caller::invoke)). Without the slot map, without a link to a slot's master, or on a
 //! server without functions, every slot's call goes that way. A master whose pipeline fails or times
 //! out fails only the items it serves, and its slots go through the cluster connection until a newer
 //! map is read; the other masters keep their links.
@@ -42,8 +42,8 @@ impl RedisStore {
     ) {
         let slots = by_slot(items.iter().map(|item| item.key));
         // Without functions (Redis 6.2, EVALSHA) every call goes through the cluster connection.
-        let routes = if self.script.has_functions() {
-            self.link.route(slots.keys().copied())
+        let routes = if self.call.script.has_functions() {
+            self.call.link.route(slots.keys().copied())
         } else {
             Routes {
                 linked: Vec::new(),
@@ -77,6 +77,7 @@ impl RedisStore {
                 let mut conn = conn.clone();
                 async move {
                     let answer = self
+                        .call
                         .invoke(
                             &mut conn,
                             Some(slot),
@@ -117,13 +118,21 @@ impl RedisStore {
         // A refused call comes back in its place; the others ran.
         pipe.ignore_errors();
         for (_, items) in parts {
-            pipe.add_command(self.script.fcall(items, CommitPolicy::Independent, Tail::None));
+            pipe.add_command(
+                self.call
+                    .script
+                    .fcall(items, CommitPolicy::Independent, Tail::None),
+            );
         }
         self.pipelines.fetch_add(1, Ordering::Relaxed);
-        self.script_calls.fetch_add(parts.len() as u64, Ordering::Relaxed);
-        let sent_at = self.clock.now_us();
+        self.call
+            .script_calls
+            .fetch_add(parts.len() as u64, Ordering::Relaxed);
+        let sent_at = self.call.clock.now_us();
         let replies = within(timeout, pipe.query_async::<Vec<redis::Value>>(link)).await;
-        self.link.observe(parts.first().map(|(slot, _)| *slot), &replies);
+        self.call
+            .link
+            .observe(parts.first().map(|(slot, _)| *slot), &replies);
         let replies = match replies {
             Ok(replies) if replies.len() == parts.len() => replies,
             Ok(replies) => {
@@ -136,31 +145,33 @@ impl RedisStore {
             Err(error) => {
                 // The master may have gone (a failover): its calls go through the cluster connection
                 // until the map is read again.
-                self.link.link_failed(master);
+                self.call.link.link_failed(master);
                 let error = into_store_error(error);
                 return parts.iter().map(|_| Err(error.clone())).collect();
             }
         };
-        let received_at = self.clock.now_us();
+        let received_at = self.call.clock.now_us();
         let mut answers = Vec::with_capacity(parts.len());
         for ((slot, items), reply) in parts.iter().zip(replies) {
             let answer = match reply {
                 redis::Value::ServerError(_) => {
                     // Run nowhere: made again where redis-rs routes it, loading the library if needed.
-                    self.invoke(
-                        &mut conn.clone(),
-                        Some(*slot),
-                        items,
-                        CommitPolicy::Independent,
-                        None,
-                        timeout,
-                    )
-                    .await
-                    .map_err(into_store_error)
+                    self.call
+                        .invoke(
+                            &mut conn.clone(),
+                            Some(*slot),
+                            items,
+                            CommitPolicy::Independent,
+                            None,
+                            timeout,
+                        )
+                        .await
+                        .map_err(into_store_error)
                 }
                 reply => BatchScript::decode(reply, items.len())
                     .map(|reply| {
-                        self.offsets
+                        self.call
+                            .offsets
                             .record(Some(*slot), sent_at, received_at, reply.now_us);
                         reply.decisions
                     })

@@ -271,7 +271,7 @@ impl RedisStore {
     /// One script call for several queued requests (in a cluster, one per slot, pipelined per master);
     /// each gets its own decisions back.
     async fn send_scripted(&self, group: Vec<Pending>) {
-        let connections = self.link.connections();
+        let connections = self.call.link.connections();
         if let Some(super::link::Connections::Cluster(conn)) = connections.as_deref() {
             let timeout = self.group_timeout(&group);
             let (named, mut answers) = Answers::new(group);
@@ -282,7 +282,8 @@ impl RedisStore {
         let named: Vec<_> = group.iter().map(|p| &p.named).collect();
         let items = script_items(&named);
         let result = self
-            .invoke_whole(
+            .call
+            .whole(
                 &items,
                 crate::store::CommitPolicy::Independent,
                 None,

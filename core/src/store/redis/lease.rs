@@ -40,6 +40,7 @@ impl RedisStore {
         count: usize,
     ) -> Result<Vec<u64>, StoreError> {
         let reply: Value = self
+            .call
             .link
             .call_whole(|mut conn| async move { invocation.invoke_async(&mut conn).await })
             .await
@@ -48,7 +49,7 @@ impl RedisStore {
             .ok_or_else(|| StoreError::Unavailable(format!("unexpected lease script reply: {reply:?}")))?;
         let (now_us, impossible) = (values[0], values[1]);
         if impossible > 0 {
-            self.impossible.found(
+            self.call.impossible.found(
                 usize::try_from(impossible).unwrap_or(usize::MAX),
                 first_key,
                 now_us,

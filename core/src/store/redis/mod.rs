@@ -20,6 +20,7 @@
 //! Connections are redis-rs multiplexed (a checkout pool only adds waiting: docs/performance.md).
 
 mod alone;
+mod call;
 mod clock_offset;
 mod cluster_scripts;
 mod coalesce;
@@ -41,9 +42,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument as _;
 
 pub use keys::slot;
 pub use link::{RedisLink, RedisMode, RedisTarget, TargetError, without_userinfo};
@@ -52,10 +52,10 @@ pub use options::{
     RedisOptions,
 };
 
-use self::clock_offset::ClockOffsets;
+use self::call::Caller;
 use self::keys::{Placement, redis_key};
-use self::link::{CallError, Connections, Prepare, WholeConnection, within};
-use self::script::{BatchScript, Markers, ScriptItem, ScriptReply};
+use self::link::{CallError, Prepare, WholeConnection, within};
+use self::script::{BatchScript, ScriptItem};
 use super::{Batch, BatchItem, CommitPolicy, Store, StoreError};
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::Clock;
@@ -64,31 +64,23 @@ use crate::clock::Clock;
 pub struct RedisStore {
     options: RedisOptions,
     coalescer: coalesce::Coalescer,
-    /// The connections, and what keeps them serving.
-    link: Arc<RedisLink>,
-    script: BatchScript,
-    clock: Arc<dyn Clock>,
-    /// Redis clock minus local clock (per node in a cluster), from the replies.
-    offsets: ClockOffsets,
+    /// The script calls on the link ([`call`]).
+    call: Caller,
     jitter_hasher: hashbrown::DefaultHashBuilder,
     /// Batches applied (one per request that reached Redis).
     batches: AtomicU64,
-    /// Script calls made (per hash slot in a cluster; shared by coalesced batches).
-    script_calls: AtomicU64,
     /// Pipelines sent: of fixed-window counters instead of script calls ([`pipeline`]), and in a
     /// cluster of script calls to one master ([`cluster_scripts`]).
     pipelines: AtomicU64,
     /// The pipelines' counters known to carry a TTL already.
     timed: timed_counters::TimedCounters,
-    /// Keys found holding values no Tollgate could have written.
-    impossible: impossible::Impossible,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("target", self.link.target())
-            .field("connected", &self.link.connections().is_some())
+            .field("target", self.call.link.target())
+            .field("connected", &self.call.link.connections().is_some())
             .finish_non_exhaustive()
     }
 }
@@ -140,11 +132,6 @@ impl Prepare for LoadLibrary {
 }
 
 impl RedisStore {
-    /// Whether the current request is traced (its Redis calls get spans of their own).
-    fn traced(&self) -> bool {
-        self.options.traces && !tracing::Span::current().is_disabled()
-    }
-
     /// Creates the store and starts connecting in the background until `stop` is cancelled. Returns at
     /// once: a Redis that is down at startup is not an error, only a store that is not ready yet.
     pub fn start(options: RedisOptions, clock: Arc<dyn Clock>, stop: CancellationToken) -> Arc<Self> {
@@ -161,28 +148,23 @@ impl RedisStore {
                 options.pipeline_window,
                 options.pipeline_limit,
             ),
-            offsets: ClockOffsets::new(link.is_cluster()),
+            call: Caller::new(link, script, clock, options.traces, options.deadline),
             options,
-            link,
-            script,
-            clock,
             jitter_hasher: hashbrown::DefaultHashBuilder::default(),
             batches: AtomicU64::new(0),
-            script_calls: AtomicU64::new(0),
             pipelines: AtomicU64::new(0),
             timed: timed_counters::TimedCounters::new(),
-            impossible: impossible::Impossible::default(),
         })
     }
 
     /// Where this store's Redis is (its address without userinfo).
     pub fn target(&self) -> &RedisTarget {
-        self.link.target()
+        self.call.link.target()
     }
 
     /// Whether the target is a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
-        self.link.is_cluster()
+        self.call.link.is_cluster()
     }
 
     /// Batches applied so far (one per request that reached Redis).
@@ -193,17 +175,17 @@ impl RedisStore {
     /// Keys found so far holding a value no Tollgate could have written, decided as none and repaired
     /// (see `impossible.rs`).
     pub fn impossible_states(&self) -> u64 {
-        self.impossible.count()
+        self.call.impossible.count()
     }
 
     /// Connections found stalled so far: a call on them outlived its timeout (see `link/node_pool.rs`).
     pub fn stalled_connections(&self) -> u64 {
-        self.link.stalled_connections()
+        self.call.link.stalled_connections()
     }
 
     /// The connections as envoyproxy/ratelimit's pool stats count them (`None` on a Redis Cluster).
     pub fn pool_counters(&self) -> Option<crate::store::PoolCounters> {
-        self.link.pool_counters()
+        self.call.link.pool_counters()
     }
 
     /// Requests refused because the queue of requests waiting for a coalesced call was full.
@@ -218,7 +200,7 @@ impl RedisStore {
 
     /// Script calls made so far; with coalescing, fewer than [`RedisStore::batches`].
     pub fn script_calls(&self) -> u64 {
-        self.script_calls.load(Ordering::Relaxed)
+        self.call.script_calls.load(Ordering::Relaxed)
     }
 
     /// Pipelines of fixed-window counters sent so far instead of script calls.
@@ -239,13 +221,13 @@ impl RedisStore {
 
     /// Whether Redis answers a `PING` within the deadline (readiness).
     pub async fn ping(&self) -> bool {
-        self.link.ping().await
+        self.call.link.ping().await
     }
 
     /// Each item's Redis key, and the item as the script sees it (its `key` left empty: the caller
     /// points it at the name when the call is made).
     fn script_items(&self, batch: &Batch) -> Vec<(String, ScriptItem<'static>)> {
-        let local_us = self.clock.now_us();
+        let local_us = self.call.clock.now_us();
         let items = &batch.items;
         items
             .iter()
@@ -261,7 +243,7 @@ impl RedisStore {
                 let fixed = item.limit.algorithm == Algorithm::FixedWindow;
                 let window = item.limit.window_us.max(1);
                 let (key, window_start_us) = if fixed {
-                    self.offsets.name_window(local_us, window, |start| {
+                    self.call.offsets.name_window(local_us, window, |start| {
                         redis_key(&item.key, &item.limit, start, placement)
                     })
                 } else {
@@ -295,48 +277,6 @@ impl RedisStore {
         } else {
             self.jitter_hasher.hash_one(key) % max
         }
-    }
-
-    /// One script call. `slot`: the cluster slot every item lies in (`None` off a cluster).
-    async fn invoke<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        slot: Option<u16>,
-        items: &[ScriptItem<'_>],
-        policy: CommitPolicy,
-        markers: Option<Markers<'_>>,
-        timeout: Duration,
-    ) -> Result<Vec<Decision>, CallError> {
-        let sent_at = self.clock.now_us();
-        self.script_calls.fetch_add(1, Ordering::Relaxed);
-        let call = within(timeout, self.script.call(conn, items, policy, markers.into()));
-        let reply = if self.traced() {
-            // A child of the RPC span (the current span), named as the database semantic conventions
-            // name client calls: the operation. Coalesced calls serve several requests and have no
-            // span of their own (traced requests are never coalesced).
-            let span = tracing::info_span!(
-                "FCALL",
-                otel.kind = "client",
-                db.system.name = "redis",
-                db.operation.name = "FCALL",
-                db.operation.batch.size = items.len(),
-            );
-            call.instrument(span).await
-        } else {
-            call.await
-        };
-        self.link.observe(slot, &reply);
-        let reply = reply?;
-        let ScriptReply {
-            now_us,
-            decisions,
-            impossible,
-        } = BatchScript::decode(reply, items.len()).map_err(CallError::Reply)?;
-        if let Some(&first) = impossible.first() {
-            self.impossible.found(impossible.len(), items[first].key, now_us);
-        }
-        self.offsets.record(slot, sent_at, self.clock.now_us(), now_us);
-        Ok(decisions)
     }
 }
 
@@ -392,7 +332,7 @@ impl Store for Arc<RedisStore> {
         let named = self.script_items(batch);
         // Fixed-window counters alone need no script (see `pipeline`); traced requests keep the
         // script, whose call is their Redis span.
-        let traced = self.traced();
+        let traced = self.call.traced();
         let pipelined = self.options.pipeline_fixed_windows
             && batch.policy == CommitPolicy::Independent
             && !traced
@@ -424,30 +364,5 @@ impl RedisStore {
     /// call must stay in one slot, a pipeline of script calls per master ([`cluster_scripts`]).
     fn coalesces(&self, batch: &Batch, traced: bool) -> bool {
         batch.policy == CommitPolicy::Independent && !traced
-    }
-
-    /// One batch on the deployment's connection: one script call (per slot in a cluster).
-    async fn invoke_whole(
-        &self,
-        items: &[ScriptItem<'_>],
-        policy: CommitPolicy,
-        markers: Option<Markers<'_>>,
-        timeout: Duration,
-    ) -> Result<Vec<Decision>, StoreError> {
-        let Some(connections) = self.link.connections() else {
-            return Err(StoreError::Unavailable("not connected to Redis yet".into()));
-        };
-        let result = match &*connections {
-            Connections::Cluster(conn) => self.apply_per_slot(conn, items, policy, markers, timeout).await,
-            whole => {
-                whole
-                    .on_whole(async |mut conn| {
-                        self.invoke(&mut conn, None, items, policy, markers, timeout)
-                            .await
-                    })
-                    .await
-            }
-        };
-        result.map_err(|e| e.into_store_error(self.options.deadline))
     }
 }

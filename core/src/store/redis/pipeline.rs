@@ -87,7 +87,7 @@ impl RedisStore {
             let decided = self.decide_by_script(named, &positions, timeout).await;
             Done::Scripted(positions, decided)
         };
-        let Some(connections) = self.link.connections() else {
+        let Some(connections) = self.call.link.connections() else {
             let error = StoreError::Unavailable("not connected to Redis yet".into());
             apply(named, answers, Done::Counted(all(), Err(error)));
             return;
@@ -100,7 +100,7 @@ impl RedisStore {
                 // the script, one call per slot through the cluster connection: that connection would
                 // send a whole pipeline again on a single ASK or MOVED reply, counting twice what the
                 // first node had counted, where a script call that is redirected has run nowhere.
-                let routes = self.link.route(slots.keys().copied());
+                let routes = self.call.link.route(slots.keys().copied());
                 let pipeline = |(master, mut link, of_master): (u16, ConnectionManager, Vec<u16>)| {
                     let positions: Vec<usize> = of_master
                         .iter()
@@ -114,9 +114,9 @@ impl RedisStore {
                         if counted.is_err() {
                             // The master may have gone (a failover): its counters go to the script,
                             // which follows the cluster, until the map is read again.
-                            self.link.link_failed(master);
+                            self.call.link.link_failed(master);
                         }
-                        self.link.observe(Some(of_master[0]), &counted);
+                        self.call.link.observe(Some(of_master[0]), &counted);
                         Done::Counted(positions, counted.map_err(into_store_error))
                     }
                 };
@@ -169,7 +169,8 @@ impl RedisStore {
                 ..named[at].1
             })
             .collect();
-        self.invoke_whole(&items, CommitPolicy::Independent, None, timeout)
+        self.call
+            .whole(&items, CommitPolicy::Independent, None, timeout)
             .await
     }
 
@@ -191,7 +192,7 @@ impl RedisStore {
         // commands Redis has run.
         pipe.ignore_errors();
         pipe.cmd("TIME");
-        let expire_nx = self.script.has_functions();
+        let expire_nx = self.call.script.has_functions();
         // Each item's counter fingerprint, and whether its INCRBY goes with an EXPIRE.
         let mut plan = Vec::with_capacity(named.len());
         let mut expires = 0;
@@ -209,7 +210,7 @@ impl RedisStore {
         let skipped = named.len() - expires;
         self.timed.skipped.fetch_add(skipped as u64, Ordering::Relaxed);
         self.pipelines.fetch_add(1, Ordering::Relaxed);
-        let sent_at = self.clock.now_us();
+        let sent_at = self.call.clock.now_us();
         let values = within(timeout, pipe.query_async::<Vec<redis::Value>>(conn)).await?;
         let bad = |index: usize| {
             CallError::Reply(ReplyError::BadValue {
@@ -225,12 +226,12 @@ impl RedisStore {
             }));
         }
         let now_us = redis_time_us(&values[0]).ok_or_else(|| bad(0))?;
-        let received_at = self.clock.now_us();
+        let received_at = self.call.clock.now_us();
         match slots {
-            None => self.offsets.record(None, sent_at, received_at, now_us),
+            None => self.call.offsets.record(None, sent_at, received_at, now_us),
             Some(slots) => {
                 for &slot in slots {
-                    self.offsets.record(Some(slot), sent_at, received_at, now_us);
+                    self.call.offsets.record(Some(slot), sent_at, received_at, now_us);
                 }
             }
         }
@@ -260,7 +261,7 @@ impl RedisStore {
                 redis::Value::ServerError(error) => {
                     if matches!(error.kind(), Some(ServerErrorKind::Moved | ServerErrorKind::Ask)) {
                         // A slot moved since the map was read: read it again.
-                        self.link.read_slot_map();
+                        self.call.link.read_slot_map();
                     }
                     None
                 }
@@ -295,7 +296,9 @@ impl RedisStore {
             within(timeout, again.query_async::<()>(conn)).await?;
         }
         if let Some(&(first, _)) = negative.first() {
-            self.impossible.found(negative.len(), &named[first].0, now_us);
+            self.call
+                .impossible
+                .found(negative.len(), &named[first].0, now_us);
             let mut again = redis::pipe();
             for &(at, correction) in &negative {
                 again.cmd("INCRBY").arg(&named[at].0).arg(correction).ignore();

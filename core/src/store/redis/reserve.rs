@@ -25,25 +25,26 @@ impl Reserve for Arc<RedisStore> {
             reservers: &reservers,
             request,
         });
-        let Some(connections) = self.link.connections() else {
+        let Some(connections) = self.call.link.connections() else {
             return Err(StoreError::Unavailable("not connected to Redis yet".into()));
         };
         let slot = matches!(*connections, Connections::Cluster(_)).then(|| super::slot(key));
-        let sent_at = self.clock.now_us();
-        self.script_calls.fetch_add(1, Ordering::Relaxed);
+        let sent_at = self.call.clock.now_us();
+        self.call.script_calls.fetch_add(1, Ordering::Relaxed);
         let deadline = self.options.deadline;
         let reply = connections
             .on_whole(async |mut conn| {
                 let reply = within(
                     deadline,
-                    self.script
+                    self.call
+                        .script
                         .call(&mut conn, &[item], CommitPolicy::Independent, tail),
                 )
                 .await;
                 reply.and_then(|value| BatchScript::decode_reserved(value).map_err(CallError::Reply))
             })
             .await;
-        self.link.observe(slot, &reply);
+        self.call.link.observe(slot, &reply);
         let ReservedReply {
             reply:
                 ScriptReply {
@@ -55,12 +56,14 @@ impl Reserve for Arc<RedisStore> {
             reservers_repaired,
         } = reply.map_err(|e| e.into_store_error(deadline))?;
         if !impossible.is_empty() {
-            self.impossible.found(1, key, now_us);
+            self.call.impossible.found(1, key, now_us);
         }
         if reservers_repaired {
-            self.impossible.found(1, &reservers, now_us);
+            self.call.impossible.found(1, &reservers, now_us);
         }
-        self.offsets.record(slot, sent_at, self.clock.now_us(), now_us);
+        self.call
+            .offsets
+            .record(slot, sent_at, self.call.clock.now_us(), now_us);
         let decision = decisions[0];
         let valid_for_us = match item.limit.algorithm {
             // The window that lent the units ends then (the fixed window's reset is its end).
