@@ -16,12 +16,13 @@ use super::clock_offset::ClockOffsets;
 use super::impossible::Impossible;
 use super::link::{CallError, Connections, RedisLink, within};
 use super::script::{BatchScript, Markers, ScriptItem, ScriptReply};
+use super::timed_counters::TimedCounters;
 use crate::algorithm::Decision;
 use crate::clock::Clock;
 use crate::store::{CommitPolicy, StoreError};
 
-/// What a script call needs: the link, the script, the clock and its offsets to Redis's, and what the
-/// calls count.
+/// What every way to Redis shares (the coalescer owns one too): the link, the script, the clock and its
+/// offsets to Redis's, and the counters. A script call is [`Caller::invoke`].
 pub(super) struct Caller {
     /// The connections, and what keeps them serving.
     pub(super) link: Arc<RedisLink>,
@@ -29,14 +30,28 @@ pub(super) struct Caller {
     pub(super) clock: Arc<dyn Clock>,
     /// Redis clock minus local clock (per node in a cluster), from the replies.
     pub(super) offsets: ClockOffsets,
-    /// Script calls made (per hash slot in a cluster; shared by coalesced batches).
-    pub(super) script_calls: AtomicU64,
-    /// Keys found holding values no Tollgate could have written.
-    pub(super) impossible: Impossible,
+    /// What the ways to Redis counted.
+    pub(super) counters: Counters,
     /// Whether traced requests' calls get spans of their own.
     traces: bool,
     /// The store's deadline, which a failed call's error names.
     pub(super) deadline: Duration,
+}
+
+/// What the ways to Redis counted, read by the store's getters.
+#[derive(Default)]
+pub(super) struct Counters {
+    /// Batches applied (one per request that reached Redis).
+    pub(super) batches: AtomicU64,
+    /// Script calls made (per hash slot in a cluster; shared by coalesced batches).
+    pub(super) script_calls: AtomicU64,
+    /// Pipelines sent: of fixed-window counters instead of script calls ([`super::pipeline`]), and in
+    /// a cluster of script calls to one master ([`super::cluster_scripts`]).
+    pub(super) pipelines: AtomicU64,
+    /// The pipelines' counters known to carry a TTL already, and their `EXPIRE`s counted.
+    pub(super) timed: TimedCounters,
+    /// Keys found holding values no Tollgate could have written.
+    pub(super) impossible: Impossible,
 }
 
 impl Caller {
@@ -54,8 +69,7 @@ impl Caller {
             link,
             script,
             clock,
-            script_calls: AtomicU64::new(0),
-            impossible: Impossible::default(),
+            counters: Counters::default(),
             traces,
             deadline,
         }
@@ -102,7 +116,7 @@ impl Caller {
         timeout: Duration,
     ) -> Result<Vec<Decision>, CallError> {
         let sent_at = self.clock.now_us();
-        self.script_calls.fetch_add(1, Ordering::Relaxed);
+        self.counters.script_calls.fetch_add(1, Ordering::Relaxed);
         let call = within(timeout, self.script.call(conn, items, policy, markers.into()));
         let reply = if self.traced() {
             // A child of the RPC span (the current span), named as the database semantic conventions
@@ -127,7 +141,9 @@ impl Caller {
             impossible,
         } = BatchScript::decode(reply, items.len()).map_err(CallError::Reply)?;
         if let Some(&first) = impossible.first() {
-            self.impossible.found(impossible.len(), items[first].key, now_us);
+            self.counters
+                .impossible
+                .found(impossible.len(), items[first].key, now_us);
         }
         self.offsets.record(slot, sent_at, self.clock.now_us(), now_us);
         Ok(decisions)

@@ -22,163 +22,151 @@ use futures_util::stream::FuturesUnordered;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 
-use super::coalesce::Answers;
+use super::call::Caller;
+use super::group::Answers;
 use super::link::{CallError, ReplyError, Routes, within};
 use super::script::{BatchScript, ScriptItem, Tail};
-use super::{RedisStore, by_slot, place};
+use super::{by_slot, place};
 use crate::algorithm::Decision;
 use crate::store::{CommitPolicy, StoreError};
 
-impl RedisStore {
-    /// Decides each of `items` (the concatenated items of independent requests, groups distinct, in
-    /// request order as `answers` holds them): one `FCALL` per slot, pipelined per master, each request
-    /// answered once its own items are decided. `timeout` bounds each pipeline and call.
-    pub(super) async fn decide_per_master(
-        &self,
-        conn: &ClusterConnection,
-        items: &[ScriptItem<'_>],
-        timeout: Duration,
-        answers: &mut Answers,
-    ) {
-        let slots = by_slot(items.iter().map(|item| item.key));
-        // Without functions (Redis 6.2, EVALSHA) every call goes through the cluster connection.
-        let routes = if self.call.script.has_functions() {
-            self.call.link.route(slots.keys().copied())
-        } else {
-            Routes {
-                linked: Vec::new(),
-                unlinked: slots.keys().copied().collect(),
+/// Decides each of `items` (the concatenated items of independent requests, groups distinct, in
+/// request order as `answers` holds them): one `FCALL` per slot, pipelined per master, each request
+/// answered once its own items are decided. `timeout` bounds each pipeline and call.
+pub(super) async fn decide_per_master(
+    call: &Caller,
+    conn: &ClusterConnection,
+    items: &[ScriptItem<'_>],
+    timeout: Duration,
+    answers: &mut Answers,
+) {
+    let slots = by_slot(items.iter().map(|item| item.key));
+    // Without functions (Redis 6.2, EVALSHA) every call goes through the cluster connection.
+    let routes = if call.script.has_functions() {
+        call.link.route(slots.keys().copied())
+    } else {
+        Routes {
+            linked: Vec::new(),
+            unlinked: slots.keys().copied().collect(),
+        }
+    };
+    let part = |slot: u16| -> Vec<ScriptItem<'_>> { slots[&slot].iter().map(|&at| items[at]).collect() };
+    let pipelines: FuturesUnordered<_> = routes
+        .linked
+        .into_iter()
+        .map(|(master, mut link, of_master)| {
+            let parts: Vec<(u16, Vec<ScriptItem<'_>>)> =
+                of_master.into_iter().map(|slot| (slot, part(slot))).collect();
+            async move {
+                let answers = pipeline_calls(call, master, &mut link, conn, &parts, timeout).await;
+                parts
+                    .into_iter()
+                    .map(|(slot, _)| slot)
+                    .zip(answers)
+                    .collect::<Vec<_>>()
             }
-        };
-        let part = |slot: u16| -> Vec<ScriptItem<'_>> { slots[&slot].iter().map(|&at| items[at]).collect() };
-        let pipelines: FuturesUnordered<_> = routes
-            .linked
-            .into_iter()
-            .map(|(master, mut link, of_master)| {
-                let parts: Vec<(u16, Vec<ScriptItem<'_>>)> =
-                    of_master.into_iter().map(|slot| (slot, part(slot))).collect();
-                async move {
-                    let answers = self
-                        .pipeline_calls(master, &mut link, conn, &parts, timeout)
-                        .await;
-                    parts
-                        .into_iter()
-                        .map(|(slot, _)| slot)
-                        .zip(answers)
-                        .collect::<Vec<_>>()
-                }
-            })
-            .collect();
-        let singles: FuturesUnordered<_> = routes
-            .unlinked
-            .into_iter()
-            .map(|slot| {
-                let part = part(slot);
-                let mut conn = conn.clone();
-                async move {
-                    let answer = self
-                        .call
-                        .invoke(
-                            &mut conn,
-                            Some(slot),
-                            &part,
-                            CommitPolicy::Independent,
-                            None,
-                            timeout,
-                        )
-                        .await
-                        .map_err(|error| error.into_store_error(self.options.deadline));
-                    vec![(slot, answer)]
-                }
-            })
-            .collect();
-        // Each request is answered as soon as its own items are decided.
-        let mut done = futures_util::stream::select(pipelines, singles);
-        while let Some(decided) = done.next().await {
-            for (slot, answer) in decided {
-                let positions = &slots[&slot];
-                place(answers.decisions(), positions, answer);
-                answers.record(positions.iter().copied());
+        })
+        .collect();
+    let singles: FuturesUnordered<_> = routes
+        .unlinked
+        .into_iter()
+        .map(|slot| {
+            let part = part(slot);
+            let mut conn = conn.clone();
+            async move {
+                let answer = call
+                    .invoke(
+                        &mut conn,
+                        Some(slot),
+                        &part,
+                        CommitPolicy::Independent,
+                        None,
+                        timeout,
+                    )
+                    .await
+                    .map_err(|error| error.into_store_error(call.deadline));
+                vec![(slot, answer)]
             }
+        })
+        .collect();
+    // Each request is answered as soon as its own items are decided.
+    let mut done = futures_util::stream::select(pipelines, singles);
+    while let Some(decided) = done.next().await {
+        for (slot, answer) in decided {
+            let positions = &slots[&slot];
+            place(answers.decisions(), positions, answer);
+            answers.record(positions.iter().copied());
         }
     }
+}
 
-    /// The `FCALL`s of `parts` (slot, items), all served by `master`, over its `link`, as one pipeline;
-    /// each slot's decisions or error. A call the master refused is made again through `conn`.
-    async fn pipeline_calls(
-        &self,
-        master: u16,
-        link: &mut ConnectionManager,
-        conn: &ClusterConnection,
-        parts: &[(u16, Vec<ScriptItem<'_>>)],
-        timeout: Duration,
-    ) -> Vec<Result<Vec<Decision>, StoreError>> {
-        let into_store_error = |error: CallError| error.into_store_error(self.options.deadline);
-        let mut pipe = redis::pipe();
-        // A refused call comes back in its place; the others ran.
-        pipe.ignore_errors();
-        for (_, items) in parts {
-            pipe.add_command(
-                self.call
-                    .script
-                    .fcall(items, CommitPolicy::Independent, Tail::None),
-            );
-        }
-        self.pipelines.fetch_add(1, Ordering::Relaxed);
-        self.call
-            .script_calls
-            .fetch_add(parts.len() as u64, Ordering::Relaxed);
-        let sent_at = self.call.clock.now_us();
-        let replies = within(timeout, pipe.query_async::<Vec<redis::Value>>(link)).await;
-        self.call
-            .link
-            .observe(parts.first().map(|(slot, _)| *slot), &replies);
-        let replies = match replies {
-            Ok(replies) if replies.len() == parts.len() => replies,
-            Ok(replies) => {
-                let error = into_store_error(CallError::Reply(ReplyError::WrongLength {
-                    expected: parts.len(),
-                    got: replies.len(),
-                }));
-                return parts.iter().map(|_| Err(error.clone())).collect();
-            }
-            Err(error) => {
-                // The master may have gone (a failover): its calls go through the cluster connection
-                // until the map is read again.
-                self.call.link.link_failed(master);
-                let error = into_store_error(error);
-                return parts.iter().map(|_| Err(error.clone())).collect();
-            }
-        };
-        let received_at = self.call.clock.now_us();
-        let mut answers = Vec::with_capacity(parts.len());
-        for ((slot, items), reply) in parts.iter().zip(replies) {
-            let answer = match reply {
-                redis::Value::ServerError(_) => {
-                    // Run nowhere: made again where redis-rs routes it, loading the library if needed.
-                    self.call
-                        .invoke(
-                            &mut conn.clone(),
-                            Some(*slot),
-                            items,
-                            CommitPolicy::Independent,
-                            None,
-                            timeout,
-                        )
-                        .await
-                        .map_err(into_store_error)
-                }
-                reply => BatchScript::decode(reply, items.len())
-                    .map(|reply| {
-                        self.call
-                            .offsets
-                            .record(Some(*slot), sent_at, received_at, reply.now_us);
-                        reply.decisions
-                    })
-                    .map_err(|error| into_store_error(CallError::Reply(error))),
-            };
-            answers.push(answer);
-        }
-        answers
+/// The `FCALL`s of `parts` (slot, items), all served by `master`, over its `link`, as one pipeline;
+/// each slot's decisions or error. A call the master refused is made again through `conn`.
+async fn pipeline_calls(
+    call: &Caller,
+    master: u16,
+    link: &mut ConnectionManager,
+    conn: &ClusterConnection,
+    parts: &[(u16, Vec<ScriptItem<'_>>)],
+    timeout: Duration,
+) -> Vec<Result<Vec<Decision>, StoreError>> {
+    let into_store_error = |error: CallError| error.into_store_error(call.deadline);
+    let mut pipe = redis::pipe();
+    // A refused call comes back in its place; the others ran.
+    pipe.ignore_errors();
+    for (_, items) in parts {
+        pipe.add_command(call.script.fcall(items, CommitPolicy::Independent, Tail::None));
     }
+    call.counters.pipelines.fetch_add(1, Ordering::Relaxed);
+    call.counters
+        .script_calls
+        .fetch_add(parts.len() as u64, Ordering::Relaxed);
+    let sent_at = call.clock.now_us();
+    let replies = within(timeout, pipe.query_async::<Vec<redis::Value>>(link)).await;
+    call.link.observe(parts.first().map(|(slot, _)| *slot), &replies);
+    let replies = match replies {
+        Ok(replies) if replies.len() == parts.len() => replies,
+        Ok(replies) => {
+            let error = into_store_error(CallError::Reply(ReplyError::WrongLength {
+                expected: parts.len(),
+                got: replies.len(),
+            }));
+            return parts.iter().map(|_| Err(error.clone())).collect();
+        }
+        Err(error) => {
+            // The master may have gone (a failover): its calls go through the cluster connection
+            // until the map is read again.
+            call.link.link_failed(master);
+            let error = into_store_error(error);
+            return parts.iter().map(|_| Err(error.clone())).collect();
+        }
+    };
+    let received_at = call.clock.now_us();
+    let mut answers = Vec::with_capacity(parts.len());
+    for ((slot, items), reply) in parts.iter().zip(replies) {
+        let answer = match reply {
+            redis::Value::ServerError(_) => {
+                // Run nowhere: made again where redis-rs routes it, loading the library if needed.
+                call.invoke(
+                    &mut conn.clone(),
+                    Some(*slot),
+                    items,
+                    CommitPolicy::Independent,
+                    None,
+                    timeout,
+                )
+                .await
+                .map_err(into_store_error)
+            }
+            reply => BatchScript::decode(reply, items.len())
+                .map(|reply| {
+                    call.offsets
+                        .record(Some(*slot), sent_at, received_at, reply.now_us);
+                    reply.decisions
+                })
+                .map_err(|error| into_store_error(CallError::Reply(error))),
+        };
+        answers.push(answer);
+    }
+    answers
 }

@@ -42,14 +42,17 @@
 //!
 //! [`CommitPolicy::Independent`]: crate::store::CommitPolicy::Independent
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::RedisStore;
+use super::call::Caller;
+use super::cluster_scripts::decide_per_master;
+use super::group::{Answers, Pending, answer};
+use super::pipeline::send_pipelined;
 use super::script::ScriptItem;
 use super::window_timer::WindowTimer;
 use crate::algorithm::Decision;
@@ -70,30 +73,6 @@ pub(super) const QUEUE_CAPACITY: usize = 4096;
 /// How long a coalesced call may wait for Redis's answer, holding its slot, before its connection is
 /// deemed stalled. Far above any healthy call; callers stopped waiting long before (their own deadline).
 pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Where a queued request's answer goes: its decisions, or the error that stopped them.
-pub(super) type Reply = oneshot::Sender<Result<Vec<Decision>, StoreError>>;
-
-/// One queued request: its items with their Redis keys, and where its decisions go.
-pub(super) struct Pending {
-    /// Each item's key and the item (whose `key` field points at it when the call is made).
-    pub(super) named: Vec<(String, ScriptItem<'static>)>,
-    /// The request's answer.
-    pub(super) reply: Reply,
-    /// When the caller stops waiting: past it, the request is never sent.
-    pub(super) deadline: Instant,
-    /// Every item is a fixed-window counter `INCRBY` decides ([`super::pipeline`]).
-    pub(super) pipelined: bool,
-    /// When it was queued: the gathering window runs from the first request of a call.
-    queued_at: Instant,
-}
-
-impl Pending {
-    /// Whether nobody waits for this request's answer any more.
-    fn abandoned(&self) -> bool {
-        self.reply.is_closed() || Instant::now() >= self.deadline
-    }
-}
 
 /// How a call gathers requests beyond those queued when it opens.
 #[derive(Debug, Clone, Copy)]
@@ -121,10 +100,11 @@ pub(super) struct Counts {
 }
 
 impl Coalescer {
-    /// Starts the task that drains the queue into calls; it ends when the store is dropped. A call
-    /// waits up to `window` after its first request's arrival for more to join it, and stops gathering
-    /// at `limit` items (zero: at [`MAX_ITEMS_PER_CALL`], which also caps a larger limit).
-    pub(super) fn start(store: Weak<RedisStore>, window: Duration, limit: usize) -> Self {
+    /// Starts the task that drains the queue into calls on `call`; it ends when the coalescer (the
+    /// store) is dropped, which closes the queue. A call waits up to `window` after its first
+    /// request's arrival for more to join it, and stops gathering at `limit` items (zero: at
+    /// [`MAX_ITEMS_PER_CALL`], which also caps a larger limit).
+    pub(super) fn start(call: Arc<Caller>, window: Duration, limit: usize) -> Self {
         let (queue, pending) = mpsc::channel(QUEUE_CAPACITY);
         let counts = Arc::new(Counts::default());
         let full_at = match limit {
@@ -139,7 +119,7 @@ impl Coalescer {
             );
         }
         let gathering = Gathering { window, full_at };
-        tokio::spawn(drain(store, pending, Arc::clone(&counts), gathering));
+        tokio::spawn(drain(call, pending, Arc::clone(&counts), gathering));
         Self { queue, counts }
     }
 
@@ -181,7 +161,7 @@ impl Coalescer {
 /// nobody waits for) and what arrives within the gathering window, and sends it as one call that keeps
 /// the slot until Redis answers.
 async fn drain(
-    store: Weak<RedisStore>,
+    call: Arc<Caller>,
     mut pending: mpsc::Receiver<Pending>,
     counts: Arc<Counts>,
     gathering: Gathering,
@@ -240,69 +220,65 @@ async fn drain(
         if group.is_empty() {
             continue;
         }
-        let Some(store) = store.upgrade() else {
-            return;
-        };
+        let caller = Arc::clone(&call);
         tokio::spawn(async move {
-            store.send_coalesced(group).await;
+            send_coalesced(&caller, group).await;
             drop(slot);
         });
     }
 }
 
-impl RedisStore {
-    /// What a drained group costs Redis: one pipeline for the requests made only of fixed-window
-    /// counters, one script call for the others, sent at once.
-    async fn send_coalesced(&self, group: Vec<Pending>) {
-        let (pipelined, scripted): (Vec<_>, Vec<_>) = group.into_iter().partition(|p| p.pipelined);
-        let pipelined = async {
-            if !pipelined.is_empty() {
-                self.send_pipelined(pipelined).await;
-            }
-        };
-        let scripted = async {
-            if !scripted.is_empty() {
-                self.send_scripted(scripted).await;
-            }
-        };
-        tokio::join!(pipelined, scripted);
-    }
-
-    /// One script call for several queued requests (in a cluster, one per slot, pipelined per master);
-    /// each gets its own decisions back.
-    async fn send_scripted(&self, group: Vec<Pending>) {
-        let connections = self.call.link.connections();
-        if let Some(super::link::Connections::Cluster(conn)) = connections.as_deref() {
-            let timeout = self.group_timeout(&group);
-            let (named, mut answers) = Answers::new(group);
-            let items = script_items(&named);
-            self.decide_per_master(conn, &items, timeout, &mut answers).await;
-            return;
+/// What a drained group costs Redis: one pipeline for the requests made only of fixed-window
+/// counters, one script call for the others, sent at once.
+async fn send_coalesced(call: &Caller, group: Vec<Pending>) {
+    let (pipelined, scripted): (Vec<_>, Vec<_>) = group.into_iter().partition(|p| p.pipelined);
+    let pipelined = async {
+        if !pipelined.is_empty() {
+            let timeout = group_timeout(call, &pipelined);
+            send_pipelined(call, pipelined, timeout).await;
         }
-        let named: Vec<_> = group.iter().map(|p| &p.named).collect();
+    };
+    let scripted = async {
+        if !scripted.is_empty() {
+            send_scripted(call, scripted).await;
+        }
+    };
+    tokio::join!(pipelined, scripted);
+}
+
+/// One script call for several queued requests (in a cluster, one per slot, pipelined per master);
+/// each gets its own decisions back.
+async fn send_scripted(call: &Caller, group: Vec<Pending>) {
+    let connections = call.link.connections();
+    if let Some(super::link::Connections::Cluster(conn)) = connections.as_deref() {
+        let timeout = group_timeout(call, &group);
+        let (named, mut answers) = Answers::new(group);
         let items = script_items(&named);
-        let result = self
-            .call
-            .whole(
-                &items,
-                crate::store::CommitPolicy::Independent,
-                None,
-                CALL_TIMEOUT,
-            )
-            .await;
-        answer(group, result);
+        decide_per_master(call, conn, &items, timeout, &mut answers).await;
+        return;
     }
+    let named: Vec<_> = group.iter().map(|p| &p.named).collect();
+    let items = script_items(&named);
+    let result = call
+        .whole(
+            &items,
+            crate::store::CommitPolicy::Independent,
+            None,
+            CALL_TIMEOUT,
+        )
+        .await;
+    answer(group, result);
+}
 
-    /// How long a group's calls may take: [`CALL_TIMEOUT`] on one node, so that a slow Redis is not sent
-    /// more calls than the coalescer allows; in a cluster the latest deadline of its requests, since one
-    /// slow or dead master must not hold up the requests the others serve, and past it nobody waits.
-    pub(super) fn group_timeout(&self, group: &[Pending]) -> Duration {
-        if !self.is_cluster() {
-            return CALL_TIMEOUT;
-        }
-        let latest = group.iter().map(|p| p.deadline).max();
-        latest.map_or(Duration::ZERO, |at| at.saturating_duration_since(Instant::now()))
+/// How long a group's calls may take: [`CALL_TIMEOUT`] on one node, so that a slow Redis is not sent
+/// more calls than the coalescer allows; in a cluster the latest deadline of its requests, since one
+/// slow or dead master must not hold up the requests the others serve, and past it nobody waits.
+fn group_timeout(call: &Caller, group: &[Pending]) -> Duration {
+    if !call.link.is_cluster() {
+        return CALL_TIMEOUT;
     }
+    let latest = group.iter().map(|p| p.deadline).max();
+    latest.map_or(Duration::ZERO, |at| at.saturating_duration_since(Instant::now()))
 }
 
 /// The items of several requests as one call's, in request order. Group ids are shifted so that they stay
@@ -320,192 +296,4 @@ fn script_items<'n>(requests: &'n [impl AsRef<[(String, ScriptItem<'static>)]>])
         offset = next_offset;
     }
     items
-}
-
-/// The requests of a group, each answered as soon as all its items are decided: a master that is slow
-/// or gone, or a call made again elsewhere, holds up only the requests whose items it carries. The calls
-/// write the items' decisions in place ([`Answers::decisions`]) and then record them.
-pub(super) struct Answers {
-    /// Per request: where to send its answer (taken when sent).
-    replies: Vec<Option<Reply>>,
-    /// Per request: its first item (items come in request order), then one past the last item.
-    bounds: Vec<usize>,
-    /// Per request: how many of its items are still undecided.
-    undecided: Vec<usize>,
-    /// Per item: its request.
-    request_of: Vec<usize>,
-    /// Per item: its decision, or the error of the call that should have made it; read once recorded.
-    decisions: Vec<Result<Decision, StoreError>>,
-    /// Per item: whether its decision is recorded (so that recording it again counts nothing).
-    recorded: Vec<bool>,
-}
-
-impl Answers {
-    /// The requests of `group` to answer, and each one's items (in request order), which the calls borrow.
-    pub(super) fn new(group: Vec<Pending>) -> (Vec<Vec<(String, ScriptItem<'static>)>>, Self) {
-        let items = group.iter().map(|p| p.named.len()).sum();
-        let mut answers = Self {
-            replies: Vec::with_capacity(group.len()),
-            bounds: Vec::with_capacity(group.len() + 1),
-            undecided: Vec::with_capacity(group.len()),
-            request_of: Vec::with_capacity(items),
-            decisions: vec![Ok(Decision::default()); items],
-            recorded: vec![false; items],
-        };
-        let mut named = Vec::with_capacity(group.len());
-        answers.bounds.push(0);
-        for (request, pending) in group.into_iter().enumerate() {
-            answers
-                .request_of
-                .extend(std::iter::repeat_n(request, pending.named.len()));
-            answers.bounds.push(answers.request_of.len());
-            answers.undecided.push(pending.named.len());
-            answers.replies.push(Some(pending.reply));
-            named.push(pending.named);
-        }
-        // A request without items (none is queued so) has nothing to wait for.
-        for request in 0..answers.replies.len() {
-            answers.answer_if_decided(request);
-        }
-        (named, answers)
-    }
-
-    /// The items' decisions, indexed like the group's items, for the calls to write before they
-    /// [`Answers::record`] them.
-    pub(super) fn decisions(&mut self) -> &mut [Result<Decision, StoreError>] {
-        &mut self.decisions
-    }
-
-    /// Records that the items at `positions` are decided (their decisions written), and answers every
-    /// request whose items are now all decided. Recording an item again counts nothing.
-    pub(super) fn record(&mut self, positions: impl IntoIterator<Item = usize>) {
-        for at in positions {
-            if std::mem::replace(&mut self.recorded[at], true) {
-                continue;
-            }
-            let request = self.request_of[at];
-            self.undecided[request] -= 1;
-            self.answer_if_decided(request);
-        }
-    }
-
-    /// Sends `request` its decisions, or the error of the first of its items that has one, once all are
-    /// decided.
-    fn answer_if_decided(&mut self, request: usize) {
-        if self.undecided[request] > 0 {
-            return;
-        }
-        let Some(reply) = self.replies[request].take() else {
-            return;
-        };
-        let own = self.decisions[self.bounds[request]..self.bounds[request + 1]]
-            .iter()
-            .cloned()
-            .collect();
-        let _ = reply.send(own);
-    }
-}
-
-/// Hands each request of a group its own decisions (they come in request order), or the call's error.
-pub(super) fn answer(group: Vec<Pending>, result: Result<Vec<Decision>, StoreError>) {
-    match result {
-        Ok(decisions) => {
-            let mut decisions = decisions.into_iter();
-            for request in group {
-                let own = decisions.by_ref().take(request.named.len()).collect();
-                let _ = request.reply.send(Ok(own));
-            }
-        }
-        Err(error) => {
-            for request in group {
-                let _ = request.reply.send(Err(error.clone()));
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::algorithm::{Algorithm, Limit};
-
-    /// A queued request of `items` items, and where its answer arrives.
-    fn request(items: usize) -> (Pending, oneshot::Receiver<Result<Vec<Decision>, StoreError>>) {
-        let (reply, answer) = oneshot::channel();
-        let item = ScriptItem {
-            key: "",
-            limit: Limit {
-                algorithm: Algorithm::FixedWindow,
-                requests: 10,
-                window_us: 1_000_000,
-                burst: 10,
-            },
-            cost: 1,
-            group: 0,
-            window_start_us: 0,
-            ttl_secs: 1,
-        };
-        let pending = Pending {
-            named: vec![(String::new(), item); items],
-            reply,
-            deadline: Instant::now() + Duration::from_secs(1),
-            pipelined: true,
-            queued_at: Instant::now(),
-        };
-        (pending, answer)
-    }
-
-    fn allowed(remaining: u64) -> Result<Decision, StoreError> {
-        Ok(Decision {
-            allowed: true,
-            remaining,
-            ..Decision::default()
-        })
-    }
-
-    #[test]
-    fn each_request_is_answered_once_its_own_items_are_decided() {
-        // Three requests of 2, 1 and 2 items: items 0-1, 2, 3-4.
-        let (first, mut first_answer) = request(2);
-        let (second, mut second_answer) = request(1);
-        let (third, mut third_answer) = request(2);
-        let (named, mut answers) = Answers::new(vec![first, second, third]);
-        assert_eq!(named.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1, 2]);
-        let gone = StoreError::Unavailable("master gone".into());
-        let decided = [allowed(4), allowed(3), allowed(2), Err(gone.clone()), allowed(0)];
-        let write = |answers: &mut Answers, positions: &[usize]| {
-            for &at in positions {
-                answers.decisions()[at] = decided[at].clone();
-            }
-        };
-
-        // The second request's item and one of the first's: only the second is complete.
-        write(&mut answers, &[2, 0]);
-        answers.record([2, 0]);
-        assert_eq!(
-            second_answer.try_recv().expect("answered"),
-            Ok(vec![decided[2].clone().unwrap()])
-        );
-        assert!(first_answer.try_recv().is_err(), "still waits for item 1");
-        assert!(third_answer.try_recv().is_err());
-
-        // The third request's items, one failed: its error, while the first still waits.
-        write(&mut answers, &[4, 3]);
-        answers.record([4, 3]);
-        assert_eq!(third_answer.try_recv().expect("answered"), Err(gone));
-        assert!(first_answer.try_recv().is_err());
-
-        // Item 0 recorded again counts nothing: the first request still waits for item 1.
-        answers.record([0]);
-        assert!(
-            first_answer.try_recv().is_err(),
-            "an item recorded twice counted twice"
-        );
-        write(&mut answers, &[1]);
-        answers.record([1]);
-        assert_eq!(
-            first_answer.try_recv().expect("answered"),
-            Ok(vec![decided[0].clone().unwrap(), decided[1].clone().unwrap()])
-        );
-    }
 }

@@ -11,52 +11,50 @@ use std::sync::{Arc, LazyLock};
 use redis::{Script, Value};
 
 use super::RedisStore;
+use super::call::Caller;
 use crate::store::StoreError;
 use crate::store::lease::{AcquireRequest, LeaseSlot, LeaseStore, ReleaseRequest, Released};
 
 /// The script, loaded by SHA (`EVALSHA`; a `NOSCRIPT` costs one `SCRIPT LOAD` and a retry).
 static LEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/lease.lua")));
 
-impl RedisStore {
-    /// The sorted set holding the leases of a descriptor key that starts with `scope`.
-    fn lease_key(key: &str, scope_len: usize) -> String {
-        // The scope always ends on a character boundary; anything else tags the whole key.
-        let at = if key.is_char_boundary(scope_len) {
-            scope_len
-        } else {
-            key.len()
-        };
-        let (tag, rest) = key.split_at(at);
-        format!("{{{tag}}}{rest}concurrency")
-    }
+/// The sorted set holding the leases of a descriptor key that starts with `scope`.
+fn lease_key(key: &str, scope_len: usize) -> String {
+    // The scope always ends on a character boundary; anything else tags the whole key.
+    let at = if key.is_char_boundary(scope_len) {
+        scope_len
+    } else {
+        key.len()
+    };
+    let (tag, rest) = key.split_at(at);
+    format!("{{{tag}}}{rest}concurrency")
+}
 
-    /// One lease script call on `count` keys (the first named `first_key`, for the log), answering
-    /// `fields` integers per key.
-    async fn lease_call(
-        &self,
-        invocation: redis::ScriptInvocation<'_>,
-        first_key: &str,
-        fields: usize,
-        count: usize,
-    ) -> Result<Vec<u64>, StoreError> {
-        let reply: Value = self
-            .call
-            .link
-            .call_whole(|mut conn| async move { invocation.invoke_async(&mut conn).await })
-            .await
-            .map_err(|e| e.into_store_error(self.options.deadline))?;
-        let mut values = integers(&reply, 2 + fields * count)
-            .ok_or_else(|| StoreError::Unavailable(format!("unexpected lease script reply: {reply:?}")))?;
-        let (now_us, impossible) = (values[0], values[1]);
-        if impossible > 0 {
-            self.call.impossible.found(
-                usize::try_from(impossible).unwrap_or(usize::MAX),
-                first_key,
-                now_us,
-            );
-        }
-        Ok(values.split_off(2))
+/// One lease script call on `count` keys (the first named `first_key`, for the log), answering
+/// `fields` integers per key.
+async fn lease_call(
+    call: &Caller,
+    invocation: redis::ScriptInvocation<'_>,
+    first_key: &str,
+    fields: usize,
+    count: usize,
+) -> Result<Vec<u64>, StoreError> {
+    let reply: Value = call
+        .link
+        .call_whole(|mut conn| async move { invocation.invoke_async(&mut conn).await })
+        .await
+        .map_err(|e| e.into_store_error(call.deadline))?;
+    let mut values = integers(&reply, 2 + fields * count)
+        .ok_or_else(|| StoreError::Unavailable(format!("unexpected lease script reply: {reply:?}")))?;
+    let (now_us, impossible) = (values[0], values[1]);
+    if impossible > 0 {
+        call.counters.impossible.found(
+            usize::try_from(impossible).unwrap_or(usize::MAX),
+            first_key,
+            now_us,
+        );
     }
+    Ok(values.split_off(2))
 }
 
 /// The integers of an array reply of exactly `len` elements.
@@ -78,7 +76,7 @@ impl LeaseStore for Arc<RedisStore> {
     async fn acquire(&self, request: &AcquireRequest) -> Result<Vec<LeaseSlot>, StoreError> {
         let mut invocation = LEASE_SCRIPT.prepare_invoke();
         for item in &request.items {
-            invocation.key(RedisStore::lease_key(&item.key, request.scope_len));
+            invocation.key(lease_key(&item.key, request.scope_len));
         }
         invocation
             .arg(if request.renew { "renew" } else { "acquire" })
@@ -88,7 +86,7 @@ impl LeaseStore for Arc<RedisStore> {
             invocation.arg(item.max_in_flight);
         }
         let first = request.items.first().map_or("", |item| item.key.as_str());
-        let values = self.lease_call(invocation, first, 3, request.items.len()).await?;
+        let values = lease_call(&self.call, invocation, first, 3, request.items.len()).await?;
         Ok(values
             .chunks_exact(3)
             .map(|v| LeaseSlot {
@@ -102,11 +100,11 @@ impl LeaseStore for Arc<RedisStore> {
     async fn release(&self, request: &ReleaseRequest) -> Result<Vec<Released>, StoreError> {
         let mut invocation = LEASE_SCRIPT.prepare_invoke();
         for key in &request.keys {
-            invocation.key(RedisStore::lease_key(key, request.scope_len));
+            invocation.key(lease_key(key, request.scope_len));
         }
         invocation.arg("release").arg(&request.lease_id);
         let first = request.keys.first().map_or("", String::as_str);
-        let values = self.lease_call(invocation, first, 2, request.keys.len()).await?;
+        let values = lease_call(&self.call, invocation, first, 2, request.keys.len()).await?;
         Ok(values
             .chunks_exact(2)
             .map(|v| Released {

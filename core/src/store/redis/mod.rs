@@ -19,11 +19,11 @@
 //!
 //! Connections are redis-rs multiplexed (a checkout pool only adds waiting: docs/performance.md).
 
-mod alone;
 mod call;
 mod clock_offset;
 mod cluster_scripts;
 mod coalesce;
+mod group;
 mod impossible;
 mod keys;
 mod lease;
@@ -33,12 +33,13 @@ mod pipeline;
 mod reserve;
 pub mod script;
 mod timed_counters;
+mod uncoalesced;
 mod window_timer;
 
 use std::collections::BTreeMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -64,16 +65,10 @@ use crate::clock::Clock;
 pub struct RedisStore {
     options: RedisOptions,
     coalescer: coalesce::Coalescer,
-    /// The script calls on the link ([`call`]).
-    call: Caller,
+    /// The link, the script and the counters that every way to Redis shares ([`call`]); the
+    /// coalescer holds it too.
+    call: Arc<Caller>,
     jitter_hasher: hashbrown::DefaultHashBuilder,
-    /// Batches applied (one per request that reached Redis).
-    batches: AtomicU64,
-    /// Pipelines sent: of fixed-window counters instead of script calls ([`pipeline`]), and in a
-    /// cluster of script calls to one master ([`cluster_scripts`]).
-    pipelines: AtomicU64,
-    /// The pipelines' counters known to carry a TTL already.
-    timed: timed_counters::TimedCounters,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -142,18 +137,16 @@ impl RedisStore {
             deadline: options.deadline,
         };
         let link = RedisLink::start_preparing(options.link(), Arc::clone(&clock), stop, prepare);
-        Arc::new_cyclic(|store| Self {
+        let call = Arc::new(Caller::new(link, script, clock, options.traces, options.deadline));
+        Arc::new(Self {
             coalescer: coalesce::Coalescer::start(
-                store.clone(),
+                Arc::clone(&call),
                 options.pipeline_window,
                 options.pipeline_limit,
             ),
-            call: Caller::new(link, script, clock, options.traces, options.deadline),
+            call,
             options,
             jitter_hasher: hashbrown::DefaultHashBuilder::default(),
-            batches: AtomicU64::new(0),
-            pipelines: AtomicU64::new(0),
-            timed: timed_counters::TimedCounters::new(),
         })
     }
 
@@ -169,13 +162,13 @@ impl RedisStore {
 
     /// Batches applied so far (one per request that reached Redis).
     pub fn batches(&self) -> u64 {
-        self.batches.load(Ordering::Relaxed)
+        self.call.counters.batches.load(Ordering::Relaxed)
     }
 
     /// Keys found so far holding a value no Tollgate could have written, decided as none and repaired
     /// (see `impossible.rs`).
     pub fn impossible_states(&self) -> u64 {
-        self.call.impossible.count()
+        self.call.counters.impossible.count()
     }
 
     /// Connections found stalled so far: a call on them outlived its timeout (see `link/node_pool.rs`).
@@ -200,18 +193,18 @@ impl RedisStore {
 
     /// Script calls made so far; with coalescing, fewer than [`RedisStore::batches`].
     pub fn script_calls(&self) -> u64 {
-        self.call.script_calls.load(Ordering::Relaxed)
+        self.call.counters.script_calls.load(Ordering::Relaxed)
     }
 
     /// Pipelines of fixed-window counters sent so far instead of script calls.
     pub fn pipelines(&self) -> u64 {
-        self.pipelines.load(Ordering::Relaxed)
+        self.call.counters.pipelines.load(Ordering::Relaxed)
     }
 
     /// The pipelines' `EXPIRE`s so far: sent, left out (the counter known to carry a TTL), and sent
     /// after the fact (a counter found created without one).
     pub fn expires(&self) -> (u64, u64, u64) {
-        let timed = &self.timed;
+        let timed = &self.call.counters.timed;
         (
             timed.sent.load(Ordering::Relaxed),
             timed.skipped.load(Ordering::Relaxed),
@@ -328,7 +321,7 @@ impl Store for Arc<RedisStore> {
     }
 
     async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
-        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.call.counters.batches.fetch_add(1, Ordering::Relaxed);
         let named = self.script_items(batch);
         // Fixed-window counters alone need no script (see `pipeline`); traced requests keep the
         // script, whose call is their Redis span.
@@ -349,7 +342,7 @@ impl Store for Arc<RedisStore> {
         // Boxed: this call's state is some 2.4 KB (a cluster's per-slot calls among it), and the
         // common request (coalesced, above) should not carry it inline through every future that
         // awaits this one.
-        Box::pin(self.apply_alone(batch, named)).await
+        Box::pin(uncoalesced::apply(&self.call, batch, named)).await
     }
 
     fn shares_with_go(&self) -> bool {

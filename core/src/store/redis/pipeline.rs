@@ -41,10 +41,11 @@ use futures_util::stream::FuturesUnordered;
 use redis::ServerErrorKind;
 use redis::aio::{ConnectionLike, ConnectionManager};
 
-use super::coalesce::{Answers, Pending};
+use super::call::Caller;
+use super::group::{Answers, Pending};
 use super::link::{CallError, Connections, ReplyError, within};
 use super::script::ScriptItem;
-use super::{RedisStore, by_slot, fail, place, shares_group};
+use super::{by_slot, fail, place, shares_group};
 use crate::algorithm::{Algorithm, Decision, fixed_window};
 use crate::store::{BatchItem, CommitPolicy, StoreError};
 
@@ -57,293 +58,292 @@ pub(super) fn pipelinable(items: &[BatchItem]) -> bool {
     })
 }
 
-impl RedisStore {
-    /// One pipeline for several queued requests whose items are all [`pipelinable`] (in a cluster,
-    /// one per master); each request gets its own decisions back as soon as they are made, or the error
-    /// of a pipeline that carried one of its counters: a master that fails fails only the requests it
-    /// serves, and one that is slow holds up only those.
-    pub(super) async fn send_pipelined(&self, group: Vec<Pending>) {
-        let timeout = self.group_timeout(&group);
-        let (named, mut answers) = Answers::new(group);
-        let named: Vec<&(String, ScriptItem<'static>)> = named.iter().flatten().collect();
-        self.count(&named, timeout, &mut answers).await;
-    }
+/// One pipeline for several queued requests whose items are all [`pipelinable`] (in a cluster,
+/// one per master); each request gets its own decisions back as soon as they are made, or the error
+/// of a pipeline that carried one of its counters: a master that fails fails only the requests it
+/// serves, and one that is slow holds up only those. `timeout` bounds each pipeline (the coalescer sets
+/// it for the group).
+pub(super) async fn send_pipelined(call: &Caller, group: Vec<Pending>, timeout: Duration) {
+    let (named, mut answers) = Answers::new(group);
+    let named: Vec<&(String, ScriptItem<'static>)> = named.iter().flatten().collect();
+    count(call, &named, timeout, &mut answers).await;
+}
 
-    /// Decides each of `named`'s items (in request order, as `answers` holds them), counted with
-    /// pipelines: one on a single node or Sentinel's master; in a Redis Cluster one per master (a script
-    /// call per slot without a link to its master), all sent at once, each request answered once its own
-    /// items are decided. `timeout` bounds each pipeline. An item carried by a pipeline that failed gets
-    /// that pipeline's error; an item whose `INCRBY` was refused is decided by the script.
-    async fn count(
-        &self,
-        named: &[&(String, ScriptItem<'static>)],
-        timeout: Duration,
-        answers: &mut Answers,
-    ) {
-        let into_store_error = |error: CallError| error.into_store_error(self.options.deadline);
-        let all = || (0..named.len()).collect::<Vec<_>>();
-        // The script's decision of the items at `positions`, each independent of the others.
-        let script = |positions: Vec<usize>| async move {
-            let decided = self.decide_by_script(named, &positions, timeout).await;
-            Done::Scripted(positions, decided)
-        };
-        let Some(connections) = self.call.link.connections() else {
-            let error = StoreError::Unavailable("not connected to Redis yet".into());
-            apply(named, answers, Done::Counted(all(), Err(error)));
-            return;
-        };
-        match &*connections {
-            Connections::Cluster(_) => {
-                let slots = by_slot(named.iter().map(|(key, _)| key.as_str()));
-                // A master with a link is sent its counters as one pipeline over it. Any other slot (the
-                // map not read yet; a master whose link failed; a slot no master serves) is decided by
-                // the script, one call per slot through the cluster connection: that connection would
-                // send a whole pipeline again on a single ASK or MOVED reply, counting twice what the
-                // first node had counted, where a script call that is redirected has run nowhere.
-                let routes = self.call.link.route(slots.keys().copied());
-                let pipeline = |(master, mut link, of_master): (u16, ConnectionManager, Vec<u16>)| {
-                    let positions: Vec<usize> = of_master
-                        .iter()
-                        .flat_map(|slot| slots[slot].iter().copied())
-                        .collect();
-                    let counters: Vec<_> = positions.iter().map(|&at| named[at]).collect();
-                    async move {
-                        let counted = self
-                            .increment(&mut link, Some(&of_master), &counters, timeout)
-                            .await;
-                        if counted.is_err() {
-                            // The master may have gone (a failover): its counters go to the script,
-                            // which follows the cluster, until the map is read again.
-                            self.call.link.link_failed(master);
-                        }
-                        self.call.link.observe(Some(of_master[0]), &counted);
-                        Done::Counted(positions, counted.map_err(into_store_error))
-                    }
-                };
-                let mut work: FuturesUnordered<_> = routes
-                    .linked
-                    .into_iter()
-                    .map(|route| Either::Left(pipeline(route)))
+/// Decides each of `named`'s items (in request order, as `answers` holds them), counted with
+/// pipelines: one on a single node or Sentinel's master; in a Redis Cluster one per master (a script
+/// call per slot without a link to its master), all sent at once, each request answered once its own
+/// items are decided. `timeout` bounds each pipeline. An item carried by a pipeline that failed gets
+/// that pipeline's error; an item whose `INCRBY` was refused is decided by the script.
+async fn count(
+    call: &Caller,
+    named: &[&(String, ScriptItem<'static>)],
+    timeout: Duration,
+    answers: &mut Answers,
+) {
+    let into_store_error = |error: CallError| error.into_store_error(call.deadline);
+    let all = || (0..named.len()).collect::<Vec<_>>();
+    // The script's decision of the items at `positions`, each independent of the others.
+    let script = |positions: Vec<usize>| async move {
+        let decided = decide_by_script(call, named, &positions, timeout).await;
+        Done::Scripted(positions, decided)
+    };
+    let Some(connections) = call.link.connections() else {
+        let error = StoreError::Unavailable("not connected to Redis yet".into());
+        apply(named, answers, Done::Counted(all(), Err(error)));
+        return;
+    };
+    match &*connections {
+        Connections::Cluster(_) => {
+            let slots = by_slot(named.iter().map(|(key, _)| key.as_str()));
+            // A master with a link is sent its counters as one pipeline over it. Any other slot (the
+            // map not read yet; a master whose link failed; a slot no master serves) is decided by
+            // the script, one call per slot through the cluster connection: that connection would
+            // send a whole pipeline again on a single ASK or MOVED reply, counting twice what the
+            // first node had counted, where a script call that is redirected has run nowhere.
+            let routes = call.link.route(slots.keys().copied());
+            let pipeline = |(master, mut link, of_master): (u16, ConnectionManager, Vec<u16>)| {
+                let positions: Vec<usize> = of_master
+                    .iter()
+                    .flat_map(|slot| slots[slot].iter().copied())
                     .collect();
-                for slot in &routes.unlinked {
-                    work.push(Either::Right(script(slots[slot].clone())));
-                }
-                // Each request is answered as soon as its own items are decided; a counter refused on
-                // its master is decided by the script as soon as that is known.
-                while let Some(done) = work.next().await {
-                    let refused = apply(named, answers, done);
-                    if !refused.is_empty() {
-                        work.push(Either::Right(script(refused)));
+                let counters: Vec<_> = positions.iter().map(|&at| named[at]).collect();
+                async move {
+                    let counted = increment(call, &mut link, Some(&of_master), &counters, timeout).await;
+                    if counted.is_err() {
+                        // The master may have gone (a failover): its counters go to the script,
+                        // which follows the cluster, until the map is read again.
+                        call.link.link_failed(master);
                     }
+                    call.link.observe(Some(of_master[0]), &counted);
+                    Done::Counted(positions, counted.map_err(into_store_error))
                 }
-            }
-            whole => {
-                let counted = whole
-                    .on_whole(async |mut conn| self.increment(&mut conn, None, named, timeout).await)
-                    .await;
-                let refused = apply(
-                    named,
-                    answers,
-                    Done::Counted(all(), counted.map_err(into_store_error)),
-                );
-                if !refused.is_empty() {
-                    apply(named, answers, script(refused).await);
-                }
-            }
-        }
-    }
-
-    /// The decisions of `named`'s items at `positions` by the batch script, each item independent of the
-    /// others (a group of its own), as separate requests would be decided.
-    async fn decide_by_script(
-        &self,
-        named: &[&(String, ScriptItem<'static>)],
-        positions: &[usize],
-        timeout: Duration,
-    ) -> Result<Vec<Decision>, StoreError> {
-        let items: Vec<ScriptItem<'_>> = (0u32..)
-            .zip(positions)
-            .map(|(group, &at)| ScriptItem {
-                key: &named[at].0,
-                group,
-                ..named[at].1
-            })
-            .collect();
-        self.call
-            .whole(&items, CommitPolicy::Independent, None, timeout)
-            .await
-    }
-
-    /// `TIME`, then per item `INCRBY`, with `EXPIRE` unless the counter is known to carry a TTL
-    /// ([`super::timed_counters`]), as one pipeline. Returns Redis' clock and each counter with its item
-    /// counted (`None`: `INCRBY` refused the value there, or the node does not serve its slot, and
-    /// nothing was counted). Every counter it counted has a TTL when it returns, or one on its way (a
-    /// counter it found created without one). `slots`: in a cluster, the slots of the counters, all
-    /// served by the node `conn` reaches.
-    async fn increment<C: ConnectionLike + Clone + Send + 'static>(
-        &self,
-        conn: &mut C,
-        slots: Option<&[u16]>,
-        named: &[&(String, ScriptItem<'static>)],
-        timeout: Duration,
-    ) -> Result<(u64, Vec<Option<u64>>), CallError> {
-        let mut pipe = redis::pipe();
-        // A refused INCRBY comes back in its place instead of failing the whole pipeline, whose other
-        // commands Redis has run.
-        pipe.ignore_errors();
-        pipe.cmd("TIME");
-        let expire_nx = self.call.script.has_functions();
-        // Each item's counter fingerprint, and whether its INCRBY goes with an EXPIRE.
-        let mut plan = Vec::with_capacity(named.len());
-        let mut expires = 0;
-        for (key, item) in named.iter().map(|n| (&n.0, &n.1)) {
-            pipe.cmd("INCRBY").arg(key).arg(item.cost);
-            let fingerprint = self.timed.fingerprint(key);
-            let expire = !self.timed.has_ttl(fingerprint);
-            if expire {
-                push_expire(&mut pipe, key, item.ttl_secs, expire_nx);
-                expires += 1;
-            }
-            plan.push((fingerprint, expire));
-        }
-        self.timed.sent.fetch_add(expires as u64, Ordering::Relaxed);
-        let skipped = named.len() - expires;
-        self.timed.skipped.fetch_add(skipped as u64, Ordering::Relaxed);
-        self.pipelines.fetch_add(1, Ordering::Relaxed);
-        let sent_at = self.call.clock.now_us();
-        let values = within(timeout, pipe.query_async::<Vec<redis::Value>>(conn)).await?;
-        let bad = |index: usize| {
-            CallError::Reply(ReplyError::BadValue {
-                index,
-                value: format!("{:?}", values.get(index)),
-            })
-        };
-        let expected = 1 + named.len() + expires;
-        if values.len() != expected {
-            return Err(CallError::Reply(ReplyError::WrongLength {
-                expected,
-                got: values.len(),
-            }));
-        }
-        let now_us = redis_time_us(&values[0]).ok_or_else(|| bad(0))?;
-        let received_at = self.call.clock.now_us();
-        match slots {
-            None => self.call.offsets.record(None, sent_at, received_at, now_us),
-            Some(slots) => {
-                for &slot in slots {
-                    self.call.offsets.record(Some(slot), sent_at, received_at, now_us);
-                }
-            }
-        }
-        let mut counts = Vec::with_capacity(named.len());
-        // Counters left without a TTL: where EXPIRE NX was refused, and where an INCRBY sent alone
-        // turned out to create its counter.
-        let (mut refused_nx, mut created) = (Vec::new(), Vec::new());
-        // Counters that held a negative count (no INCRBY leaves one: see `super::impossible`), and what
-        // brings each back to this request's cost, as if it had held nothing.
-        let mut negative = Vec::new();
-        let mut index = 1;
-        for (at, &(fingerprint, expires)) in plan.iter().enumerate() {
-            let count = match &values[index] {
-                redis::Value::Int(after) => {
-                    let cost = named[at].1.cost;
-                    match u64::try_from(*after) {
-                        Ok(after) if after >= cost => Some(after),
-                        // Decided as the counter's first hit; the correction is an increment, so
-                        // that other replicas' concurrent hits are kept.
-                        _ => {
-                            negative
-                                .push((at, i64::try_from(cost).unwrap_or(i64::MAX).saturating_sub(*after)));
-                            Some(cost)
-                        }
-                    }
-                }
-                redis::Value::ServerError(error) => {
-                    if matches!(error.kind(), Some(ServerErrorKind::Moved | ServerErrorKind::Ask)) {
-                        // A slot moved since the map was read: read it again.
-                        self.call.link.read_slot_map();
-                    }
-                    None
-                }
-                _ => return Err(bad(index)),
             };
-            index += 1;
-            if expires {
-                match &values[index] {
-                    redis::Value::Int(_) => self.timed.remember(fingerprint),
-                    // Where INCRBY was refused too, the script writes the counter, TTL and all.
-                    redis::Value::ServerError(_) if count.is_some() => refused_nx.push(at),
-                    redis::Value::ServerError(_) => {}
-                    _ => return Err(bad(index)),
+            let mut work: FuturesUnordered<_> = routes
+                .linked
+                .into_iter()
+                .map(|route| Either::Left(pipeline(route)))
+                .collect();
+            for slot in &routes.unlinked {
+                work.push(Either::Right(script(slots[slot].clone())));
+            }
+            // Each request is answered as soon as its own items are decided; a counter refused on
+            // its master is decided by the script as soon as that is known.
+            while let Some(done) = work.next().await {
+                let refused = apply(named, answers, done);
+                if !refused.is_empty() {
+                    work.push(Either::Right(script(refused)));
                 }
-                index += 1;
-            } else if count.is_some_and(|after| after <= named[at].1.cost) {
-                // Nothing was counted in it before this INCRBY: it created the counter (the hint was
-                // wrong: the key was deleted since), which has no TTL yet.
-                created.push(at);
             }
-            counts.push(count);
         }
-        if !refused_nx.is_empty() {
-            // A server that turned out not to know EXPIRE's NX (older than 7.0, found before the
-            // script could tell): the counters must not live forever, so plain EXPIRE, as Go sends it,
-            // before answering.
-            tracing::warn!(
-                keys = refused_nx.len(),
-                "EXPIRE NX refused: setting the counters' TTL with EXPIRE"
+        whole => {
+            let counted = whole
+                .on_whole(async |mut conn| increment(call, &mut conn, None, named, timeout).await)
+                .await;
+            let refused = apply(
+                named,
+                answers,
+                Done::Counted(all(), counted.map_err(into_store_error)),
             );
-            let again = expire_pipe(named, &refused_nx, false);
-            within(timeout, again.query_async::<()>(conn)).await?;
-        }
-        if let Some(&(first, _)) = negative.first() {
-            self.call
-                .impossible
-                .found(negative.len(), &named[first].0, now_us);
-            let mut again = redis::pipe();
-            for &(at, correction) in &negative {
-                again.cmd("INCRBY").arg(&named[at].0).arg(correction).ignore();
+            if !refused.is_empty() {
+                apply(named, answers, script(refused).await);
             }
-            within(timeout, again.query_async::<()>(conn)).await?;
         }
-        if !created.is_empty() {
-            self.repair_ttls(conn, named, &created, expire_nx, timeout)
-                .await?;
-        }
-        Ok((now_us, counts))
     }
+}
 
-    /// Gives the counters of `named` at `created` (found created by an `INCRBY` sent without
-    /// `EXPIRE`) their TTL: in the background while few repairs are in flight, else before returning.
-    async fn repair_ttls<C: ConnectionLike + Clone + Send + 'static>(
-        &self,
-        conn: &C,
-        named: &[&(String, ScriptItem<'static>)],
-        created: &[usize],
-        expire_nx: bool,
-        timeout: Duration,
-    ) -> Result<(), CallError> {
-        self.timed
-            .repaired
-            .fetch_add(created.len() as u64, Ordering::Relaxed);
-        let again = expire_pipe(named, created, expire_nx);
-        let mut conn = conn.clone();
-        let repair = async move { within(timeout, again.query_async::<()>(&mut conn)).await };
-        // A count a refund brought back to zero looks the same as a new counter, and may come often:
-        // its repair is an EXPIRE NX that changes nothing, so it need not hold the answer up.
-        match Arc::clone(&self.timed.repairs).try_acquire_owned() {
-            Ok(permit) => {
-                let deadline = self.options.deadline;
-                tokio::spawn(async move {
-                    if let Err(error) = repair.await {
-                        let error = error.into_store_error(deadline);
-                        tracing::warn!(%error, "cannot set a new counter's TTL");
-                    }
-                    drop(permit);
-                });
-                Ok(())
-            }
-            Err(_) => repair.await,
+/// The decisions of `named`'s items at `positions` by the batch script, each item independent of the
+/// others (a group of its own), as separate requests would be decided.
+async fn decide_by_script(
+    call: &Caller,
+    named: &[&(String, ScriptItem<'static>)],
+    positions: &[usize],
+    timeout: Duration,
+) -> Result<Vec<Decision>, StoreError> {
+    let items: Vec<ScriptItem<'_>> = (0u32..)
+        .zip(positions)
+        .map(|(group, &at)| ScriptItem {
+            key: &named[at].0,
+            group,
+            ..named[at].1
+        })
+        .collect();
+    call.whole(&items, CommitPolicy::Independent, None, timeout).await
+}
+
+/// `TIME`, then per item `INCRBY`, with `EXPIRE` unless the counter is known to carry a TTL
+/// ([`super::timed_counters`]), as one pipeline. Returns Redis' clock and each counter with its item
+/// counted (`None`: `INCRBY` refused the value there, or the node does not serve its slot, and
+/// nothing was counted). Every counter it counted has a TTL when it returns, or one on its way (a
+/// counter it found created without one). `slots`: in a cluster, the slots of the counters, all
+/// served by the node `conn` reaches.
+async fn increment<C: ConnectionLike + Clone + Send + 'static>(
+    call: &Caller,
+    conn: &mut C,
+    slots: Option<&[u16]>,
+    named: &[&(String, ScriptItem<'static>)],
+    timeout: Duration,
+) -> Result<(u64, Vec<Option<u64>>), CallError> {
+    let mut pipe = redis::pipe();
+    // A refused INCRBY comes back in its place instead of failing the whole pipeline, whose other
+    // commands Redis has run.
+    pipe.ignore_errors();
+    pipe.cmd("TIME");
+    let expire_nx = call.script.has_functions();
+    // Each item's counter fingerprint, and whether its INCRBY goes with an EXPIRE.
+    let mut plan = Vec::with_capacity(named.len());
+    let mut expires = 0;
+    for (key, item) in named.iter().map(|n| (&n.0, &n.1)) {
+        pipe.cmd("INCRBY").arg(key).arg(item.cost);
+        let fingerprint = call.counters.timed.fingerprint(key);
+        let expire = !call.counters.timed.has_ttl(fingerprint);
+        if expire {
+            push_expire(&mut pipe, key, item.ttl_secs, expire_nx);
+            expires += 1;
         }
+        plan.push((fingerprint, expire));
+    }
+    call.counters
+        .timed
+        .sent
+        .fetch_add(expires as u64, Ordering::Relaxed);
+    let skipped = named.len() - expires;
+    call.counters
+        .timed
+        .skipped
+        .fetch_add(skipped as u64, Ordering::Relaxed);
+    call.counters.pipelines.fetch_add(1, Ordering::Relaxed);
+    let sent_at = call.clock.now_us();
+    let values = within(timeout, pipe.query_async::<Vec<redis::Value>>(conn)).await?;
+    let bad = |index: usize| {
+        CallError::Reply(ReplyError::BadValue {
+            index,
+            value: format!("{:?}", values.get(index)),
+        })
+    };
+    let expected = 1 + named.len() + expires;
+    if values.len() != expected {
+        return Err(CallError::Reply(ReplyError::WrongLength {
+            expected,
+            got: values.len(),
+        }));
+    }
+    let now_us = redis_time_us(&values[0]).ok_or_else(|| bad(0))?;
+    let received_at = call.clock.now_us();
+    match slots {
+        None => call.offsets.record(None, sent_at, received_at, now_us),
+        Some(slots) => {
+            for &slot in slots {
+                call.offsets.record(Some(slot), sent_at, received_at, now_us);
+            }
+        }
+    }
+    let mut counts = Vec::with_capacity(named.len());
+    // Counters left without a TTL: where EXPIRE NX was refused, and where an INCRBY sent alone
+    // turned out to create its counter.
+    let (mut refused_nx, mut created) = (Vec::new(), Vec::new());
+    // Counters that held a negative count (no INCRBY leaves one: see `super::impossible`), and what
+    // brings each back to this request's cost, as if it had held nothing.
+    let mut negative = Vec::new();
+    let mut index = 1;
+    for (at, &(fingerprint, expires)) in plan.iter().enumerate() {
+        let count = match &values[index] {
+            redis::Value::Int(after) => {
+                let cost = named[at].1.cost;
+                match u64::try_from(*after) {
+                    Ok(after) if after >= cost => Some(after),
+                    // Decided as the counter's first hit; the correction is an increment, so
+                    // that other replicas' concurrent hits are kept.
+                    _ => {
+                        negative.push((at, i64::try_from(cost).unwrap_or(i64::MAX).saturating_sub(*after)));
+                        Some(cost)
+                    }
+                }
+            }
+            redis::Value::ServerError(error) => {
+                if matches!(error.kind(), Some(ServerErrorKind::Moved | ServerErrorKind::Ask)) {
+                    // A slot moved since the map was read: read it again.
+                    call.link.read_slot_map();
+                }
+                None
+            }
+            _ => return Err(bad(index)),
+        };
+        index += 1;
+        if expires {
+            match &values[index] {
+                redis::Value::Int(_) => call.counters.timed.remember(fingerprint),
+                // Where INCRBY was refused too, the script writes the counter, TTL and all.
+                redis::Value::ServerError(_) if count.is_some() => refused_nx.push(at),
+                redis::Value::ServerError(_) => {}
+                _ => return Err(bad(index)),
+            }
+            index += 1;
+        } else if count.is_some_and(|after| after <= named[at].1.cost) {
+            // Nothing was counted in it before this INCRBY: it created the counter (the hint was
+            // wrong: the key was deleted since), which has no TTL yet.
+            created.push(at);
+        }
+        counts.push(count);
+    }
+    if !refused_nx.is_empty() {
+        // A server that turned out not to know EXPIRE's NX (older than 7.0, found before the
+        // script could tell): the counters must not live forever, so plain EXPIRE, as Go sends it,
+        // before answering.
+        tracing::warn!(
+            keys = refused_nx.len(),
+            "EXPIRE NX refused: setting the counters' TTL with EXPIRE"
+        );
+        let again = expire_pipe(named, &refused_nx, false);
+        within(timeout, again.query_async::<()>(conn)).await?;
+    }
+    if let Some(&(first, _)) = negative.first() {
+        call.counters
+            .impossible
+            .found(negative.len(), &named[first].0, now_us);
+        let mut again = redis::pipe();
+        for &(at, correction) in &negative {
+            again.cmd("INCRBY").arg(&named[at].0).arg(correction).ignore();
+        }
+        within(timeout, again.query_async::<()>(conn)).await?;
+    }
+    if !created.is_empty() {
+        repair_ttls(call, conn, named, &created, expire_nx, timeout).await?;
+    }
+    Ok((now_us, counts))
+}
+
+/// Gives the counters of `named` at `created` (found created by an `INCRBY` sent without
+/// `EXPIRE`) their TTL: in the background while few repairs are in flight, else before returning.
+async fn repair_ttls<C: ConnectionLike + Clone + Send + 'static>(
+    call: &Caller,
+    conn: &C,
+    named: &[&(String, ScriptItem<'static>)],
+    created: &[usize],
+    expire_nx: bool,
+    timeout: Duration,
+) -> Result<(), CallError> {
+    call.counters
+        .timed
+        .repaired
+        .fetch_add(created.len() as u64, Ordering::Relaxed);
+    let again = expire_pipe(named, created, expire_nx);
+    let mut conn = conn.clone();
+    let repair = async move { within(timeout, again.query_async::<()>(&mut conn)).await };
+    // A count a refund brought back to zero looks the same as a new counter, and may come often:
+    // its repair is an EXPIRE NX that changes nothing, so it need not hold the answer up.
+    match Arc::clone(&call.counters.timed.repairs).try_acquire_owned() {
+        Ok(permit) => {
+            let deadline = call.deadline;
+            tokio::spawn(async move {
+                if let Err(error) = repair.await {
+                    let error = error.into_store_error(deadline);
+                    tracing::warn!(%error, "cannot set a new counter's TTL");
+                }
+                drop(permit);
+            });
+            Ok(())
+        }
+        Err(_) => repair.await,
     }
 }
 
@@ -371,7 +371,7 @@ fn expire_pipe(named: &[&(String, ScriptItem<'static>)], positions: &[usize], nx
     pipe
 }
 
-/// A finished part of [`RedisStore::count`]'s work.
+/// A finished part of [`count`]'s work.
 enum Done {
     /// A pipeline: the positions of its counters and what it counted (Redis' clock and each counter).
     Counted(Vec<usize>, Result<(u64, Vec<Option<u64>>), StoreError>),

@@ -30,8 +30,8 @@ impl Reserve for Arc<RedisStore> {
         };
         let slot = matches!(*connections, Connections::Cluster(_)).then(|| super::slot(key));
         let sent_at = self.call.clock.now_us();
-        self.call.script_calls.fetch_add(1, Ordering::Relaxed);
-        let deadline = self.options.deadline;
+        self.call.counters.script_calls.fetch_add(1, Ordering::Relaxed);
+        let deadline = self.call.deadline;
         let reply = connections
             .on_whole(async |mut conn| {
                 let reply = within(
@@ -56,10 +56,10 @@ impl Reserve for Arc<RedisStore> {
             reservers_repaired,
         } = reply.map_err(|e| e.into_store_error(deadline))?;
         if !impossible.is_empty() {
-            self.call.impossible.found(1, key, now_us);
+            self.call.counters.impossible.found(1, key, now_us);
         }
         if reservers_repaired {
-            self.call.impossible.found(1, &reservers, now_us);
+            self.call.counters.impossible.found(1, &reservers, now_us);
         }
         self.call
             .offsets

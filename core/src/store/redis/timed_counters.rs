@@ -66,6 +66,12 @@ impl std::fmt::Debug for TimedCounters {
     }
 }
 
+impl Default for TimedCounters {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl TimedCounters {
     /// An empty table of [`SLOTS`] slots.
     pub(super) fn new() -> Self {
