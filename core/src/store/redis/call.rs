@@ -13,7 +13,7 @@ use tracing::Instrument as _;
 
 use super::by_slot;
 use super::clock_offset::ClockOffsets;
-use super::impossible::Impossible;
+use super::impossible_state::ImpossibleStates;
 use super::link::{CallError, Connections, RedisLink, within};
 use super::script::{BatchScript, Markers, ScriptItem, ScriptReply};
 use super::timed_counters::TimedCounters;
@@ -51,7 +51,7 @@ pub(super) struct Counters {
     /// The pipelines' counters known to carry a TTL already, and their `EXPIRE`s counted.
     pub(super) timed: TimedCounters,
     /// Keys found holding values no Tollgate could have written.
-    pub(super) impossible: Impossible,
+    pub(super) impossible: ImpossibleStates,
 }
 
 impl Caller {

@@ -24,7 +24,7 @@ mod clock_offset;
 mod cluster_scripts;
 mod coalesce;
 mod group;
-mod impossible;
+mod impossible_state;
 mod keys;
 mod lease;
 pub mod link;
@@ -166,7 +166,7 @@ impl RedisStore {
     }
 
     /// Keys found so far holding a value no Tollgate could have written, decided as none and repaired
-    /// (see `impossible.rs`).
+    /// (see `impossible_state.rs`).
     pub fn impossible_states(&self) -> u64 {
         self.call.counters.impossible.count()
     }

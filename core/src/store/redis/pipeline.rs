@@ -241,8 +241,8 @@ async fn increment<C: ConnectionLike + Clone + Send + 'static>(
     // Counters left without a TTL: where EXPIRE NX was refused, and where an INCRBY sent alone
     // turned out to create its counter.
     let (mut refused_nx, mut created) = (Vec::new(), Vec::new());
-    // Counters that held a negative count (no INCRBY leaves one: see `super::impossible`), and what
-    // brings each back to this request's cost, as if it had held nothing.
+    // Counters that held a negative count (no INCRBY leaves one: see `super::impossible_state`), and
+    // what brings each back to this request's cost, as if it had held nothing.
     let mut negative = Vec::new();
     let mut index = 1;
     for (at, &(fingerprint, expires)) in plan.iter().enumerate() {

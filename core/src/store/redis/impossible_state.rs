@@ -14,14 +14,14 @@ const LOG_EVERY_US: u64 = 60_000_000;
 
 /// What was found so far.
 #[derive(Debug, Default)]
-pub(super) struct Impossible {
+pub(super) struct ImpossibleStates {
     /// Items whose key held an impossible value.
     found: AtomicU64,
     /// When the last warning was logged (Redis clock, µs; 0: never).
     logged_us: AtomicU64,
 }
 
-impl Impossible {
+impl ImpossibleStates {
     /// Counts `items` found in one call at Redis time `now_us`; logs `key` (the first of them) unless
     /// a warning was logged within the last minute.
     pub(super) fn found(&self, items: usize, key: &str, now_us: u64) {
