@@ -11,9 +11,9 @@ use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
 use tracing::Instrument as _;
 
-use super::by_slot;
 use super::clock_offset::ClockOffsets;
 use super::impossible_state::ImpossibleStates;
+use super::keys::by_slot;
 use super::link::{CallError, Connections, RedisLink, within};
 use super::script::{BatchScript, Markers, ScriptItem, ScriptReply};
 use super::timed_counters::TimedCounters;

@@ -23,10 +23,10 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 
 use super::call::Caller;
-use super::group::Answers;
+use super::group::{Answers, place};
+use super::keys::by_slot;
 use super::link::{CallError, ReplyError, Routes, within};
 use super::script::{BatchScript, ScriptItem, Tail};
-use super::{by_slot, place};
 use crate::algorithm::Decision;
 use crate::store::{CommitPolicy, StoreError};
 

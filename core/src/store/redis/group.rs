@@ -136,6 +136,33 @@ pub(super) fn answer(group: Vec<Pending>, result: Result<Vec<Decision>, StoreErr
     }
 }
 
+/// Puts a script call's decisions for the items at `positions` in their places, or its error.
+pub(super) fn place(
+    decisions: &mut [Result<Decision, StoreError>],
+    positions: &[usize],
+    result: Result<Vec<Decision>, StoreError>,
+) {
+    match result {
+        Ok(decided) => {
+            for (&at, decision) in positions.iter().zip(decided) {
+                decisions[at] = Ok(decision);
+            }
+        }
+        Err(error) => fail(decisions, positions.iter().copied(), &error),
+    }
+}
+
+/// Gives the items at `positions` the error of the pipeline or call that should have decided them.
+pub(super) fn fail(
+    decisions: &mut [Result<Decision, StoreError>],
+    positions: impl Iterator<Item = usize>,
+    error: &StoreError,
+) {
+    for at in positions {
+        decisions[at] = Err(error.clone());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -21,8 +21,11 @@
 //!
 //! In Redis Cluster a request's items are grouped by [`slot`] and each group is one script call.
 
+use std::collections::BTreeMap;
+
 use super::link::SLOTS;
 use crate::algorithm::{Algorithm, Limit};
+use crate::store::BatchItem;
 
 /// How a batch's keys are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +71,21 @@ pub(crate) fn redis_key(
 /// rule, so Tollgate groups keys exactly as the cluster places them.
 pub fn slot(key: &str) -> u16 {
     crc16_xmodem(hash_tag(key.as_bytes())) % SLOTS
+}
+
+/// The positions of `keys`, grouped by the Redis Cluster hash slot each lies in (ascending slots).
+pub(crate) fn by_slot<'k>(keys: impl Iterator<Item = &'k str>) -> BTreeMap<u16, Vec<usize>> {
+    let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+    for (at, key) in keys.enumerate() {
+        by_slot.entry(slot(key)).or_default().push(at);
+    }
+    by_slot
+}
+
+/// Whether the item at `at` belongs to a group of several items (groups are contiguous).
+pub(crate) fn shares_group(items: &[BatchItem], at: usize) -> bool {
+    let group = items[at].group;
+    (at > 0 && items[at - 1].group == group) || items.get(at + 1).is_some_and(|next| next.group == group)
 }
 
 /// The key that records refund token `id` as used by the descriptor at position `group` of its

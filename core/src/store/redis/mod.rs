@@ -36,7 +36,6 @@ mod timed_counters;
 mod uncoalesced;
 mod window_timer;
 
-use std::collections::BTreeMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -54,10 +53,10 @@ pub use options::{
 };
 
 use self::call::Caller;
-use self::keys::{Placement, redis_key};
+use self::keys::{Placement, redis_key, shares_group};
 use self::link::{CallError, Prepare, WholeConnection, within};
 use self::script::{BatchScript, ScriptItem};
-use super::{Batch, BatchItem, CommitPolicy, Store, StoreError};
+use super::{Batch, CommitPolicy, Store, StoreError};
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::Clock;
 
@@ -271,48 +270,6 @@ impl RedisStore {
             self.jitter_hasher.hash_one(key) % max
         }
     }
-}
-
-/// The positions of `keys`, grouped by the Redis Cluster hash slot each lies in (ascending slots).
-fn by_slot<'k>(keys: impl Iterator<Item = &'k str>) -> BTreeMap<u16, Vec<usize>> {
-    let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-    for (at, key) in keys.enumerate() {
-        by_slot.entry(slot(key)).or_default().push(at);
-    }
-    by_slot
-}
-
-/// Puts a script call's decisions for the items at `positions` in their places, or its error.
-pub(super) fn place(
-    decisions: &mut [Result<Decision, StoreError>],
-    positions: &[usize],
-    result: Result<Vec<Decision>, StoreError>,
-) {
-    match result {
-        Ok(decided) => {
-            for (&at, decision) in positions.iter().zip(decided) {
-                decisions[at] = Ok(decision);
-            }
-        }
-        Err(error) => fail(decisions, positions.iter().copied(), &error),
-    }
-}
-
-/// Gives the items at `positions` the error of the pipeline or call that should have decided them.
-pub(super) fn fail(
-    decisions: &mut [Result<Decision, StoreError>],
-    positions: impl Iterator<Item = usize>,
-    error: &StoreError,
-) {
-    for at in positions {
-        decisions[at] = Err(error.clone());
-    }
-}
-
-/// Whether the item at `at` belongs to a group of several items (groups are contiguous).
-fn shares_group(items: &[BatchItem], at: usize) -> bool {
-    let group = items[at].group;
-    (at > 0 && items[at - 1].group == group) || items.get(at + 1).is_some_and(|next| next.group == group)
 }
 
 impl Store for Arc<RedisStore> {

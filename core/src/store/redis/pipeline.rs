@@ -42,10 +42,10 @@ use redis::ServerErrorKind;
 use redis::aio::{ConnectionLike, ConnectionManager};
 
 use super::call::Caller;
-use super::group::{Answers, Pending};
+use super::group::{Answers, Pending, fail, place};
+use super::keys::{by_slot, shares_group};
 use super::link::{CallError, Connections, ReplyError, within};
 use super::script::ScriptItem;
-use super::{by_slot, fail, place, shares_group};
 use crate::algorithm::{Algorithm, Decision, fixed_window};
 use crate::store::{BatchItem, CommitPolicy, StoreError};
 
