@@ -56,6 +56,7 @@ use self::call::Caller;
 use self::keys::{Placement, redis_key, shares_group};
 use self::link::{CallError, Prepare, WholeConnection, within};
 use self::script::{BatchScript, ScriptItem};
+use super::hot_keys::{Reserve, ReserveRequest, Reserved};
 use super::{Batch, CommitPolicy, Store, StoreError};
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::Clock;
@@ -304,6 +305,15 @@ impl Store for Arc<RedisStore> {
 
     fn shares_with_go(&self) -> bool {
         true
+    }
+}
+
+impl Reserve for Arc<RedisStore> {
+    async fn reserve(&self, request: ReserveRequest<'_>) -> Result<Reserved, StoreError> {
+        let batch = Batch::new(vec![request.item.clone()], CommitPolicy::Independent);
+        let named = self.script_items(&batch);
+        let (key, item) = &named[0];
+        reserve::reserve(&self.call, key, *item, request).await
     }
 }
 

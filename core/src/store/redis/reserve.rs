@@ -3,81 +3,78 @@
 //! guarantee; `lua/batch.lua`, policy 5, does it). Never coalesced: a reservation is rare (about one
 //! per slice) and its reply is shaped differently.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::RedisStore;
+use super::call::Caller;
 use super::keys::reservers_key;
 use super::link::{CallError, Connections, within};
 use super::script::{BatchScript, Reservation, ReservedReply, ScriptItem, ScriptReply, Tail};
 use crate::algorithm::Algorithm;
-use crate::store::hot_keys::{Reserve, ReserveRequest, Reserved};
-use crate::store::{Batch, CommitPolicy, StoreError};
+use crate::store::hot_keys::{ReserveRequest, Reserved};
+use crate::store::{CommitPolicy, StoreError};
 
-impl Reserve for Arc<RedisStore> {
-    async fn reserve(&self, request: ReserveRequest<'_>) -> Result<Reserved, StoreError> {
-        let batch = Batch::new(vec![request.item.clone()], CommitPolicy::Independent);
-        let named = self.script_items(&batch);
-        let (key, item) = &named[0];
-        let item = ScriptItem { key, ..*item };
-        let reservers = reservers_key(key);
-        let tail = Tail::Reserve(Reservation {
-            reservers: &reservers,
-            request,
-        });
-        let Some(connections) = self.call.link.connections() else {
-            return Err(StoreError::Unavailable("not connected to Redis yet".into()));
-        };
-        let slot = matches!(*connections, Connections::Cluster(_)).then(|| super::slot(key));
-        let sent_at = self.call.clock.now_us();
-        self.call.counters.script_calls.fetch_add(1, Ordering::Relaxed);
-        let deadline = self.call.deadline;
-        let reply = connections
-            .on_whole(async |mut conn| {
-                let reply = within(
-                    deadline,
-                    self.call
-                        .script
-                        .call(&mut conn, &[item], CommitPolicy::Independent, tail),
-                )
-                .await;
-                reply.and_then(|value| BatchScript::decode_reserved(value).map_err(CallError::Reply))
-            })
+/// Decides `item` (its Redis key `key`) and reserves a slice of that key for this replica, as
+/// `request` asks: one script call.
+pub(super) async fn reserve(
+    call: &Caller,
+    key: &str,
+    item: ScriptItem<'_>,
+    request: ReserveRequest<'_>,
+) -> Result<Reserved, StoreError> {
+    let item = ScriptItem { key, ..item };
+    let reservers = reservers_key(key);
+    let tail = Tail::Reserve(Reservation {
+        reservers: &reservers,
+        request,
+    });
+    let Some(connections) = call.link.connections() else {
+        return Err(StoreError::Unavailable("not connected to Redis yet".into()));
+    };
+    let slot = matches!(*connections, Connections::Cluster(_)).then(|| super::keys::slot(key));
+    let sent_at = call.clock.now_us();
+    call.counters.script_calls.fetch_add(1, Ordering::Relaxed);
+    let deadline = call.deadline;
+    let reply = connections
+        .on_whole(async |mut conn| {
+            let reply = within(
+                deadline,
+                call.script
+                    .call(&mut conn, &[item], CommitPolicy::Independent, tail),
+            )
             .await;
-        self.call.link.observe(slot, &reply);
-        let ReservedReply {
-            reply:
-                ScriptReply {
-                    now_us,
-                    decisions,
-                    impossible,
-                },
-            extra,
-            reservers_repaired,
-        } = reply.map_err(|e| e.into_store_error(deadline))?;
-        if !impossible.is_empty() {
-            self.call.counters.impossible.found(1, key, now_us);
-        }
-        if reservers_repaired {
-            self.call.counters.impossible.found(1, &reservers, now_us);
-        }
-        self.call
-            .offsets
-            .record(slot, sent_at, self.call.clock.now_us(), now_us);
-        let decision = decisions[0];
-        let valid_for_us = match item.limit.algorithm {
-            // The window that lent the units ends then (the fixed window's reset is its end).
-            Algorithm::FixedWindow => decision.reset_after_us,
-            Algorithm::SlidingWindow => {
-                let window = item.limit.window_us.max(1);
-                window - now_us % window
-            }
-            _ => u64::MAX,
-        };
-        Ok(Reserved {
-            decision,
-            extra,
-            valid_for_us,
+            reply.and_then(|value| BatchScript::decode_reserved(value).map_err(CallError::Reply))
         })
+        .await;
+    call.link.observe(slot, &reply);
+    let ReservedReply {
+        reply: ScriptReply {
+            now_us,
+            decisions,
+            impossible,
+        },
+        extra,
+        reservers_repaired,
+    } = reply.map_err(|e| e.into_store_error(deadline))?;
+    if !impossible.is_empty() {
+        call.counters.impossible.found(1, key, now_us);
     }
+    if reservers_repaired {
+        call.counters.impossible.found(1, &reservers, now_us);
+    }
+    call.offsets.record(slot, sent_at, call.clock.now_us(), now_us);
+    let decision = decisions[0];
+    let valid_for_us = match item.limit.algorithm {
+        // The window that lent the units ends then (the fixed window's reset is its end).
+        Algorithm::FixedWindow => decision.reset_after_us,
+        Algorithm::SlidingWindow => {
+            let window = item.limit.window_us.max(1);
+            window - now_us % window
+        }
+        _ => u64::MAX,
+    };
+    Ok(Reserved {
+        decision,
+        extra,
+        valid_for_us,
+    })
 }
