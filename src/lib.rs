@@ -24,7 +24,8 @@
 //! - [`inflight`]: the bounds on unfinished requests both listeners share (bytes, read timeout);
 //!   [`connections`]: each listener's connection cap, where connections that sent nothing give way.
 //! - [`settings`], [`server`], [`cli`]: configuring, wiring and running the service; [`pem`]: the
-//!   certificate and key files TLS reads.
+//!   certificate and key files TLS reads; `allocator` (private): the nudge that makes mimalloc give
+//!   back what a rules load freed, installed by [`server`] as the core's hook.
 //! - `loadgen` (private): `tollgate bench`, the load generator behind the command line;
 //!   [`rules_as_xds`]: rules files as the `RateLimitConfig`s a management server would push, for
 //!   `tollgate xds-serve` and the test suites' rules-over-xDS pass (not used by the server itself).
@@ -33,6 +34,7 @@
 //!   no server dependencies.
 //! - [`proto`]: generated protocol types.
 
+mod allocator;
 pub mod api;
 pub mod cli;
 pub mod connections;

@@ -110,6 +110,8 @@ pub async fn run(
     clock: Arc<dyn Clock>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // The core frees replaced rules; giving the memory back is the allocator's business, and ours.
+    tollgate_core::rules::reload::after_rules_freed(crate::allocator::return_freed_memory_soon);
     let compile = options::compile_options(&settings);
     let Settings {
         listen,

@@ -9,7 +9,7 @@
 //! the file and reason; counters are untouched either way.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -206,29 +206,25 @@ pub fn install(set: RuleSet, version: &str, source: &str, metrics: &Metrics, rul
     // runtime thread that answers requests. (A request still holding the old set frees it if it is
     // the last; requests hold it for one decision.)
     let freeing = previous.map(|previous| runtime.spawn_blocking(move || drop(previous)));
-    runtime.spawn(async move {
-        if let Some(freeing) = freeing {
-            let _ = freeing.await;
-        }
-        tokio::time::sleep(RETURN_FREED_AFTER).await;
-        return_freed_memory();
-    });
+    if let Some(&hook) = AFTER_FREE.get() {
+        runtime.spawn(async move {
+            if let Some(freeing) = freeing {
+                let _ = freeing.await;
+            }
+            hook();
+        });
+    }
 }
 
-/// How long after a load (and after the rules it replaced are freed) the allocator is asked to give
-/// back what that freed. mimalloc, the server's allocator (src/main.rs), returns free pages to the
-/// kernel only once they have been free for its purge delay (`MIMALLOC_PURGE_DELAY`, 1 s), and only
-/// from inside a later free of a whole page: it has no thread of its own. An idle server kept what
-/// a load had freed until traffic came: at 100,000 routes, 160-180 MB of RSS instead of 132
-/// (docs/performance.md).
-const RETURN_FREED_AFTER: Duration = Duration::from_secs(2);
+/// What runs after each load, once the rules it replaced are freed; see [`after_rules_freed`].
+static AFTER_FREE: OnceLock<fn()> = OnceLock::new();
 
-/// Frees a whole page, which is when mimalloc gives back the pages whose purge delay has passed: a
-/// block this large gets a page of its own (checked by the RSS it brought down, docs/performance.md),
-/// and is never touched, so it costs address space, not memory.
-fn return_freed_memory() {
-    let page: Vec<u8> = Vec::with_capacity(8 << 20);
-    drop(std::hint::black_box(page));
+/// Sets what runs after each load, once the rules it replaced (and the files parsed for it) are freed:
+/// on the runtime, from a task of its own. A load frees a lot at once, and a process whose allocator
+/// keeps freed memory until something nudges it can nudge it here; the core knows nothing of
+/// allocators. Set once per process; a later call changes nothing. Without it, a load only frees.
+pub fn after_rules_freed(hook: fn()) {
+    let _ = AFTER_FREE.set(hook);
 }
 
 /// What a poll does with the version it read.
