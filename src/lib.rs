@@ -9,7 +9,8 @@
 //! stores, the limiter), which has no transport. Dependencies point downwards. Only [`grpc`] serves
 //! tonic services and only [`http`] builds axum routes and serves them (with hyper). The exceptions, by
 //! design: [`server`] starts the listeners and the health reporter, [`cli`] and `loadgen` call Tollgate as tonic
-//! clients, [`xds`] is a tonic client of the management server, [`observe::health`] drives
+//! clients, `loadgen`'s stand-ins for measurements serve tonic (and, for proxies, axum) themselves,
+//! [`xds`] is a tonic client of the management server, [`observe::health`] drives
 //! tonic-health's reporter, and [`proto`] is tonic's generated code.
 //!
 //! - [`api`]: the protocols' messages ↔ the limiter, no transport: Envoy's ([`api::envoy`], with its
@@ -26,7 +27,9 @@
 //! - [`settings`], [`server`], [`cli`]: configuring, wiring and running the service; [`pem`]: the
 //!   certificate and key files TLS reads; `allocator` (private): the nudge that makes mimalloc give
 //!   back what a rules load freed, installed by [`server`] as the core's hook.
-//! - `loadgen` (private): `tollgate bench`, the load generator behind the command line;
+//! - `loadgen` (private): what the measurements use: `tollgate bench` (the load generator),
+//!   `tollgate noop-serve` (a server that decides nothing, the floor) and `tollgate xds-serve` (a
+//!   management server that pushes one rules directory);
 //!   [`rules_as_xds`]: rules files as the `RateLimitConfig`s a management server would push, for
 //!   `tollgate xds-serve` and the test suites' rules-over-xDS pass (not used by the server itself).
 //! - `what_if` (private): `tollgate what-if`, recorded traffic replayed against two rule sets.

@@ -1,4 +1,5 @@
--- batch.lua: Tollgate's batch driver. Decides every limit of one request in one call.
+-- batch.lua: Tollgate's batch driver. Decides (or peeks at, refunds, reserves) every limit of a
+-- batch, one request or several coalesced ones, in one call.
 --
 -- The code Redis runs is exact.lua + fixed_window.lua + sliding_window.lua + sliding_log.lua +
 -- token_bucket.lua + gcra.lua + this file, concatenated (src/store/redis/script.rs) into one
@@ -12,7 +13,7 @@
 --     the code, so Tollgate versions with different code never replace each other's function.
 --   - As an EVAL script (the fallback for servers without FCALL): `return tollgate_batch(KEYS,
 --     ARGV)` is appended and each request is `EVALSHA`; the whole chunk then runs per call.
--- It reproduces MemoryStore::apply_batch (src/store/memory.rs) exactly. Consuming policies
+-- It reproduces MemoryStore::apply_batch (src/store/memory/mod.rs) exactly. Consuming policies
 -- (0 Independent, 1 AllOrNothing, 2 StopIncrementWhenOverLimit):
 --
 --   1. Evaluate the items in order with their costs. An in-call overlay holds each key's

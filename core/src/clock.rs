@@ -1,4 +1,4 @@
-//! Where the embedded store gets its time from.
+//! Where the limiter and its stores read the time.
 //!
 //! Algorithms never read the clock themselves: time is an argument (see [`crate::algorithm`]), so the
 //! same code is exact in tests (a [`ManualClock`]) and in production (the [`SystemClock`]). The Redis store

@@ -22,8 +22,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Without [`LimiterBuilder::redis_url`] the limiter counts in the embedded store: one process's own
-//! budget. docs/embedding.md says more.
+//! Without [`LimiterBuilder::redis_url`] the limiter counts in the embedded store
+//! ([`crate::store::memory`], in this process's memory): one process's own budget. docs/embedding.md says more.
 
 use std::ops::Deref;
 use std::path::PathBuf;

@@ -9,17 +9,18 @@
 //! Dependencies point downwards; the crate boundary keeps every transport out.
 //!
 //! - [`algorithm`]: the five algorithms as pure functions of (state, now, cost, limit).
-//! - [`clock`]: time for the embedded store.
+//! - [`clock`]: the wall and monotonic time the limiter and its stores read.
 //! - [`observe`]: what the limiter records for operators (metrics, top offenders, the denial log);
 //!   exporting it is the server's job.
 //! - [`rules`]: validated rules → lookup tree; descriptor matching and storage keys. [`rules::file`] is
 //!   the rules-file format; [`rules::reload`] loads and hot-reloads a rules directory;
 //!   [`rules::proxy`] turns a proxy's request (NGINX, Caddy, Traefik, HAProxy) into descriptors.
 //! - [`store`]: where state lives; one atomic batch per request. [`store::memory`] is the embedded
-//!   store, `store::redis` the shared one (the default `redis` feature).
+//!   store (in this process's memory), `store::redis` the shared one (the default `redis` feature).
 //! - [`limiter`]: the decision core: rules + store → a neutral verdict (exact counts and durations).
-//! - [`embedded`]: a limiter an application builds for itself, from the rules files and the Redis of a
-//!   Tollgate fleet.
+//! - [`embedded`]: the in-process limiter, which an application builds for itself from the rules files
+//!   and the Redis of a Tollgate fleet (or, without Redis, over the embedded store). Not to be confused
+//!   with the embedded store: the limiter is embedded in an application, the store in a process.
 
 pub mod algorithm;
 pub mod clock;
