@@ -12,7 +12,6 @@ use tonic::{Code, Request, Response, Status};
 use crate::decision::{Decision, RefundToken, Refunded};
 use crate::descriptor::{Descriptor, to_wire};
 use crate::error::{ConnectError, Error};
-use crate::lease::{Acquired, Lease};
 use crate::proto::v1::{self, rate_limiter_client::RateLimiterClient};
 
 /// How long a call waits for Tollgate by default. Tollgate answers in about a millisecond; 25 ms
@@ -192,23 +191,6 @@ impl Client {
         Ok(Refunded::from_response(response))
     }
 
-    /// Takes one in-flight slot of every descriptor's concurrency rule, all or none. The [`Lease`]
-    /// holds them until it is released or dropped (released in the background then), or until its
-    /// TTL runs out if the process dies first.
-    pub async fn acquire(&self, descriptors: &[Descriptor]) -> Result<Acquired, Error> {
-        match self.acquire_raw(descriptors, "").await {
-            Ok(response) if response.acquired => {
-                Ok(Acquired::Held(Lease::new(self.clone(), descriptors, response)))
-            }
-            Ok(response) => Ok(Acquired::Refused {
-                retry_after: crate::decision::duration(response.retry_after),
-            }),
-            Err(error) => self
-                .apply_policy(error)
-                .map(|()| Acquired::Held(Lease::failed_open(self.clone()))),
-        }
-    }
-
     /// One Acquire: a new lease (`lease_id` empty) or the renewal of `lease_id`.
     pub(crate) async fn acquire_raw(
         &self,
@@ -300,7 +282,7 @@ impl Client {
     }
 
     /// `Ok(())` when the failure policy lets the work through (and counts it), else the error.
-    fn apply_policy(&self, error: Error) -> Result<(), Error> {
+    pub(crate) fn apply_policy(&self, error: Error) -> Result<(), Error> {
         match (&error, self.policy) {
             (Error::Unavailable(_), FailurePolicy::Open) => {
                 self.health.failed_open.fetch_add(1, Ordering::Relaxed);

@@ -1,4 +1,6 @@
 //! Concurrency leases: slots of `concurrency` rules held while work runs, given back on drop.
+//! [`Client::acquire`] is here, beside what it returns: the client's calls know nothing of leases, and
+//! a lease renews and releases through the client's `acquire_raw` and `release_raw`.
 
 use std::time::Duration;
 
@@ -23,6 +25,25 @@ pub enum Acquired {
         /// sooner).
         retry_after: Option<Duration>,
     },
+}
+
+impl Client {
+    /// Takes one in-flight slot of every descriptor's concurrency rule, all or none. The [`Lease`]
+    /// holds them until it is released or dropped (released in the background then), or until its
+    /// TTL runs out if the process dies first.
+    pub async fn acquire(&self, descriptors: &[Descriptor]) -> Result<Acquired, Error> {
+        match self.acquire_raw(descriptors, "").await {
+            Ok(response) if response.acquired => {
+                Ok(Acquired::Held(Lease::new(self.clone(), descriptors, response)))
+            }
+            Ok(response) => Ok(Acquired::Refused {
+                retry_after: duration(response.retry_after),
+            }),
+            Err(error) => self
+                .apply_policy(error)
+                .map(|()| Acquired::Held(Lease::failed_open(self.clone()))),
+        }
+    }
 }
 
 /// Slots of concurrency rules, held until [`Lease::release`], or until the lease is dropped (then
