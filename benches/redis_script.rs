@@ -11,7 +11,7 @@
 //! item and the median. Two more workloads follow the algorithms: `sliding_log_long` (logs of 100 to
 //! 200 entries) and `floor` (what any script deciding from a stored state costs at least). Names given
 //! after `--` (`cargo bench --bench redis_script -- gcra floor`) measure only those. Time moves with
-//! the host's load; for a figure that does not, `scripts/bench-redis-script-instructions.sh` runs this
+//! the host's load; for a figure that does not, `scripts/bench/bench-redis-script-instructions.sh` runs this
 //! bench against a `redis-server` under callgrind and counts the instructions Redis executes inside
 //! `FCALL` per item.
 

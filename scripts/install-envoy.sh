@@ -4,7 +4,7 @@
 # ${CHECK_CHART_TOOLS_DIR:-${XDG_CACHE_HOME:-~/.cache}/tollgate-tools}, beside check-chart.sh's pinned
 # tools, and is reinstalled only when the pin changes. About 110 MB on a fresh machine.
 #
-#   envoy=$(scripts/install-envoy.sh)      # used by scripts/test.sh and scripts/bench-envoy.sh
+#   envoy=$(scripts/install-envoy.sh)      # used by scripts/test.sh and scripts/bench/bench-envoy.sh
 #
 # Progress goes to stderr; stdout holds the path alone.
 set -euo pipefail

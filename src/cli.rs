@@ -36,11 +36,11 @@ enum Command {
     /// image without a shell or curl).
     Healthcheck(HealthcheckArgs),
     /// Serve Envoy's RateLimitService answering OK to everything and deciding nothing: the floor a rate
-    /// limit server is measured against (scripts/bench-floor.sh).
+    /// limit server is measured against (scripts/bench/bench-floor.sh).
     NoopServe(NoopServeArgs),
     /// Serve a rules directory over xDS (an Aggregated Discovery Service, State of the World), as a
     /// management server would push it: for `CONFIG_TYPE=GRPC_XDS_SOTW` without Envoy Gateway, and for
-    /// scripts/bench-xds-scale.sh.
+    /// scripts/bench/bench-xds-scale.sh.
     XdsServe(XdsServeArgs),
     /// Replay an access log (Envoy's, NGINX's) or Tollgate's decision log against the rules in force
     /// and a proposed set, on a simulated clock, and report whom the change would refuse

@@ -24,7 +24,7 @@ impl RedisServer {
 
     /// Starts (or restarts) the server on `self.port` and waits until it answers PING. With
     /// `TOLLGATE_BENCH_REDIS_WRAPPER` set (say `valgrind --tool=callgrind ...`), the server runs under
-    /// that command; see `scripts/bench-redis-script-instructions.sh`.
+    /// that command; see `scripts/bench/bench-redis-script-instructions.sh`.
     pub(crate) fn start(&mut self) {
         assert!(self.child.is_none(), "redis-server already running");
         let wrapper = std::env::var("TOLLGATE_BENCH_REDIS_WRAPPER").unwrap_or_default();

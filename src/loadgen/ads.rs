@@ -1,6 +1,6 @@
 //! `tollgate xds-serve`: a management server that pushes one rules directory over xDS, State of the
 //! World, as [`crate::rules_as_xds::configs`] converts it. It exists so that the same rules can be
-//! measured loaded from a file and pushed over xDS (`scripts/bench-xds-scale.sh`), and to try
+//! measured loaded from a file and pushed over xDS (`scripts/bench/bench-xds-scale.sh`), and to try
 //! `CONFIG_TYPE=GRPC_XDS_SOTW` without Envoy Gateway. It serves one version, read at start, and
 //! prints each ACK and NACK it receives.
 

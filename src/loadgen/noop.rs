@@ -1,9 +1,9 @@
 //! `tollgate noop-serve`: an Envoy RLS server that answers OK to every request and decides nothing, on
 //! the same gRPC stack (tonic, `TCP_NODELAY`, the runtime `serve` picks for this machine). It is the
 //! floor a rate limit server is compared with: what serving `ShouldRateLimit` costs before any rule is
-//! matched or any counter touched (`scripts/bench-floor.sh` runs it beside Tollgate). With `--http-addr`
+//! matched or any counter touched (`scripts/bench/bench-floor.sh` runs it beside Tollgate). With `--http-addr`
 //! it answers proxies' `/forward-auth/{domain}` with 200 the same way, on the HTTP stack of `serve`'s
-//! admin port (`scripts/bench-proxies.sh`).
+//! admin port (`scripts/bench/bench-proxies.sh`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

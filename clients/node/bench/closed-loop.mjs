@@ -11,7 +11,7 @@
 //                  an application without the package would make it: the same RPC, with a deadline
 //   client-envoy   Client.shouldRateLimit (Envoy's RateLimitService, which noop-serve answers)
 //   bare-envoy     envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit through grpc-js alone
-// scripts/bench-clients.sh runs them in turns, beside the Python client.
+// scripts/bench/bench-clients.sh runs them in turns, beside the Python client.
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { fileURLToPath } from 'node:url';

@@ -1,6 +1,6 @@
 """A closed-loop load of the asyncio client's check against a Tollgate: CONCURRENCY checks in flight on
 one channel, each followed at once by the next, for DURATION seconds after a one-second warm-up. Prints
-one JSON line in the format of clients/node/bench/closed-loop.mjs, whose turns scripts/bench-clients.sh
+one JSON line in the format of clients/node/bench/closed-loop.mjs, whose turns scripts/bench/bench-clients.sh
 runs beside this one.
 
     python clients/python/bench/closed_loop.py --target 127.0.0.1:8081 [--concurrency 64] [--duration 10]

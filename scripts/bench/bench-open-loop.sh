@@ -4,14 +4,14 @@
 # (`tollgate bench --rate`) at 25, 50, 75 and 90 % of it, each latency measured from its request's due
 # time so queueing shows. Prints one Markdown row per run.
 #
-#   scripts/bench-open-loop.sh [target/release/tollgate]
+#   scripts/bench/bench-open-loop.sh [target/release/tollgate]
 #
 # DURATION (default 10s) per run. The load generator, the server and Redis share this host's cores, so
 # the figures are for this host only. Needs redis-server, redis-cli and python3 on PATH.
 set -euo pipefail
-binary="${1:-$("$(dirname "$0")/binary-path.sh" release)}"
+binary="${1:-$("$(dirname "$0")/../binary-path.sh" release)}"
 duration="${DURATION:-10s}"
-# shellcheck source=scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 
 # One bench run's output as a Markdown row: store, load, offered/s, answered/s, p50, p99, p99.9, errors,

@@ -10,7 +10,7 @@
 # 10,000 (X-User, which the rules' proxy block makes the descriptor), none ever refused. Prints
 # requests/s, p50 and p99, and the CPU per request of the proxy, of Tollgate (or the no-op) and of Redis.
 #
-#   scripts/bench-proxies.sh target/release/tollgate
+#   scripts/bench/bench-proxies.sh target/release/tollgate
 #
 # ROUNDS (default 2) rounds of DURATION (default 10s) turns. Needs nginx, caddy, wrk, redis-server,
 # redis-cli (Debian's packages) and python3.
@@ -18,10 +18,10 @@ set -euo pipefail
 binary="$(realpath "$1")"
 rounds="${ROUNDS:-2}"
 duration="${DURATION:-10s}"
-repo="$(cd "$(dirname "$0")/.." && pwd)"
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
 pids=()
 cleanup_more() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
-# shellcheck source=scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 
 mkdir -p "$work/proxy-rules"

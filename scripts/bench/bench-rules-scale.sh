@@ -7,14 +7,14 @@
 # adds a stored counter and the route's series), the series in one scrape of /metrics, and one request
 # in flight on route 0.
 #
-#   scripts/bench-rules-scale.sh BINARY [ROUTES...]     (default: 1 8000 20000 100000)
+#   scripts/bench/bench-rules-scale.sh BINARY [ROUTES...]     (default: 1 8000 20000 100000)
 #
 # Embedded store. Needs python3 and curl.
 set -euo pipefail
 binary="$1"
 shift
 if [ $# -gt 0 ]; then sizes=("$@"); else sizes=(1 8000 20000 100000); fi
-# shellcheck source=scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 
 millis() { date +%s%3N; }

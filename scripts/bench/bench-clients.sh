@@ -7,7 +7,7 @@
 # (clients/node/bench/closed-loop.mjs and clients/python/bench/closed_loop.py measure them), and the end
 # prints each call's medians and the Node client's p50 and CPU over the bare call's.
 #
-#   scripts/bench-clients.sh target/release/tollgate
+#   scripts/bench/bench-clients.sh target/release/tollgate
 #
 # ROUNDS (default 3) rounds of DURATION (default 10) seconds per turn. Needs the Node package's
 # dependencies and build (cd clients/node && npm ci && npm run build) and the Python client's virtualenv
@@ -17,12 +17,12 @@ set -euo pipefail
 binary="$(realpath "$1")"
 rounds="${ROUNDS:-3}"
 duration="${DURATION:-10}"
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 python="${PYTHON:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-tools/py-client-venv/bin/python}"
 pids=()
 cleanup_more() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
-# shellcheck source=scripts/bench-lib.sh
-source "$root/scripts/bench-lib.sh"
+# shellcheck source=scripts/bench/bench-lib.sh
+source "$root/scripts/bench/bench-lib.sh"
 
 [ -f "$root/clients/node/dist/esm/index.js" ] || { echo "build the Node package first (npm ci && npm run build in clients/node)" >&2; exit 1; }
 [ -x "$python" ] || { echo "no Python client virtualenv at $python: run clients/python/run-tests.sh once" >&2; exit 1; }

@@ -3,7 +3,7 @@
 # one hot key and for 10,000 cold keys at 64 in flight, then the latency of one request in flight on
 # the hot key, next to the embedded store's.
 #
-#   scripts/bench-hot-keys.sh target/release/tollgate
+#   scripts/bench/bench-hot-keys.sh target/release/tollgate
 #
 # Each turn: a fresh Tollgate on the shared throwaway redis-server (flushed), a 1 s warm-up on the
 # measured keys, then `tollgate bench --redis-url` for DURATION (default 10s), which prints
@@ -14,7 +14,7 @@ set -euo pipefail
 binary="$1"
 duration="${DURATION:-10s}"
 hot_rate="${HOT_RATE:-1000}"
-# shellcheck source=scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 
 mkdir -p "$work/hot-rules"

@@ -3,14 +3,14 @@
 # (default 100,000) Envoy Gateway-shaped routes, ROUNDS (default 2) times without a reload and with the
 # rules file changed 3 s in (the reload reads, compiles and swaps the whole set). Compare p99 and max.
 #
-#   scripts/bench-reload-stall.sh BINARY
+#   scripts/bench/bench-reload-stall.sh BINARY
 #
 # Embedded store. Needs python3.
 set -euo pipefail
 binary="$1"
 routes="${ROUTES:-100000}"
 rounds="${ROUNDS:-2}"
-# shellcheck source=scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 
 rm -rf "$work/rules" && mkdir -p "$work/rules"

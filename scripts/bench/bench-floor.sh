@@ -6,7 +6,7 @@
 # after the turns at one in flight, the same Redis's own PING round trip at one in flight
 # (redis-benchmark, 20,000 PINGs), so that Redis mode's p50 can be set against "no-op p50 + PING p50".
 #
-#   scripts/bench-floor.sh target/release/tollgate
+#   scripts/bench/bench-floor.sh target/release/tollgate
 #
 # Every server runs for the whole measurement; ROUNDS (default 2) rounds of DURATION (default 10s)
 # turns. The rules are bench-lib's (a token bucket no load reaches). Needs redis-server, redis-cli,
@@ -15,7 +15,7 @@ set -euo pipefail
 binary="$1"
 rounds="${ROUNDS:-2}"
 duration="${DURATION:-10s}"
-# shellcheck source=scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 start_floor_servers "$binary"
 

@@ -5,7 +5,7 @@
 # the server's time from start to ready (the push received, validated, compiled and ACKed), its RSS
 # once ready and 5 s later, and one request in flight on route 0.
 #
-#   scripts/bench-xds-scale.sh BINARY [ROUTES...]     (default: 1 20000 100000)
+#   scripts/bench/bench-xds-scale.sh BINARY [ROUTES...]     (default: 1 20000 100000)
 #
 # Embedded store. XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES is raised to 64 MiB: 100,000 routes are a 14 MB
 # message, past gRPC's default 4 MiB (as for the Go service). Needs python3.
@@ -13,7 +13,7 @@ set -euo pipefail
 binary="$1"
 shift
 if [ $# -gt 0 ]; then sizes=("$@"); else sizes=(1 20000 100000); fi
-# shellcheck source=scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 
 millis() { date +%s%3N; }

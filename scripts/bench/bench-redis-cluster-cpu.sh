@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Redis CPU per decision on a Redis Cluster: three masters on this host (no replicas), their CPU
 # (INFO cpu, user + system) summed over a `tollgate bench` run at 64 in flight on 10,000 keys a
-# descriptor. The single-node figures come from scripts/bench-redis-cpu.sh, with the same workloads.
+# descriptor. The single-node figures come from scripts/bench/bench-redis-cpu.sh, with the same workloads.
 #
-#   scripts/bench-redis-cluster-cpu.sh target/release/tollgate [workload ...]
+#   scripts/bench/bench-redis-cluster-cpu.sh target/release/tollgate [workload ...]
 #
 # Workloads (all by default): fixed-1 fixed-3 token-bucket-1 token-bucket-3. DURATION of load (default
 # 8s) after a 2 s warm-up. RATE=N sends N requests a second (open loop) instead of keeping 64 in flight;

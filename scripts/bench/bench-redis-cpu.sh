@@ -3,7 +3,7 @@
 # load sent straight to Redis as envoyproxy/ratelimit counts a fixed window (INCRBY + EXPIRE per
 # descriptor, pipelined per request, `tollgate bench --api redis-floor`).
 #
-#   scripts/bench-redis-cpu.sh target/release/tollgate [workload ...]
+#   scripts/bench/bench-redis-cpu.sh target/release/tollgate [workload ...]
 #
 # Workloads (all by default): floor-1 fixed-1 floor-3 fixed-3 token-bucket gcra sliding-window
 # sliding-log.
@@ -19,7 +19,7 @@ binary="$1"
 shift
 [ "$#" -gt 0 ] || set -- floor-1 fixed-1 floor-3 fixed-3 token-bucket gcra sliding-window sliding-log
 duration="${DURATION:-10s}"
-# shellcheck source=scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 
 rules() { # algorithm limit unit

@@ -4,7 +4,7 @@
 # callgrind on a redis-server of the bench's own. Unlike time, the count does not move with the host's
 # load (two runs agree within 0.1 %), so it shows what a change to lua/ is worth even on a busy machine.
 #
-#   scripts/bench-redis-script-instructions.sh [algorithm ...]
+#   scripts/bench/bench-redis-script-instructions.sh [algorithm ...]
 #
 # `sliding_log_long` runs the sliding log on few keys, its logs going from 100 to 200 entries in the
 # measured round. `floor` is a function with no logic at all that reads its keys with one MGET and writes each with
@@ -14,7 +14,7 @@
 # measured round; the difference over the round's items is the figure (only FCALL is counted:
 # --toggle-collect=fcallCommand). Needs valgrind, redis-server and cargo; takes about 10 s an algorithm.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
 calls="${CALLS:-300}"
 algorithms=("$@")

@@ -3,7 +3,7 @@
 # DURATION, default 10s) against a plaintext, a TLS and an mTLS listener, in alternating turns, on the
 # embedded store (where the listener's share of the CPU is largest) and on one Redis.
 #
-#   scripts/bench-tls.sh target/release/tollgate
+#   scripts/bench/bench-tls.sh target/release/tollgate
 #
 # Certificates (ECDSA P-256, as cert-manager issues by default) are made with openssl for the run.
 # ROUNDS (default 2) rounds; only ratios within one run mean much on a shared 2-core host. Needs
@@ -12,7 +12,7 @@ set -euo pipefail
 binary="$1"
 rounds="${ROUNDS:-2}"
 duration="${DURATION:-10s}"
-# shellcheck source=scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 
 cert() { # name extended-key-usage

@@ -13,7 +13,7 @@
 # from /proc) of Envoy, of the server it asks and of Redis; then Redis's own PING round trip; then the
 # ratios against `noop` the goals are stated in, from the medians over the rounds.
 #
-#   flock /tmp/tollgate-bench.lock scripts/bench-envoy.sh target/release/tollgate
+#   flock /tmp/tollgate-bench.lock scripts/bench/bench-envoy.sh target/release/tollgate
 #
 # Needs wrk (Debian's package), redis-server, redis-cli, redis-benchmark and python3 on PATH.
 set -euo pipefail
@@ -21,9 +21,9 @@ binary="$1"
 rounds="${ROUNDS:-2}"
 duration="${DURATION:-10s}"
 here="$(cd "$(dirname "$0")" && pwd)"
-envoy="$("$here/install-envoy.sh")"
+envoy="$("$here/../install-envoy.sh")"
 command -v wrk >/dev/null || { echo "bench-envoy.sh: wrk is not installed (apt-get install wrk)" >&2; exit 1; }
-# shellcheck source=scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
 source "$here/bench-lib.sh"
 start_floor_servers "$binary"
 

@@ -2,7 +2,7 @@
 # Before/after: two Tollgate binaries (say, main and a change) under the same load, in alternating turns,
 # on the embedded store and on one Redis, through Envoy's API and the native one.
 #
-#   scripts/bench-ab.sh /path/to/tollgate-before /path/to/tollgate-after
+#   scripts/bench/bench-ab.sh /path/to/tollgate-before /path/to/tollgate-after
 #
 # Each turn starts the server fresh (Redis flushed), warms it up for 1 s, then runs the AFTER binary's
 # `tollgate bench` (64 in flight, 10,000 keys, DURATION, default 10s; --api envoy and native) against
@@ -12,13 +12,13 @@
 # BEFORE_ENV and AFTER_ENV (space-separated NAME=VALUE words) are given to that side's server only, so
 # one binary can be measured against itself with a setting on and off (STORES, default
 # `memory redis`, narrows the run to one store):
-#   AFTER_ENV='USE_STATSD=true STATSD_PROTOCOL=udp' scripts/bench-ab.sh target/release/tollgate target/release/tollgate
+#   AFTER_ENV='USE_STATSD=true STATSD_PROTOCOL=udp' scripts/bench/bench-ab.sh target/release/tollgate target/release/tollgate
 set -euo pipefail
 before="$1"
 after="$2"
 rounds="${ROUNDS:-2}"
 duration="${DURATION:-10s}"
-# shellcheck source=scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 
 turn() { # name binary store api extra-env

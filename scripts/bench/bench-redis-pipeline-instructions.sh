@@ -3,15 +3,15 @@
 # running the commands, writing the replies (callgrind, --toggle-collect on readQueryFromClient and
 # handleClientsWithPendingWritesUsingThreads), for Tollgate's pipelines and for the Go service's way
 # (`tollgate bench --api redis-floor`: INCRBY + EXPIRE per descriptor, a pipeline per request). Unlike
-# the Redis CPU time of scripts/bench-redis-cpu.sh, the count hardly moves with the host's load (two
+# the Redis CPU time of scripts/bench/bench-redis-cpu.sh, the count hardly moves with the host's load (two
 # runs agree within about 2 %).
 #
-#   scripts/bench-redis-pipeline-instructions.sh target/release/tollgate [workload ...]
+#   scripts/bench/bench-redis-pipeline-instructions.sh target/release/tollgate [workload ...]
 #
 # Workloads (all by default): fixed-1 fixed-3 floor-1 floor-3 (one or three descriptors, 10,000 keys
 # each, 64 in flight, DURATION of load, default 15s). A decision is counted where Redis counted it, one
 # INCRBY per descriptor, since under callgrind Tollgate's queue backs up and the bench stops before the
-# last of it is sent. The scripted algorithms are measured by scripts/bench-redis-script-instructions.sh.
+# last of it is sent. The scripted algorithms are measured by scripts/bench/bench-redis-script-instructions.sh.
 # Needs valgrind, redis-server, redis-cli and python3.
 set -euo pipefail
 binary="$1"
@@ -21,7 +21,7 @@ command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgri
 duration="${DURATION:-15s}"
 valgrind_pid=""
 cleanup_more() { [ -z "$valgrind_pid" ] || kill "$valgrind_pid" 2>/dev/null || true; }
-# shellcheck source=scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 
 mkdir -p "$work/fixed-rules"

@@ -2,7 +2,7 @@
 # Side by side on one Redis: Tollgate and other Envoy RLS servers under the same load, measured in turns.
 #
 #   cargo build --release --locked
-#   scripts/bench-side-by-side.sh 'peer-mt=/path/to/peer-rls --port {port} --redis-url {redis_url}' ...
+#   scripts/bench/bench-side-by-side.sh 'peer-mt=/path/to/peer-rls --port {port} --redis-url {redis_url}' ...
 #
 # Each argument is `name=command`; `{port}` becomes a free gRPC port and `{redis_url}` the shared Redis
 # (`redis://127.0.0.1:PORT`). The peer must answer domain `bench`, descriptor `user=<value>`, with a limit
@@ -12,14 +12,14 @@
 # decision for every run. Needs redis-server and redis-cli on PATH.
 set -euo pipefail
 
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 tollgate="$("$root/scripts/binary-path.sh" release)"
 [ -x "$tollgate" ] || { echo "build first: cargo build --release --locked" >&2; exit 1; }
 rounds="${ROUNDS:-3}"
 duration="${DURATION:-10s}"
 pids=()
 cleanup_more() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
-# shellcheck source=scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 redis_url="redis://127.0.0.1:$redis_port"
 

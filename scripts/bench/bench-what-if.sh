@@ -7,14 +7,14 @@
 #   nginx      NGINX's combined format, api.yaml's rules (its proxy: block makes the descriptors);
 #   json       the same requests as JSON lines (NGINX's escape=json field names).
 #
-#   scripts/bench-what-if.sh target/release/tollgate
+#   scripts/bench/bench-what-if.sh target/release/tollgate
 #
 # LINES (default 2000000) sets the size; RUNS (default 2) the runs of each. Needs python3.
 set -euo pipefail
 binary="$(realpath "$1")"
 lines="${LINES:-2000000}"
 runs="${RUNS:-2}"
-repo="$(cd "$(dirname "$0")/.." && pwd)"
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
