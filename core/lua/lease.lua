@@ -11,7 +11,7 @@
 -- Returns: 'acquire'/'renew' -> { now_us, impossible, then per key: available (1/0), in_flight,
 --   retry_after_us }; 'release' -> { now_us, impossible, then per key: released (1/0), in_flight }.
 --   `impossible`: keys found holding something other than a sorted set, which no Tollgate writes
---   (src/store/redis/impossible.rs): each is deleted, and then serves leases as an empty set would.
+--   (core/src/store/redis/impossible_state.rs): each is deleted, and then serves leases as an empty set would.
 --
 -- Acquire and renew are all or none. A new lease ('acquire') may take a key's slot when the key holds
 -- fewer than max_in_flight live leases and none under this id (so no two callers share a slot); a
