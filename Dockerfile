@@ -2,9 +2,9 @@
 #
 # Tollgate container image: build with BuildKit (the default builder since Docker 23):
 #
-#   docker build -t tollgate:0.1.0 .
+#   docker build -t tollgate:0.2.0 .
 #   docker run --rm -p 8081:8081 -p 8080:8080 -p 6070:6070 \
-#     -v "$PWD/examples/config:/etc/tollgate/rules:ro" tollgate:0.1.0
+#     -v "$PWD/examples/config:/etc/tollgate/rules:ro" tollgate:0.2.0
 #
 # Base images are pinned by tag, not by digest: the digests could not be looked up from the machine this
 # file was written on (no registry access). Pin them by digest in your own build
@@ -37,7 +37,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
 
 # distroless/cc: glibc and libgcc, no shell, no package manager; the `nonroot` variant's user is 65532.
 FROM ${RUNTIME_IMAGE}
-ARG VERSION=0.1.0
+ARG VERSION=0.2.0
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="tollgate" \
       org.opencontainers.image.description="Rate-limit decision service: Envoy RLS v3 compatible, drop-in for envoyproxy/ratelimit" \
