@@ -68,16 +68,6 @@ def without_tests(path):
     return text
 
 
-def code_lines(path):
-    """The file's lines outside its inline test modules."""
-    return len(without_tests(path).splitlines())
-
-
-def code_of(path):
-    """The file's code: no comments, no strings, no inline test modules."""
-    return without_tests(path)
-
-
 def references(text):
     """Every path that starts with crate::, super:: or self::, use-groups expanded (one level)."""
     found = PATH.findall(text)
@@ -157,13 +147,14 @@ def main():
         files = module_files(root)
         file_graph, top_graph = {}, {}
         for module, path in files.items():
-            lines = code_lines(path)
+            code = without_tests(path)
+            lines = len(code.splitlines())
             if lines > MAX_LINES:
                 problems.append(
                     f"{path}: {lines} lines of code, tests left out (at most {MAX_LINES}: split it along its seams)"
                 )
             edges = file_graph.setdefault(module, set())
-            for reference in references(code_of(path)):
+            for reference in references(code):
                 target = resolve(reference, module, files)
                 if target == module or module[: len(target)] == target or target[: len(module)] == module:
                     continue  # itself, an ancestor, or a descendant: one family
