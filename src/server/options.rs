@@ -157,10 +157,9 @@ pub(super) fn store_options(
 /// The certificates for TLS to Redis, read from the configured files (none configured: `None`, and the
 /// system's roots verify the server).
 fn redis_tls_certificates(settings: &StoreSettings) -> Result<Option<redis::TlsCertificates>, SettingsError> {
-    let read = read_setting_file;
     let root_cert = match settings.redis_tls_cacert.as_str() {
         "" => None,
-        path => Some(read("redis_tls_cacert", path)?),
+        path => Some(read_setting_file("redis_tls_cacert", path)?),
     };
     let client_tls = match (
         settings.redis_tls_client_cert.as_str(),
@@ -168,8 +167,8 @@ fn redis_tls_certificates(settings: &StoreSettings) -> Result<Option<redis::TlsC
     ) {
         ("", "") => None,
         (cert, key) if !cert.is_empty() && !key.is_empty() => Some(redis::ClientTlsConfig {
-            client_cert: read("redis_tls_client_cert", cert)?,
-            client_key: read("redis_tls_client_key", key)?,
+            client_cert: read_setting_file("redis_tls_client_cert", cert)?,
+            client_key: read_setting_file("redis_tls_client_key", key)?,
         }),
         _ => {
             return Err(SettingsError::BadValue {
