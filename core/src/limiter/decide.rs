@@ -21,8 +21,9 @@ use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store};
 
 /// How a request's store part was decided.
 pub(super) enum Decisions {
-    /// By the store: per target, one decision per checked limit.
-    Store(Vec<Vec<Decision>>),
+    /// By the store: one decision per checked limit, target after target (none for an unlimited
+    /// target); [`take_share`] splits them.
+    Store(Vec<Decision>),
     /// The store failed and every affected limit has a failure mode: per target, the local decision
     /// (`failure_mode: local`), or `None` where `open`/`closed` answers.
     FailureMode(Vec<Option<LocalDecision>>),
@@ -103,19 +104,7 @@ impl<S: Store> Limiter<S> {
                 Err(error) => return Err(LimiterError::Store(error)),
             }
         };
-        let mut decisions = decisions.into_iter();
-        Ok(Decisions::Store(
-            targets
-                .iter()
-                .map(|t| {
-                    if t.unlimited {
-                        Vec::new()
-                    } else {
-                        decisions.by_ref().take(t.rate_count()).collect()
-                    }
-                })
-                .collect(),
-        ))
+        Ok(Decisions::Store(decisions))
     }
 
     /// The `failure_mode: local` limits of a request whose store call failed, decided in this
@@ -187,18 +176,21 @@ impl<S: Store> Limiter<S> {
         // Gathered only when the debug lines are on: the keys move into the statuses' making.
         let notes = debug_line::enabled().then(|| self.notes(&targets, &decisions));
         let statuses: Vec<DescriptorStatus> = match decisions {
-            Decisions::Store(decisions) => targets
-                .into_iter()
-                .zip(decisions)
-                .zip(descriptors)
-                .map(|((target, decisions), descriptor)| {
-                    let caller = Caller {
-                        domain,
-                        entries: descriptor.entries(),
-                    };
-                    self.status(caller, target, &decisions, counted)
-                })
-                .collect(),
+            Decisions::Store(decisions) => {
+                let mut rest = decisions.as_slice();
+                targets
+                    .into_iter()
+                    .zip(descriptors)
+                    .map(|(target, descriptor)| {
+                        let caller = Caller {
+                            domain,
+                            entries: descriptor.entries(),
+                        };
+                        let share = take_share(&mut rest, &target);
+                        self.status(caller, target, share, counted)
+                    })
+                    .collect()
+            }
             Decisions::FailureMode(local) => targets
                 .into_iter()
                 .zip(local)
@@ -244,9 +236,13 @@ impl<S: Store> Limiter<S> {
     /// For the debug lines, per target: its storage key, its hits, and what decided it (see
     /// [`Decided::store`]).
     fn notes(&self, targets: &[Target], decisions: &Decisions) -> Vec<(String, u64, Option<&'static str>)> {
-        let store = |at: usize| match decisions {
-            Decisions::Store(decisions) => {
-                let decisions = &decisions[at];
+        let mut rest = match decisions {
+            Decisions::Store(decisions) => decisions.as_slice(),
+            Decisions::FailureMode(_) => &[],
+        };
+        let mut store = |at: usize, target: &Target| match decisions {
+            Decisions::Store(_) => {
+                let decisions = take_share(&mut rest, target);
                 let decision = reported(decisions).map(|reported| &decisions[reported])?;
                 Some(if decision.from_local_cache {
                     "local cache"
@@ -265,7 +261,7 @@ impl<S: Store> Limiter<S> {
                 (
                     target.key.clone(),
                     target.cost,
-                    store(at).filter(|_| !target.unlimited),
+                    store(at, target).filter(|_| !target.unlimited),
                 )
             })
             .collect()
@@ -473,6 +469,19 @@ impl<S> Limiter<S> {
     fn near_limit_threshold(&self, limit: u64) -> u64 {
         ((limit as f32) * (self.options.near_limit_ratio as f32)).floor() as u64
     }
+}
+
+/// The decisions of `target` at the front of `rest` (the store's decisions, target after target),
+/// taken off it: one per checked limit, none for an unlimited target.
+fn take_share<'d>(rest: &mut &'d [Decision], target: &Target) -> &'d [Decision] {
+    let count = if target.unlimited {
+        0
+    } else {
+        target.rate_count().min(rest.len())
+    };
+    let (share, after) = rest.split_at(count);
+    *rest = after;
+    share
 }
 
 /// Retry hint given when the store is down and a rule fails closed: short, because the store usually

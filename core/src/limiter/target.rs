@@ -70,7 +70,7 @@ pub(super) struct Target {
     /// The matched rule; `None` for no match and for a request's limit override.
     pub(super) rule: Option<Arc<Rule>>,
     /// A request's limit override, used instead of any rule.
-    pub(super) override_limit: Option<RuleLimit>,
+    pub(super) override_limit: Option<Box<RuleLimit>>,
     /// Bit `i` set: limit `i` of [`Target::limits`] is checked (it has a rate and no matched rule
     /// replaces it). Zero with `unlimited` false means "no limit" (no match, or everything replaced).
     pub(super) active: u64,
@@ -93,7 +93,7 @@ impl Target {
 
     pub(super) fn limits(&self) -> &[RuleLimit] {
         match (&self.override_limit, &self.rule) {
-            (Some(limit), _) => std::slice::from_ref(limit),
+            (Some(limit), _) => std::slice::from_ref(&**limit),
             (None, Some(rule)) => &rule.limits,
             (None, None) => &[],
         }
@@ -324,7 +324,7 @@ impl<S: Store> Limiter<S> {
             };
             return Ok(Target {
                 rule: None,
-                override_limit: Some(limit),
+                override_limit: Some(Box::new(limit)),
                 active: 1,
                 unlimited: false,
                 key,

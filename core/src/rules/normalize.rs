@@ -88,6 +88,11 @@ impl Normalizer {
 /// so `ip_prefix: {v4: 32}` only canonicalises; anything shorter gives `network/len`. Values that are
 /// not addresses are left alone (a descriptor may legitimately carry a hostname).
 fn group_ip(value: &str, prefix: &IpPrefix) -> Option<String> {
+    // The usual case, an IPv4 client kept whole, is already canonical as written: std's parser takes
+    // only four decimal octets without leading zeros, the very text it would print. No copy, then.
+    if prefix.v4 == 32 && value.parse::<std::net::Ipv4Addr>().is_ok() {
+        return None;
+    }
     let ip = canonical_ip(value)?;
     let len = match ip {
         IpAddr::V4(_) => prefix.v4,
@@ -189,6 +194,32 @@ mod tests {
         assert_eq!(n.apply("not-an-ip"), "not-an-ip");
         let v4 = normalizer(false, false, Some((24, 128)));
         assert_eq!(v4.apply("192.0.2.7"), "192.0.2.0/24");
+    }
+
+    #[test]
+    fn an_ipv4_address_kept_whole_is_borrowed_and_only_canonical_text_is_one() {
+        let n = normalizer(false, false, Some((32, 64)));
+        for written in ["192.0.2.7", "0.0.0.0", "255.255.255.255", "10.0.0.1"] {
+            let applied = n.apply(written);
+            assert!(matches!(applied, Cow::Borrowed(_)), "{written}");
+            let ip: IpAddr = written.parse().expect("an address");
+            assert_eq!(applied, ip.to_string(), "as written is as printed");
+        }
+        for not_canonical in [
+            "010.0.0.1",
+            "1.2.3",
+            "1.2.3.4.5",
+            "0x7f.0.0.1",
+            "256.0.0.1",
+            " 1.2.3.4",
+        ] {
+            assert_eq!(
+                n.apply(not_canonical),
+                not_canonical,
+                "not an address: left alone"
+            );
+            assert!(not_canonical.parse::<IpAddr>().is_err(), "{not_canonical}");
+        }
     }
 
     #[test]

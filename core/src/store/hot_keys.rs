@@ -286,7 +286,7 @@ impl<S: Reserve> HotKeys<S> {
     }
 
     fn shard(&self, hash: u64) -> MutexGuard<'_, HashTable<Slice>> {
-        lock(&self.slices[(hash >> 60) as usize % SHARDS])
+        lock(&self.slices[super::shard_of(hash, SHARDS)])
     }
 
     /// The item's hash in the slice table and its rate on this replica, counting this decision; `None`

@@ -108,7 +108,7 @@ impl<S: Store> LocalCache<S> {
 
     fn shard(&self, hash: u64) -> MutexGuard<'_, HashTable<Blocked>> {
         // A poisoned shard holds plain data; keep serving rather than failing every request.
-        self.shards[(hash >> 60) as usize % SHARDS]
+        self.shards[super::shard_of(hash, SHARDS)]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }

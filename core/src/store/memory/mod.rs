@@ -29,10 +29,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
+use smallvec::SmallVec;
 
 use crate::algorithm::{self, Algorithm, Decision, State};
 use crate::clock::Clock;
-use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store, StoreError};
+use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store, StoreError, shard_of};
 
 /// Number of independently locked tables. Enough that the runtime's worker threads rarely contend on
 /// one lock, few enough that a sweep walks them quickly.
@@ -104,9 +105,13 @@ enum Pass<'u> {
     Peek(&'u mut Vec<Option<State>>),
 }
 
+/// Per-batch values (hashes, costs, shards) kept beside the call rather than allocated: a request
+/// has a handful of descriptors, so a batch rarely holds more items than this.
+type PerItem<T> = SmallVec<[T; 4]>;
+
 /// Locked shards of one batch, in ascending shard order.
 struct Locked<'a> {
-    guards: Vec<(usize, MutexGuard<'a, HashTable<Entry>>)>,
+    guards: PerItem<(usize, MutexGuard<'a, HashTable<Entry>>)>,
     /// The batch's number (see [`Entry::batch`]).
     batch: u32,
 }
@@ -204,7 +209,7 @@ impl MemoryStore {
     }
 
     fn lock_shards(&self, hashes: &[u64]) -> Locked<'_> {
-        let mut wanted: Vec<usize> = hashes.iter().map(|h| shard_of(*h)).collect();
+        let mut wanted: PerItem<usize> = hashes.iter().map(|h| shard_of(*h, SHARDS)).collect();
         wanted.sort_unstable();
         wanted.dedup();
         Locked {
@@ -222,13 +227,13 @@ impl MemoryStore {
         once: Option<&RefundOnce>,
     ) -> Result<Vec<Decision>, StoreError> {
         let now = self.clock.now_us();
-        let hashes: Vec<u64> = items.iter().map(|i| self.hash(i)).collect();
+        let hashes: PerItem<u64> = items.iter().map(|i| self.hash(i)).collect();
         let mut locked = self.lock_shards(&hashes);
         match policy {
             CommitPolicy::Peek => {
                 // The first pass of a consuming batch, then every state back as it was: the tables
                 // themselves are the overlay that lets a repeated key see the first item's effect.
-                let costs: Vec<u64> = items.iter().map(|i| i.cost).collect();
+                let costs: PerItem<u64> = items.iter().map(|i| i.cost).collect();
                 let mut undo = Vec::with_capacity(items.len());
                 let decisions = self.run(&mut locked, items, &hashes, &costs, now, Pass::Peek(&mut undo));
                 rollback(&mut locked, items, &hashes, undo);
@@ -271,7 +276,7 @@ impl MemoryStore {
         policy: CommitPolicy,
         now: u64,
     ) -> Vec<Decision> {
-        let costs: Vec<u64> = items.iter().map(|i| i.cost).collect();
+        let costs: PerItem<u64> = items.iter().map(|i| i.cost).collect();
         let may_settle = policy != CommitPolicy::Independent || has_shared_group(items);
         let mut undo = Vec::with_capacity(if may_settle { items.len() } else { 0 });
         let pass = if may_settle {
@@ -312,27 +317,44 @@ impl MemoryStore {
         let mut decisions = Vec::with_capacity(items.len());
         let batch = locked.batch;
         for ((item, hash), cost) in items.iter().zip(hashes).zip(costs) {
-            let table = locked.table(shard_of(*hash));
-            let entry = table
-                .find_mut(*hash, |e| e.is(item))
-                .filter(|e| e.expires_at_us > now);
-            let previous = entry.as_ref().map(|e| &e.state);
-            let (decision, next) = algorithm::decide(&item.limit, previous, now, *cost);
-            if let Pass::Record(undo) | Pass::Peek(undo) = &mut pass {
-                undo.push(previous.cloned());
-            }
-            if *cost > 0 {
-                // A peek's writes are undone; it must not evict anyone to make them.
-                let may_evict = !matches!(pass, Pass::Peek(_));
-                self.store(table, *hash, item, batch, next, may_evict, now);
-            }
+            let table = locked.table(shard_of(*hash, SHARDS));
+            // One lookup per item: the entry found (live or expired) is decided and updated in place.
+            let decision = match table.find_mut(*hash, |e| e.is(item)) {
+                Some(entry) => {
+                    let previous = (entry.expires_at_us > now).then_some(&entry.state);
+                    let (decision, next) = algorithm::decide(&item.limit, previous, now, *cost);
+                    if let Pass::Record(undo) | Pass::Peek(undo) = &mut pass {
+                        undo.push(previous.cloned());
+                    }
+                    if *cost > 0 {
+                        entry.expires_at_us = algorithm::expires_at_us(&item.limit, &next);
+                        entry.state = next;
+                        entry.batch = batch;
+                    }
+                    decision
+                }
+                None => {
+                    let (decision, next) = algorithm::decide(&item.limit, None, now, *cost);
+                    if let Pass::Record(undo) | Pass::Peek(undo) = &mut pass {
+                        undo.push(None);
+                    }
+                    if *cost > 0 {
+                        // A peek's writes are undone; it must not evict anyone to make them.
+                        let may_evict = !matches!(pass, Pass::Peek(_));
+                        self.insert(table, *hash, item, batch, next, may_evict, now);
+                    }
+                    decision
+                }
+            };
             decisions.push(decision);
         }
         decisions
     }
 
+    /// Adds the entry of `item`, which `table` does not hold, evicting one first if the shard is full
+    /// and `may_evict`.
     #[allow(clippy::too_many_arguments)] // one call site, each argument a different thing
-    fn store(
+    fn insert(
         &self,
         table: &mut HashTable<Entry>,
         hash: u64,
@@ -342,29 +364,19 @@ impl MemoryStore {
         may_evict: bool,
         now: u64,
     ) {
-        let expires_at_us = algorithm::expires_at_us(&item.limit, &state);
-        match table.find_mut(hash, |e| e.is(item)) {
-            Some(entry) => {
-                entry.state = state;
-                entry.expires_at_us = expires_at_us;
-                entry.batch = batch;
-            }
-            None => {
-                if may_evict && table.len() >= self.shard_cap {
-                    self.evict_one(table, batch, now);
-                }
-                let entry = Entry {
-                    key: item.key.clone(),
-                    algorithm: item.limit.algorithm,
-                    go_format: item.go_format,
-                    batch,
-                    window_us: item.limit.window_us,
-                    state,
-                    expires_at_us,
-                };
-                table.insert_unique(hash, entry, |e| self.entry_hash(e));
-            }
+        if may_evict && table.len() >= self.shard_cap {
+            self.evict_one(table, batch, now);
         }
+        let entry = Entry {
+            key: item.key.clone(),
+            algorithm: item.limit.algorithm,
+            go_format: item.go_format,
+            batch,
+            window_us: item.limit.window_us,
+            expires_at_us: algorithm::expires_at_us(&item.limit, &state),
+            state,
+        };
+        table.insert_unique(hash, entry, |e| self.entry_hash(e));
     }
 
     /// An entry's hash: its item's ([`MemoryStore::hash`]).
@@ -425,7 +437,7 @@ fn give_back(
         } else {
             0
         };
-        let table = locked.table(shard_of(*hash));
+        let table = locked.table(shard_of(*hash, SHARDS));
         let entry = table
             .find_mut(*hash, |e| e.is(item))
             .filter(|e| e.expires_at_us > now);
@@ -528,7 +540,7 @@ fn settled_costs(items: &[BatchItem], decisions: &[Decision], policy: CommitPoli
 /// one batch ends at its original state.
 fn rollback(locked: &mut Locked<'_>, items: &[BatchItem], hashes: &[u64], undo: Vec<Option<State>>) {
     for ((item, hash), previous) in items.iter().zip(hashes).zip(undo).rev() {
-        let table = locked.table(shard_of(*hash));
+        let table = locked.table(shard_of(*hash, SHARDS));
         match (table.find_entry(*hash, |e| e.is(item)), previous) {
             (Ok(mut entry), Some(state)) => {
                 let entry = entry.get_mut();
@@ -551,11 +563,6 @@ fn unconsumed(evaluated: &Decision, peek: &Decision) -> Decision {
         reset_after_us: peek.reset_after_us,
         ..*evaluated
     }
-}
-
-fn shard_of(hash: u64) -> usize {
-    // The low bits pick the hash table bucket inside the shard; use the high bits for the shard.
-    (hash >> 58) as usize % SHARDS
 }
 
 /// A poisoned shard only means another thread panicked mid-update of plain counters; the data is still
@@ -727,7 +734,7 @@ mod tests {
             group,
             go_format: false,
         };
-        let shard = |key: &str| shard_of(store.hash(&item(key, 0)));
+        let shard = |key: &str| shard_of(store.hash(&item(key, 0)), SHARDS);
         let other = (0..)
             .map(|i| format!("b{i}"))
             .find(|b| shard(b) == shard("a"))
