@@ -37,7 +37,16 @@ with open(f"{work}/api.jsonl", "w") as api, open(f"{work}/bucket.jsonl", "w") as
         t = start + i * 0.0005
         iso = datetime.datetime.fromtimestamp(t, utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         local = datetime.datetime.fromtimestamp(int(t), utc).strftime("%d/%b/%Y:%H:%M:%S +0000")
-        ip = "10.%d.%d.%d" % ((i * 7919) % 200, (i * 31) % 250, i % 250)
+        # 20,000 clients taking turns (one in eight an IPv6 host, grouped by its /64), and every
+        # 16th request from one of 10 heavy clients, 750 a minute each: refused under both rule sets.
+        # None in 10.0.0.0/8, which api.yaml leaves unlimited.
+        c = (i * 7919) % 20000
+        if i % 16 == 0:
+            ip = "100.127.255.%d" % (i // 16 % 10 + 1)
+        elif i % 8 == 4:
+            ip = "2001:db8:%x:%x::%x" % (c % 64, c // 64, i % 1000 + 1)
+        else:
+            ip = "100.64.%d.%d" % (c // 250, c % 250)
         api.write('{"time":"%s","domain":"api","descriptors":[{"entries":[{"key":"remote_address","value":"%s"}]}]}\n' % (iso, ip))
         bucket.write('{"time":"%s","domain":"bench","descriptors":[{"entries":[{"key":"user","value":"u-%d"}]}]}\n' % (iso, (i * 7919) % 10000))
         nginx.write('%s - - [%s] "GET /orders?page=%d HTTP/1.1" 200 612 "-" "curl/8.1"\n' % (ip, local, i % 5))

@@ -207,57 +207,71 @@ struct Run {
 }
 
 impl Run {
-    /// Reads one log to its end.
+    /// Reads one log to its end. A line whole in the reader's buffer is read where it is; only one
+    /// that spans two fills is copied out.
     fn read(&mut self, mut source: impl BufRead) -> anyhow::Result<()> {
-        let mut raw = Vec::with_capacity(4096);
+        let mut spanning = Vec::with_capacity(4096);
         loop {
-            raw.clear();
-            if source.read_until(b'\n', &mut raw)? == 0 {
+            let available = source.fill_buf()?;
+            if available.is_empty() {
                 return Ok(());
             }
-            self.summary.lines += 1;
-            let line = match std::str::from_utf8(&raw) {
-                Ok(line) => std::borrow::Cow::Borrowed(line),
-                Err(_) => String::from_utf8_lossy(&raw),
-            };
-            let line = line.trim_end_matches(['\n', '\r']);
-            if line.is_empty() {
-                continue;
-            }
-            let number = self.summary.lines;
-            match self.reader.read(line) {
-                Ok(record) => {
-                    if let Err(late) = self.order.push(record, number) {
-                        bail!(
-                            "line {}: {:.3} s earlier than a line already replayed: the log is out of time order by more than \
-                             --reorder-window; sort it first, or widen the window",
-                            late.line,
-                            late.by_us as f64 / 1e6
-                        );
-                    }
-                    while let Some((line, record)) = self.order.ready() {
-                        self.step(line, &record)?;
-                    }
-                }
-                Err(error) => {
-                    if self.strict {
-                        bail!("line {number}: {error}");
-                    }
-                    self.summary.bad_lines += 1;
-                    self.summary
-                        .first_bad
-                        .get_or_insert_with(|| format!("line {number}: {error}"));
-                }
-            }
-            if number.is_multiple_of(65_536) && self.progress.elapsed() >= PROGRESS_EVERY {
-                self.progress = Instant::now();
-                eprintln!(
-                    "tollgate what-if: {} lines read, {} replayed",
-                    report::count(number),
-                    report::count(self.tally.requests)
-                );
+            if let Some(end) = memchr::memchr(b'\n', available) {
+                self.line(&available[..end])?;
+                source.consume(end + 1);
+            } else {
+                spanning.clear();
+                source.read_until(b'\n', &mut spanning)?;
+                self.line(&spanning)?;
             }
         }
+    }
+
+    /// Reads and replays one line (`raw`, with or without its newline).
+    fn line(&mut self, raw: &[u8]) -> anyhow::Result<()> {
+        self.summary.lines += 1;
+        let line = match std::str::from_utf8(raw) {
+            Ok(line) => std::borrow::Cow::Borrowed(line),
+            Err(_) => String::from_utf8_lossy(raw),
+        };
+        let line = line.trim_end_matches(['\n', '\r']);
+        if line.is_empty() {
+            return Ok(());
+        }
+        let number = self.summary.lines;
+        match self.reader.read(line) {
+            Ok(record) => {
+                if let Err(late) = self.order.push(record, number) {
+                    bail!(
+                        "line {}: {:.3} s earlier than a line already replayed: the log is out of time order by more than \
+                         --reorder-window; sort it first, or widen the window",
+                        late.line,
+                        late.by_us as f64 / 1e6
+                    );
+                }
+                while let Some((line, record)) = self.order.ready() {
+                    self.step(line, &record)?;
+                }
+            }
+            Err(error) => {
+                if self.strict {
+                    bail!("line {number}: {error}");
+                }
+                self.summary.bad_lines += 1;
+                self.summary
+                    .first_bad
+                    .get_or_insert_with(|| format!("line {number}: {error}"));
+            }
+        }
+        if number.is_multiple_of(65_536) && self.progress.elapsed() >= PROGRESS_EVERY {
+            self.progress = Instant::now();
+            eprintln!(
+                "tollgate what-if: {} lines read, {} replayed",
+                report::count(number),
+                report::count(self.tally.requests)
+            );
+        }
+        Ok(())
     }
 
     /// Replays what is still held, the logs having ended.

@@ -63,16 +63,19 @@ impl Reorder {
             });
         }
         self.newest_us = self.newest_us.max(time_us);
+        let held = Held {
+            time_us,
+            line,
+            record,
+        };
+        // Most records are not earlier than the last one held: they go at the back, without a search.
+        if self.held.back().is_none_or(|last| last.time_us <= time_us) {
+            self.held.push_back(held);
+            return Ok(());
+        }
         // After every record not later than it (ties stay in line order); moving the shorter side.
         let at = self.held.partition_point(|h| h.time_us <= time_us);
-        self.held.insert(
-            at,
-            Held {
-                time_us,
-                line,
-                record,
-            },
-        );
+        self.held.insert(at, held);
         Ok(())
     }
 

@@ -3,15 +3,19 @@
 //! as `/forward-auth/{domain}` decides it (the domain's `proxy:` block, then Envoy's counting); a
 //! decision from Tollgate's decision log as Envoy's `ShouldRateLimit`. Nothing is sent anywhere.
 
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 
 use futures_util::FutureExt as _;
+use smallvec::SmallVec;
 use tollgate_core::clock::{Clock, ManualClock};
-use tollgate_core::limiter::{Code, Limiter, LimiterError, LimiterOptions, Verdict};
+use tollgate_core::limiter::{
+    AppliedLimit, Code, CurrentLimit, Limiter, LimiterError, LimiterOptions, Verdict,
+};
 use tollgate_core::observe::metrics::Metrics;
 use tollgate_core::rules::proxy::{BadRequestAnswer, ProxyRules};
 use tollgate_core::rules::reload::load_rules;
-use tollgate_core::rules::{CompileOptions, RuleSet, ValueHasher};
+use tollgate_core::rules::{CompileOptions, Rule, RuleSet, ValueHasher};
 use tollgate_core::store::memory::MemoryStore;
 
 use super::input::Record;
@@ -33,8 +37,8 @@ pub(super) struct Decided {
     pub(super) refused: bool,
     /// How it came to be decided.
     pub(super) how: How,
-    /// Each limit that applied.
-    pub(super) limits: Vec<LimitSeen>,
+    /// Each limit that applied (most requests have one: kept beside it, not allocated).
+    pub(super) limits: SmallVec<[LimitSeen; 1]>,
     /// The first descriptor refused, by its place in the request.
     pub(super) first_refused: Option<usize>,
 }
@@ -55,12 +59,10 @@ pub(super) enum How {
 /// One limit that applied to a record.
 #[derive(Debug, Clone)]
 pub(super) struct LimitSeen {
-    /// The rule's path.
-    pub(super) path: Arc<str>,
-    /// The limit's name, if it has one.
-    pub(super) name: Option<Arc<str>>,
-    /// The limit as configured, for [`LimitSeen::describe`].
-    pub(super) limit: tollgate_core::limiter::CurrentLimit,
+    /// The rule it belongs to.
+    pub(super) rule: Arc<Rule>,
+    /// The limit as configured (its name among it), for [`LimitSeen::text`].
+    pub(super) limit: CurrentLimit,
     /// Whether it refused.
     pub(super) refused: bool,
     /// The share of its capacity in use after the request (1.0: none left).
@@ -118,17 +120,17 @@ impl Side {
                     Ok(descriptors) if descriptors.is_empty() => {
                         return Decided::plain(false, How::NotLimited);
                     }
-                    Ok(descriptors) => now(self.limiter.forward_auth(domain, &descriptors)),
+                    Ok(descriptors) => now(pin!(self.limiter.forward_auth(domain, &descriptors))),
                 }
             }
-            Record::Decision(decision) => {
-                now(self
-                    .limiter
-                    .should_rate_limit(&decision.domain, &decision.descriptors, 0))
-            }
+            Record::Decision(decision) => now(pin!(self.limiter.should_rate_limit(
+                &decision.domain,
+                &decision.descriptors,
+                0
+            ))),
         };
         match verdict {
-            Ok(verdict) => Decided::from(&verdict),
+            Ok(verdict) => Decided::from(verdict),
             Err(error) => Decided::plain(false, How::Error(reason(&error))),
         }
     }
@@ -139,8 +141,9 @@ impl Side {
     }
 }
 
-/// The answer of a limiter call on the embedded store, which never waits.
-fn now(call: impl Future<Output = Result<Verdict, LimiterError>>) -> Result<Verdict, LimiterError> {
+/// The answer of a limiter call on the embedded store, which never waits. The call is pinned where it
+/// is made: its state (well over a kilobyte) is never moved, which would cost more than deciding.
+fn now(call: Pin<&mut impl Future<Output = Result<Verdict, LimiterError>>>) -> Result<Verdict, LimiterError> {
     // The embedded store's calls complete when first polled; one that did not would be a bug in the
     // store, answered as an error rather than a hang.
     call.now_or_never().unwrap_or(Err(LimiterError::NoConfig))
@@ -159,34 +162,37 @@ impl Decided {
         Self {
             refused,
             how,
-            limits: Vec::new(),
+            limits: SmallVec::new(),
             first_refused: None,
         }
     }
 
-    fn from(verdict: &Verdict) -> Self {
+    /// What `verdict` says, its rules and limits moved out of it rather than copied.
+    fn from(verdict: Verdict) -> Self {
+        let first_refused = verdict.statuses.iter().position(|s| s.code == Code::OverLimit);
+        let refused = verdict.overall == Code::OverLimit;
         let limits = verdict
             .statuses
-            .iter()
+            .into_iter()
             .filter_map(|status| {
-                let limit = status.current_limit()?;
-                let rule = status.rule.as_ref()?;
+                let AppliedLimit::Limited(limit) = status.limit else {
+                    return None;
+                };
                 let capacity = limit.burst.max(1);
                 let left = status.remaining.min(capacity);
                 Some(LimitSeen {
-                    path: Arc::clone(&rule.path),
-                    name: limit.name.clone(),
-                    limit: limit.clone(),
+                    rule: status.rule?,
                     refused: status.code == Code::OverLimit,
                     used: (capacity - left) as f64 / capacity as f64,
+                    limit,
                 })
             })
             .collect();
         Self {
-            refused: verdict.overall == Code::OverLimit,
+            refused,
             how: How::Rules,
             limits,
-            first_refused: verdict.statuses.iter().position(|s| s.code == Code::OverLimit),
+            first_refused,
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::replay::{Decided, How};
+use super::replay::{Decided, How, LimitSeen};
 
 /// Clients listed by name; beyond these, newly refused requests count together.
 pub(super) const MAX_CLIENTS: usize = 100_000;
@@ -34,7 +34,12 @@ pub(super) struct Tally {
     pub(super) now_allowed: u64,
     /// Per limit of a rule, in the order first seen.
     pub(super) rules: Vec<RuleTally>,
+    /// Where each limit is in `rules`, by its rule's path and its name: the same limit on both
+    /// sides is one tally.
     index: HashMap<(Arc<str>, Option<Arc<str>>), usize>,
+    /// The same, by the identity of the loaded rule and name ([`identity`]): what a request looks up,
+    /// without hashing a string.
+    seen: hashbrown::HashMap<(usize, usize), usize>,
     /// The newly refused, by client.
     pub(super) clients: HashMap<String, ClientTally>,
     /// Newly refused requests of clients beyond [`MAX_CLIENTS`].
@@ -190,21 +195,9 @@ impl Tally {
             How::Error(reason) => *totals.errors.entry(reason).or_default() += 1,
         }
         for seen in &decided.limits {
-            let key = (Arc::clone(&seen.path), seen.name.clone());
-            let at = match self.index.get(&key) {
+            let at = match self.seen.get(&identity(seen)) {
                 Some(at) => *at,
-                None => {
-                    self.rules.push(RuleTally {
-                        path: Arc::clone(&seen.path),
-                        name: seen.name.clone(),
-                        limit: [None, None],
-                        requests: [0; 2],
-                        refused: [0; 2],
-                        peak: [0.0; 2],
-                    });
-                    self.index.insert(key, self.rules.len() - 1);
-                    self.rules.len() - 1
-                }
+                None => self.first_sight(seen),
             };
             let rule = &mut self.rules[at];
             if rule.limit[side].is_none() {
@@ -219,6 +212,29 @@ impl Tally {
         }
     }
 
+    /// The tally of a limit not looked up by identity yet: the one of the same path and name if the
+    /// other side has one, else a new one.
+    fn first_sight(&mut self, seen: &LimitSeen) -> usize {
+        let key = (Arc::clone(&seen.rule.path), seen.limit.name.clone());
+        let at = match self.index.get(&key) {
+            Some(at) => *at,
+            None => {
+                self.rules.push(RuleTally {
+                    path: Arc::clone(&seen.rule.path),
+                    name: seen.limit.name.clone(),
+                    limit: [None, None],
+                    requests: [0; 2],
+                    refused: [0; 2],
+                    peak: [0.0; 2],
+                });
+                self.index.insert(key, self.rules.len() - 1);
+                self.rules.len() - 1
+            }
+        };
+        self.seen.insert(identity(seen), at);
+        at
+    }
+
     /// The newly refused clients, most requests first (then the earliest), at most `n`.
     pub(super) fn top_clients(&self, n: usize) -> Vec<(&str, ClientTally)> {
         let mut clients: Vec<(&str, ClientTally)> =
@@ -231,4 +247,15 @@ impl Tally {
         clients.truncate(n);
         clients
     }
+}
+
+/// A limit's identity in the rules loaded for the replay: its rule's address and its name's. Each
+/// side holds its rules for the whole run, so an address is never reused for another limit.
+fn identity(seen: &LimitSeen) -> (usize, usize) {
+    let name = seen
+        .limit
+        .name
+        .as_ref()
+        .map_or(0, |name| Arc::as_ptr(name).cast::<u8>() as usize);
+    (Arc::as_ptr(&seen.rule) as usize, name)
 }

@@ -1,5 +1,4 @@
-//! JSON lines: access logs with named fields (Envoy's `json_format`, NGINX's `log_format …
-//! escape=json`), and Tollgate's own decision log.
+//! JSON access logs with named fields (Envoy's `json_format`, NGINX's `log_format … escape=json`).
 //!
 //! An access log's fields are found by name. Each part of a request has names it is looked for under
 //! (the first found wins), Envoy's and NGINX's usual ones by default, `--field part=name` first:
@@ -13,9 +12,8 @@ use std::fmt;
 
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
-use tollgate_core::embedded::Descriptor;
 
-use super::{Decision, HttpRequest, LineError};
+use super::{HttpRequest, LineError};
 use crate::what_if::time;
 
 /// The parts of a request, and the JSON names they are looked for under by default.
@@ -231,63 +229,6 @@ impl<'de> Deserialize<'de> for Scalar<'de> {
     }
 }
 
-/// One line of Tollgate's decision log: `{"time": RFC 3339, "domain": …, "descriptors": [{"entries":
-/// [{"key": …, "value": …}], "hits_addend": N}]}`, the shape of Envoy's request in proto3 JSON.
-#[derive(Deserialize)]
-struct DecisionLine<'a> {
-    #[serde(borrow)]
-    time: Cow<'a, str>,
-    #[serde(borrow)]
-    domain: Cow<'a, str>,
-    #[serde(borrow)]
-    descriptors: Vec<DescriptorLine<'a>>,
-}
-
-#[derive(Deserialize)]
-struct DescriptorLine<'a> {
-    #[serde(borrow)]
-    entries: Vec<EntryLine<'a>>,
-    #[serde(default)]
-    hits_addend: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct EntryLine<'a> {
-    #[serde(borrow)]
-    key: Cow<'a, str>,
-    #[serde(borrow, default)]
-    value: Cow<'a, str>,
-}
-
-/// A line of the decision log.
-pub(super) fn decision(line: &str) -> Result<Decision, LineError> {
-    let read: DecisionLine<'_> = serde_json::from_str(line).map_err(|_| LineError::Shape {
-        format: "Tollgate's decision log",
-        reason: "not a decision (time, domain, descriptors)",
-    })?;
-    let time_us = time::parse(&read.time).ok_or(LineError::Time)?;
-    let descriptors = read
-        .descriptors
-        .into_iter()
-        .map(|d| {
-            let entries = d
-                .entries
-                .into_iter()
-                .map(|e| (e.key.into_owned(), e.value.into_owned()));
-            let descriptor = Descriptor::new(entries);
-            match d.hits_addend {
-                Some(hits) => descriptor.with_hits_addend(hits),
-                None => descriptor,
-            }
-        })
-        .collect();
-    Ok(Decision {
-        time_us,
-        domain: read.domain.into_owned(),
-        descriptors,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -324,17 +265,5 @@ mod tests {
             assert!(fields.request(bad).is_err(), "{bad}");
         }
         assert!(Fields::new(&["size=bytes".to_owned()], []).is_err());
-    }
-
-    #[test]
-    fn a_decision_line_has_its_descriptors_and_costs() {
-        let line = r#"{"time":"2026-12-06T04:42:11.310Z","domain":"api","descriptors":[{"entries":[{"key":"user","value":"ada"}],"hits_addend":3},{"entries":[{"key":"path","value":"/x"}]}]}"#;
-        let read = decision(line).expect("read");
-        assert_eq!(
-            (read.time_us, read.domain.as_str()),
-            (1_796_532_131_310_000, "api")
-        );
-        assert_eq!(read.descriptors.len(), 2);
-        assert!(decision(r#"{"time":"x","domain":"api","descriptors":[]}"#).is_err());
     }
 }

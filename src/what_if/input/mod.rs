@@ -7,6 +7,7 @@
 //! log holds; where the log names the client's address itself (NGINX's `$remote_addr`), that address
 //! is the client.
 
+mod decisions;
 mod json;
 mod text;
 
@@ -14,8 +15,8 @@ pub(crate) use json::Fields;
 
 use std::borrow::Cow;
 use std::net::IpAddr;
+use std::sync::Arc;
 
-use tollgate_core::embedded::Descriptor;
 use tollgate_core::rules::proxy::{AddressSource, BadRequest, ProxiedRequest};
 
 /// The formats `--format` names.
@@ -89,8 +90,8 @@ impl HttpRequest {
 #[derive(Debug)]
 pub(super) struct Decision {
     pub(super) time_us: u64,
-    pub(super) domain: String,
-    pub(super) descriptors: Vec<Descriptor>,
+    pub(super) domain: Arc<str>,
+    pub(super) descriptors: decisions::Descriptors,
 }
 
 /// Why a line was not read.
@@ -115,21 +116,27 @@ pub(crate) struct LineReader {
     format: LogFormat,
     /// For JSON: where the fields are.
     fields: Fields,
+    /// For the decision log: the domains and keys read so far.
+    names: decisions::Names,
 }
 
 impl LineReader {
     /// A reader of `format`; JSON lines with `fields`.
     pub(crate) fn new(format: LogFormat, fields: Fields) -> Self {
-        Self { format, fields }
+        Self {
+            format,
+            fields,
+            names: decisions::Names::default(),
+        }
     }
 
     /// The record on `line` (without its newline).
-    pub(super) fn read(&self, line: &str) -> Result<Record, LineError> {
+    pub(super) fn read(&mut self, line: &str) -> Result<Record, LineError> {
         match self.format {
             LogFormat::Envoy => text::envoy(line).map(Record::Http),
             LogFormat::Nginx => text::nginx(line).map(Record::Http),
             LogFormat::Json => self.fields.request(line).map(Record::Http),
-            LogFormat::Decisions => json::decision(line).map(Record::Decision),
+            LogFormat::Decisions => decisions::read(line, &mut self.names).map(Record::Decision),
         }
     }
 }
