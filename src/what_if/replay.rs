@@ -13,12 +13,12 @@ use tollgate_core::limiter::{
     AppliedLimit, Code, CurrentLimit, Limiter, LimiterError, LimiterOptions, Verdict,
 };
 use tollgate_core::observe::metrics::Metrics;
-use tollgate_core::rules::proxy::{BadRequestAnswer, ProxyRules};
+use tollgate_core::rules::proxy::{BadRequestAnswer, Descriptor, ProxyRules};
 use tollgate_core::rules::reload::load_rules;
 use tollgate_core::rules::{CompileOptions, Rule, RuleSet, ValueHasher};
 use tollgate_core::store::memory::MemoryStore;
 
-use super::input::Record;
+use super::input::{HttpRequest, Record};
 
 /// How often, in simulated time, state that can no longer change a decision is swept from the
 /// stores, so that memory follows the live counters, not the log.
@@ -30,8 +30,15 @@ pub(super) struct Side {
     limiter: Limiter<MemoryStore>,
 }
 
+/// A logged request as a `proxy:` block reads it: the descriptors it makes, or the answer it gets
+/// without any (it cannot be read, or it makes none).
+enum Made<'a> {
+    Descriptors(Vec<Descriptor<'a>>),
+    Answered(Decided),
+}
+
 /// What one side made of one record.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Decided {
     /// Whether the request was refused.
     pub(super) refused: bool,
@@ -107,31 +114,41 @@ impl Side {
 
     /// Decides `record`, at the clock's time; HTTP requests in `domain`.
     pub(super) fn decide(&self, record: &Record, domain: &str) -> Decided {
-        let verdict = match record {
-            Record::Http(request) => {
-                let Some(proxy) = self.proxy(domain) else {
-                    return Decided::plain(false, How::Error("no_proxy_block"));
-                };
-                match proxy.descriptors(request) {
-                    Err(bad) => {
-                        let refused = proxy.failure_mode == Some(BadRequestAnswer::Closed);
-                        return Decided::plain(refused, How::Unreadable(bad.reason()));
-                    }
-                    Ok(descriptors) if descriptors.is_empty() => {
-                        return Decided::plain(false, How::NotLimited);
-                    }
-                    Ok(descriptors) => now(pin!(self.limiter.forward_auth(domain, &descriptors))),
-                }
-            }
-            Record::Decision(decision) => now(pin!(self.limiter.should_rate_limit(
+        match record {
+            Record::Http(request) => self.decide_made(&self.make(request, domain), domain),
+            Record::Decision(decision) => answer(now(pin!(self.limiter.should_rate_limit(
                 &decision.domain,
                 &decision.descriptors,
                 0
-            ))),
+            )))),
+        }
+    }
+
+    /// What this side's `proxy:` block of `domain` makes of `request`.
+    fn make<'a>(&'a self, request: &'a HttpRequest, domain: &str) -> Made<'a> {
+        let Some(proxy) = self.proxy(domain) else {
+            return Made::Answered(Decided::plain(false, How::Error("no_proxy_block")));
         };
-        match verdict {
-            Ok(verdict) => Decided::from(verdict),
-            Err(error) => Decided::plain(false, How::Error(reason(&error))),
+        match proxy.descriptors(request) {
+            Err(bad) => {
+                let refused = proxy.failure_mode == Some(BadRequestAnswer::Closed);
+                Made::Answered(Decided::plain(refused, How::Unreadable(bad.reason())))
+            }
+            Ok(descriptors) if descriptors.is_empty() => {
+                Made::Answered(Decided::plain(false, How::NotLimited))
+            }
+            Ok(descriptors) => Made::Descriptors(descriptors),
+        }
+    }
+
+    /// Decides a request made into `made` (by this side's `proxy:` block or an equal one), at the
+    /// clock's time.
+    fn decide_made(&self, made: &Made<'_>, domain: &str) -> Decided {
+        match made {
+            Made::Answered(decided) => decided.clone(),
+            Made::Descriptors(descriptors) => {
+                answer(now(pin!(self.limiter.forward_auth(domain, descriptors))))
+            }
         }
     }
 
@@ -147,6 +164,14 @@ fn now(call: Pin<&mut impl Future<Output = Result<Verdict, LimiterError>>>) -> R
     // The embedded store's calls complete when first polled; one that did not would be a bug in the
     // store, answered as an error rather than a hang.
     call.now_or_never().unwrap_or(Err(LimiterError::NoConfig))
+}
+
+/// What a limiter's answer says.
+fn answer(verdict: Result<Verdict, LimiterError>) -> Decided {
+    match verdict {
+        Ok(verdict) => Decided::from(verdict),
+        Err(error) => Decided::plain(false, How::Error(reason(&error))),
+    }
 }
 
 fn reason(error: &LimiterError) -> &'static str {
@@ -217,6 +242,9 @@ pub(super) struct Replay {
     /// The rules proposed.
     pub(super) proposed: Side,
     next_sweep_us: u64,
+    /// The domain HTTP requests were last decided in, and whether both sides' `proxy:` blocks of it
+    /// are equal: then a request's descriptors are made once for both.
+    proxies_alike: Option<(String, bool)>,
 }
 
 impl Replay {
@@ -227,6 +255,7 @@ impl Replay {
             current,
             proposed,
             next_sweep_us: 0,
+            proxies_alike: None,
         }
     }
 
@@ -241,9 +270,30 @@ impl Replay {
             self.proposed.sweep();
             self.next_sweep_us = now + SWEEP_EVERY_US;
         }
-        (
-            self.current.decide(record, domain),
-            self.proposed.decide(record, domain),
-        )
+        match record {
+            Record::Http(request) if self.proxies_alike(domain) => {
+                let made = self.current.make(request, domain);
+                (
+                    self.current.decide_made(&made, domain),
+                    self.proposed.decide_made(&made, domain),
+                )
+            }
+            _ => (
+                self.current.decide(record, domain),
+                self.proposed.decide(record, domain),
+            ),
+        }
+    }
+
+    /// Whether both sides' `proxy:` blocks of `domain` are equal (compared once per domain).
+    fn proxies_alike(&mut self, domain: &str) -> bool {
+        match &self.proxies_alike {
+            Some((known, alike)) if known == domain => *alike,
+            _ => {
+                let alike = self.current.proxy(domain) == self.proposed.proxy(domain);
+                self.proxies_alike = Some((domain.to_owned(), alike));
+                alike
+            }
+        }
     }
 }

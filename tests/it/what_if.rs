@@ -271,6 +271,37 @@ fn an_access_log_needs_a_domain_with_a_proxy_block_on_both_sides() {
     assert!(error.contains("domain 'api' has no proxy: block"), "{error}");
 }
 
+#[test]
+fn each_side_makes_descriptors_with_its_own_proxy_block() {
+    // The same limit, 2 a minute; the proposed proxy: block counts every client in one budget. Both
+    // sides' blocks equal is the usual case (descriptors made once for both); here they differ.
+    let dir = sides(
+        "unit: minute, requests_per_unit: 2",
+        "unit: minute, requests_per_unit: 2",
+    );
+    std::fs::write(
+        dir.path().join("proposed/api.yaml"),
+        "domain: api\nproxy:\n  rate_limits: [{actions: [{generic_key: {descriptor_value: everyone}}]}]\n\
+         descriptors:\n  - key: generic_key\n    value: everyone\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+    )
+    .expect("rules");
+    let log: String = ["192.0.2.1", "192.0.2.2", "192.0.2.3"]
+        .iter()
+        .flat_map(|client| [nginx_line(client, 1), nginx_line(client, 2)])
+        .collect();
+    let output = what_if(dir.path(), &log, &[]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report = report(dir.path());
+    // Per client, two each pass; in one budget, the first two of six pass.
+    assert_eq!(report["current"]["refused"], 0, "{report:#}");
+    assert_eq!(report["proposed"]["refused"], 4, "{report:#}");
+    assert_eq!(report["newly_refused"]["requests"], 4, "{report:#}");
+}
+
 /// Chromium from Debian's package, if installed (`scripts/test.sh` installs it); required with
 /// `TOLLGATE_REQUIRE_CHROMIUM=1`.
 fn chromium() -> Option<PathBuf> {
