@@ -319,33 +319,26 @@ impl MemoryStore {
         for ((item, hash), cost) in items.iter().zip(hashes).zip(costs) {
             let table = locked.table(shard_of(*hash, SHARDS));
             // One lookup per item: the entry found (live or expired) is decided and updated in place.
-            let decision = match table.find_mut(*hash, |e| e.is(item)) {
-                Some(entry) => {
-                    let previous = (entry.expires_at_us > now).then_some(&entry.state);
-                    let (decision, next) = algorithm::decide(&item.limit, previous, now, *cost);
-                    if let Pass::Record(undo) | Pass::Peek(undo) = &mut pass {
-                        undo.push(previous.cloned());
-                    }
-                    if *cost > 0 {
+            let found = table.find_mut(*hash, |e| e.is(item));
+            let previous = found.as_ref().filter(|e| e.expires_at_us > now).map(|e| &e.state);
+            let (decision, next) = algorithm::decide(&item.limit, previous, now, *cost);
+            if let Pass::Record(undo) | Pass::Peek(undo) = &mut pass {
+                undo.push(previous.cloned());
+            }
+            if *cost > 0 {
+                match found {
+                    Some(entry) => {
                         entry.expires_at_us = algorithm::expires_at_us(&item.limit, &next);
                         entry.state = next;
                         entry.batch = batch;
                     }
-                    decision
-                }
-                None => {
-                    let (decision, next) = algorithm::decide(&item.limit, None, now, *cost);
-                    if let Pass::Record(undo) | Pass::Peek(undo) = &mut pass {
-                        undo.push(None);
-                    }
-                    if *cost > 0 {
+                    None => {
                         // A peek's writes are undone; it must not evict anyone to make them.
                         let may_evict = !matches!(pass, Pass::Peek(_));
                         self.insert(table, *hash, item, batch, next, may_evict, now);
                     }
-                    decision
                 }
-            };
+            }
             decisions.push(decision);
         }
         decisions
