@@ -33,7 +33,9 @@ pub(super) struct Side {
 /// A logged request as a `proxy:` block reads it: the descriptors it makes, or the answer it gets
 /// without any (it cannot be read, or it makes none).
 enum Made<'a> {
+    /// The descriptors to decide.
     Descriptors(Vec<Descriptor<'a>>),
+    /// Nothing to decide: the answer is already known.
     Answered(Decided),
 }
 
@@ -68,7 +70,7 @@ pub(super) enum How {
 pub(super) struct LimitSeen {
     /// The rule it belongs to.
     pub(super) rule: Arc<Rule>,
-    /// The limit as configured (its name among it), for [`LimitSeen::text`].
+    /// The limit as configured, its name included; [`LimitSeen::text`] describes it.
     pub(super) limit: CurrentLimit,
     /// Whether it refused.
     pub(super) refused: bool,
