@@ -1,14 +1,13 @@
 //! Tollgate's own decision log: one JSON object a line, `{"time": RFC 3339, "domain": …,
 //! "descriptors": [{"entries": [{"key": …, "value": …}], "hits_addend": N}]}`, the shape of Envoy's
-//! request in proto3 JSON. A line is read straight into the descriptors the limiter decides, with no
-//! intermediate copy, and the domains and entry keys, which repeat on every line, are shared rather
-//! than allocated: this reader is what the replay's speed on a decision log rests on.
+//! request in proto3 JSON. A line is read with its strings borrowed and its lists inline, then made into
+//! the descriptors the limiter decides: one allocation per value, while the domains and entry keys,
+//! which repeat on every line, are shared rather than allocated.
 
 use std::borrow::Cow;
-use std::fmt;
 use std::sync::Arc;
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 use smallvec::SmallVec;
 use tollgate_core::limiter::{LimitOverride, RequestDescriptor};
 
@@ -77,238 +76,52 @@ pub(super) fn read(line: &str, names: &mut Names) -> Result<Decision, LineError>
         format: "Tollgate's decision log",
         reason: "not a decision (time, domain, descriptors)",
     };
-    let mut deserializer = serde_json::Deserializer::from_str(line);
-    let (time, domain, descriptors) = LineSeed { names }
-        .deserialize(&mut deserializer)
-        .and_then(|read| deserializer.end().map(|()| read))
-        .map_err(|_| shape)?;
+    let read: Line<'_> = serde_json::from_str(line).map_err(|_| shape)?;
+    let time_us = time::parse(&read.time).ok_or(LineError::Time)?;
+    let descriptors = read
+        .descriptors
+        .into_iter()
+        .map(|d| LoggedDescriptor {
+            entries: d
+                .entries
+                .into_iter()
+                .map(|e| (names.get(&e.key), e.value.into()))
+                .collect(),
+            hits_addend: d.hits_addend,
+        })
+        .collect();
     Ok(Decision {
-        time_us: time::parse(&time).ok_or(LineError::Time)?,
-        domain,
+        time_us,
+        domain: names.get(&read.domain),
         descriptors,
     })
 }
 
-/// A JSON string, borrowed from the line when it has no escape.
-struct Text<'de>(Cow<'de, str>);
-
-impl<'de> de::Deserialize<'de> for Text<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Expect;
-        impl<'de> Visitor<'de> for Expect {
-            type Value = Text<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Text<'de>, E> {
-                Ok(Text(Cow::Borrowed(text)))
-            }
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<Text<'de>, E> {
-                Ok(Text(Cow::Owned(text.to_owned())))
-            }
-            fn visit_string<E: de::Error>(self, text: String) -> Result<Text<'de>, E> {
-                Ok(Text(Cow::Owned(text)))
-            }
-        }
-        deserializer.deserialize_str(Expect)
-    }
+/// A line as written: its strings borrowed from it unless escaped, its lists inline.
+#[derive(Deserialize)]
+struct Line<'a> {
+    #[serde(borrow)]
+    time: Cow<'a, str>,
+    #[serde(borrow)]
+    domain: Cow<'a, str>,
+    #[serde(borrow)]
+    descriptors: SmallVec<[LineDescriptor<'a>; 1]>,
 }
 
-/// Reads a whole line: its time (as written), domain and descriptors.
-struct LineSeed<'n> {
-    names: &'n mut Names,
+#[derive(Deserialize)]
+struct LineDescriptor<'a> {
+    #[serde(borrow)]
+    entries: SmallVec<[LineEntry<'a>; 1]>,
+    #[serde(default)]
+    hits_addend: Option<u64>,
 }
 
-impl<'de> DeserializeSeed<'de> for LineSeed<'_> {
-    type Value = (Cow<'de, str>, Arc<str>, Descriptors);
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for LineSeed<'_> {
-    type Value = (Cow<'de, str>, Arc<str>, Descriptors);
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a decision")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let (mut time, mut domain, mut descriptors) = (None, None, None);
-        while let Some(Text(field)) = map.next_key::<Text<'de>>()? {
-            match field.as_ref() {
-                "time" => once(&mut time, "time", map.next_value::<Text<'de>>()?.0)?,
-                "domain" => {
-                    let Text(text) = map.next_value()?;
-                    once(&mut domain, "domain", self.names.get(&text))?;
-                }
-                "descriptors" => {
-                    let read = map.next_value_seed(DescriptorsSeed { names: self.names })?;
-                    once(&mut descriptors, "descriptors", read)?;
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok((
-            time.ok_or_else(|| de::Error::missing_field("time"))?,
-            domain.ok_or_else(|| de::Error::missing_field("domain"))?,
-            descriptors.ok_or_else(|| de::Error::missing_field("descriptors"))?,
-        ))
-    }
-}
-
-/// Sets a field read once; a second time is an error, as it is for a derived reader.
-fn once<T, E: de::Error>(slot: &mut Option<T>, name: &'static str, value: T) -> Result<(), E> {
-    if slot.replace(value).is_some() {
-        return Err(E::duplicate_field(name));
-    }
-    Ok(())
-}
-
-/// Reads `descriptors`.
-struct DescriptorsSeed<'n> {
-    names: &'n mut Names,
-}
-
-impl<'de> DeserializeSeed<'de> for DescriptorsSeed<'_> {
-    type Value = Descriptors;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Descriptors, D::Error> {
-        deserializer.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for DescriptorsSeed<'_> {
-    type Value = Descriptors;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a list of descriptors")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Descriptors, A::Error> {
-        let mut descriptors = Descriptors::new();
-        while let Some(descriptor) = seq.next_element_seed(DescriptorSeed { names: self.names })? {
-            descriptors.push(descriptor);
-        }
-        Ok(descriptors)
-    }
-}
-
-/// Reads one descriptor: `entries` and `hits_addend`.
-struct DescriptorSeed<'n> {
-    names: &'n mut Names,
-}
-
-impl<'de> DeserializeSeed<'de> for DescriptorSeed<'_> {
-    type Value = LoggedDescriptor;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<LoggedDescriptor, D::Error> {
-        deserializer.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for DescriptorSeed<'_> {
-    type Value = LoggedDescriptor;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a descriptor")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LoggedDescriptor, A::Error> {
-        let (mut entries, mut hits_addend) = (None, None);
-        while let Some(Text(field)) = map.next_key::<Text<'de>>()? {
-            match field.as_ref() {
-                "entries" => {
-                    let read = map.next_value_seed(EntriesSeed { names: self.names })?;
-                    once(&mut entries, "entries", read)?;
-                }
-                "hits_addend" => once(&mut hits_addend, "hits_addend", map.next_value::<Option<u64>>()?)?,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(LoggedDescriptor {
-            entries: entries.ok_or_else(|| de::Error::missing_field("entries"))?,
-            hits_addend: hits_addend.flatten(),
-        })
-    }
-}
-
-/// Reads a descriptor's `entries`.
-struct EntriesSeed<'n> {
-    names: &'n mut Names,
-}
-
-impl<'de> DeserializeSeed<'de> for EntriesSeed<'_> {
-    type Value = Entries;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for EntriesSeed<'_> {
-    type Value = Entries;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a list of entries")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut entries = SmallVec::new();
-        while let Some(entry) = seq.next_element_seed(EntrySeed { names: self.names })? {
-            entries.push(entry);
-        }
-        Ok(entries)
-    }
-}
-
-/// Reads one entry: `key` and `value` (empty when absent).
-struct EntrySeed<'n> {
-    names: &'n mut Names,
-}
-
-impl<'de> DeserializeSeed<'de> for EntrySeed<'_> {
-    type Value = (Arc<str>, Box<str>);
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for EntrySeed<'_> {
-    type Value = (Arc<str>, Box<str>);
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an entry")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let (mut key, mut value) = (None, None);
-        while let Some(Text(field)) = map.next_key::<Text<'de>>()? {
-            match field.as_ref() {
-                "key" => {
-                    let Text(text) = map.next_value()?;
-                    once(&mut key, "key", self.names.get(&text))?;
-                }
-                "value" => {
-                    let Text(text) = map.next_value()?;
-                    once(&mut value, "value", Box::<str>::from(text))?;
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok((
-            key.ok_or_else(|| de::Error::missing_field("key"))?,
-            value.unwrap_or_default(),
-        ))
-    }
+#[derive(Deserialize)]
+struct LineEntry<'a> {
+    #[serde(borrow)]
+    key: Cow<'a, str>,
+    #[serde(borrow, default)]
+    value: Cow<'a, str>,
 }
 
 #[cfg(test)]
