@@ -4,14 +4,17 @@
 //! repaired, counted, and never give a permanent error, a permanent denial or a limit that admits
 //! everything.
 
+use std::time::Duration;
+
 use redis::AsyncCommands;
+use tokio::time::Instant;
 use tollgate_core::algorithm::{Algorithm, Decision, Limit};
 use tollgate_core::store::hot_keys::{Reserve, ReserveRequest};
 use tollgate_core::store::lease::{AcquireRequest, LeaseItem, LeaseStore};
 use tollgate_core::store::redis::RedisStore;
 use tollgate_core::store::{Batch, BatchItem, CommitPolicy, Store};
 
-use crate::common::redis::{RedisServer, connected_store};
+use crate::common::redis::{RedisCluster, RedisServer, connected_store};
 use crate::require_redis;
 
 const HOUR_US: u64 = 3_600_000_000;
@@ -151,6 +154,51 @@ async fn impossible_states_are_decided_as_none_and_repaired() {
             "{algorithm:?}: a valid state is not counted"
         );
     }
+    stop.cancel();
+}
+
+/// On a Redis Cluster, coalesced script calls reach each master as one pipeline
+/// (`cluster_scripts.rs`), whose replies are settled apart from a lone call's: an impossible state
+/// found there is counted too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_impossible_state_found_on_a_masters_pipeline_is_counted() {
+    require_redis!();
+    let cluster = RedisCluster::start();
+    let (store, stop) = connected_store(&cluster.addrs(), "cluster").await;
+    let (key, algorithm) = ("rd_k_cluster_", Algorithm::TokenBucket);
+    // Until the slot map is read, calls go through the cluster connection; then by the pipelines.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let before = store.pipelines();
+        hit(&store, key, algorithm).await;
+        if store.pipelines() > before {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no call went by a master's pipeline");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut holder = None;
+    for node in &cluster.nodes {
+        let client = redis::Client::open(node.url()).expect("client");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connection");
+        let keys: Vec<String> = conn.keys(format!("*{key}*")).await.expect("KEYS");
+        if let Some(name) = keys.into_iter().next() {
+            holder = Some((conn, name));
+        }
+    }
+    let (mut conn, name) = holder.expect("a master holds the key");
+    let now = redis_now_us(&mut conn).await;
+    let (code, mut fields) = valid_fields(algorithm, now);
+    fields[2] = f64::NAN;
+    let () = conn.set(&name, packed(code, &fields)).await.expect("SET");
+    let before = store.pipelines();
+    let decision = hit(&store, key, algorithm).await;
+    assert!(store.pipelines() > before, "decided on a master's pipeline");
+    assert_eq!(decision.remaining, 9, "decided as the first request");
+    assert_eq!(store.impossible_states(), 1, "counted");
     stop.cancel();
 }
 

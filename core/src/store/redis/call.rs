@@ -34,8 +34,6 @@ pub(super) struct Caller {
     pub(super) counters: Counters,
     /// Whether traced requests' calls get spans of their own.
     traces: bool,
-    /// The store's deadline, which a failed call's error names.
-    pub(super) deadline: Duration,
 }
 
 /// What the ways to Redis counted, read by the store's getters.
@@ -55,14 +53,12 @@ pub(super) struct Counters {
 }
 
 impl Caller {
-    /// A caller on `link`, with no call made yet. `traces`: traced requests' calls get spans;
-    /// `deadline`: what a timed-out call's error names.
+    /// A caller on `link`, with no call made yet. `traces`: traced requests' calls get spans.
     pub(super) fn new(
         link: Arc<RedisLink>,
         script: BatchScript,
         clock: Arc<dyn Clock>,
         traces: bool,
-        deadline: Duration,
     ) -> Self {
         Self {
             offsets: ClockOffsets::new(link.is_cluster()),
@@ -71,8 +67,17 @@ impl Caller {
             clock,
             counters: Counters::default(),
             traces,
-            deadline,
         }
+    }
+
+    /// The store's error for a failed call (a timeout names the link's deadline).
+    pub(super) fn store_error(&self, error: CallError) -> StoreError {
+        error.into_store_error(self.link.deadline())
+    }
+
+    /// The store's deadline for one call.
+    pub(super) fn deadline(&self) -> Duration {
+        self.link.deadline()
     }
 
     /// Whether the current request is traced (its Redis calls get spans of their own).
@@ -89,7 +94,7 @@ impl Caller {
         timeout: Duration,
     ) -> Result<Vec<Decision>, StoreError> {
         let Some(connections) = self.link.connections() else {
-            return Err(StoreError::Unavailable("not connected to Redis yet".into()));
+            return Err(self.store_error(CallError::NotConnected));
         };
         let result = match &*connections {
             Connections::Cluster(conn) => self.per_slot(conn, items, policy, markers, timeout).await,
@@ -102,7 +107,7 @@ impl Caller {
                     .await
             }
         };
-        result.map_err(|e| e.into_store_error(self.deadline))
+        result.map_err(|e| self.store_error(e))
     }
 
     /// One script call. `slot`: the cluster slot every item lies in (`None` off a cluster).
@@ -134,19 +139,34 @@ impl Caller {
             call.await
         };
         self.link.observe(slot, &reply);
-        let reply = reply?;
+        let reply = BatchScript::decode(reply?, items.len()).map_err(CallError::Reply)?;
+        Ok(self.settle(slot, items, sent_at, self.clock.now_us(), reply))
+    }
+
+    /// What every script reply leaves behind, however it came (one call, a pipeline of calls, a
+    /// reservation): the values no Tollgate could have written that it found, counted, and the offset
+    /// to the Redis clock of `slot` it shows (sent at `sent_at`, received at `received_at`). Returns
+    /// its decisions, one per item of `items`.
+    pub(super) fn settle(
+        &self,
+        slot: Option<u16>,
+        items: &[ScriptItem<'_>],
+        sent_at: u64,
+        received_at: u64,
+        reply: ScriptReply,
+    ) -> Vec<Decision> {
         let ScriptReply {
             now_us,
             decisions,
             impossible,
-        } = BatchScript::decode(reply, items.len()).map_err(CallError::Reply)?;
+        } = reply;
         if let Some(&first) = impossible.first() {
             self.counters
                 .impossible
                 .found(impossible.len(), items[first].key, now_us);
         }
-        self.offsets.record(slot, sent_at, self.clock.now_us(), now_us);
-        Ok(decisions)
+        self.offsets.record(slot, sent_at, received_at, now_us);
+        decisions
     }
 
     /// Redis Cluster: one script call per hash slot, all in parallel, answers put back in request order.

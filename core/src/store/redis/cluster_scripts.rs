@@ -84,7 +84,7 @@ pub(super) async fn decide_per_master(
                         timeout,
                     )
                     .await
-                    .map_err(|error| error.into_store_error(call.deadline));
+                    .map_err(|error| call.store_error(error));
                 vec![(slot, answer)]
             }
         })
@@ -110,7 +110,6 @@ async fn pipeline_calls(
     parts: &[(u16, Vec<ScriptItem<'_>>)],
     timeout: Duration,
 ) -> Vec<Result<Vec<Decision>, StoreError>> {
-    let into_store_error = |error: CallError| error.into_store_error(call.deadline);
     let mut pipe = redis::pipe();
     // A refused call comes back in its place; the others ran.
     pipe.ignore_errors();
@@ -127,7 +126,7 @@ async fn pipeline_calls(
     let replies = match replies {
         Ok(replies) if replies.len() == parts.len() => replies,
         Ok(replies) => {
-            let error = into_store_error(CallError::Reply(ReplyError::WrongLength {
+            let error = call.store_error(CallError::Reply(ReplyError::WrongLength {
                 expected: parts.len(),
                 got: replies.len(),
             }));
@@ -137,7 +136,7 @@ async fn pipeline_calls(
             // The master may have gone (a failover): its calls go through the cluster connection
             // until the map is read again.
             call.link.link_failed(master);
-            let error = into_store_error(error);
+            let error = call.store_error(error);
             return parts.iter().map(|_| Err(error.clone())).collect();
         }
     };
@@ -156,15 +155,11 @@ async fn pipeline_calls(
                     timeout,
                 )
                 .await
-                .map_err(into_store_error)
+                .map_err(|error| call.store_error(error))
             }
             reply => BatchScript::decode(reply, items.len())
-                .map(|reply| {
-                    call.offsets
-                        .record(Some(*slot), sent_at, received_at, reply.now_us);
-                    reply.decisions
-                })
-                .map_err(|error| into_store_error(CallError::Reply(error))),
+                .map(|reply| call.settle(Some(*slot), items, sent_at, received_at, reply))
+                .map_err(|error| call.store_error(CallError::Reply(error))),
         };
         answers.push(answer);
     }

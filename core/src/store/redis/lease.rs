@@ -43,7 +43,7 @@ async fn lease_call(
         .link
         .call_whole(|mut conn| async move { invocation.invoke_async(&mut conn).await })
         .await
-        .map_err(|e| e.into_store_error(call.deadline))?;
+        .map_err(|e| call.store_error(e))?;
     let mut values = integers(&reply, 2 + fields * count)
         .ok_or_else(|| StoreError::Unavailable(format!("unexpected lease script reply: {reply:?}")))?;
     let (now_us, impossible) = (values[0], values[1]);

@@ -137,7 +137,7 @@ impl RedisStore {
             deadline: options.deadline,
         };
         let link = RedisLink::start_preparing(options.link(), Arc::clone(&clock), stop, prepare);
-        let call = Arc::new(Caller::new(link, script, clock, options.traces, options.deadline));
+        let call = Arc::new(Caller::new(link, script, clock, options.traces));
         Arc::new(Self {
             coalescer: coalesce::Coalescer::start(
                 Arc::clone(&call),

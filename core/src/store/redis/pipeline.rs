@@ -80,7 +80,6 @@ async fn count(
     timeout: Duration,
     answers: &mut Answers,
 ) {
-    let into_store_error = |error: CallError| error.into_store_error(call.deadline);
     let all = || (0..named.len()).collect::<Vec<_>>();
     // The script's decision of the items at `positions`, each independent of the others.
     let script = |positions: Vec<usize>| async move {
@@ -88,7 +87,7 @@ async fn count(
         Done::Scripted(positions, decided)
     };
     let Some(connections) = call.link.connections() else {
-        let error = StoreError::Unavailable("not connected to Redis yet".into());
+        let error = call.store_error(CallError::NotConnected);
         apply(named, answers, Done::Counted(all(), Err(error)));
         return;
     };
@@ -115,7 +114,7 @@ async fn count(
                         call.link.link_failed(master);
                     }
                     call.link.observe(Some(of_master[0]), &counted);
-                    Done::Counted(positions, counted.map_err(into_store_error))
+                    Done::Counted(positions, counted.map_err(|e| call.store_error(e)))
                 }
             };
             let mut work: FuturesUnordered<_> = routes
@@ -142,7 +141,7 @@ async fn count(
             let refused = apply(
                 named,
                 answers,
-                Done::Counted(all(), counted.map_err(into_store_error)),
+                Done::Counted(all(), counted.map_err(|e| call.store_error(e))),
             );
             if !refused.is_empty() {
                 apply(named, answers, script(refused).await);
@@ -333,7 +332,7 @@ async fn repair_ttls<C: ConnectionLike + Clone + Send + 'static>(
     // its repair is an EXPIRE NX that changes nothing, so it need not hold the answer up.
     match Arc::clone(&call.counters.timed.repairs).try_acquire_owned() {
         Ok(permit) => {
-            let deadline = call.deadline;
+            let deadline = call.deadline();
             tokio::spawn(async move {
                 if let Err(error) = repair.await {
                     let error = error.into_store_error(deadline);

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 
 use super::call::Caller;
 use super::keys::reservers_key;
-use super::link::{CallError, Connections, within};
-use super::script::{BatchScript, Reservation, ReservedReply, ScriptItem, ScriptReply, Tail};
+use super::link::CallError;
+use super::script::{BatchScript, Reservation, ReservedReply, ScriptItem, Tail};
 use crate::algorithm::Algorithm;
 use crate::store::hot_keys::{ReserveRequest, Reserved};
 use crate::store::{CommitPolicy, StoreError};
@@ -27,42 +27,30 @@ pub(super) async fn reserve(
         reservers: &reservers,
         request,
     });
-    let Some(connections) = call.link.connections() else {
-        return Err(StoreError::Unavailable("not connected to Redis yet".into()));
-    };
-    let slot = matches!(*connections, Connections::Cluster(_)).then(|| super::keys::slot(key));
+    let slot = call.link.is_cluster().then(|| super::keys::slot(key));
     let sent_at = call.clock.now_us();
     call.counters.script_calls.fetch_add(1, Ordering::Relaxed);
-    let deadline = call.deadline;
-    let reply = connections
-        .on_whole(async |mut conn| {
-            let reply = within(
-                deadline,
-                call.script
-                    .call(&mut conn, &[item], CommitPolicy::Independent, tail),
-            )
-            .await;
-            reply.and_then(|value| BatchScript::decode_reserved(value).map_err(CallError::Reply))
+    let reply = call
+        .link
+        .call_whole(|mut conn| async move {
+            let items = [item];
+            call.script
+                .call(&mut conn, &items, CommitPolicy::Independent, tail)
+                .await
         })
-        .await;
+        .await
+        .and_then(|value| BatchScript::decode_reserved(value).map_err(CallError::Reply));
     call.link.observe(slot, &reply);
     let ReservedReply {
-        reply: ScriptReply {
-            now_us,
-            decisions,
-            impossible,
-        },
+        reply,
         extra,
         reservers_repaired,
-    } = reply.map_err(|e| e.into_store_error(deadline))?;
-    if !impossible.is_empty() {
-        call.counters.impossible.found(1, key, now_us);
-    }
+    } = reply.map_err(|e| call.store_error(e))?;
+    let now_us = reply.now_us;
     if reservers_repaired {
         call.counters.impossible.found(1, &reservers, now_us);
     }
-    call.offsets.record(slot, sent_at, call.clock.now_us(), now_us);
-    let decision = decisions[0];
+    let decision = call.settle(slot, &[item], sent_at, call.clock.now_us(), reply)[0];
     let valid_for_us = match item.limit.algorithm {
         // The window that lent the units ends then (the fixed window's reset is its end).
         Algorithm::FixedWindow => decision.reset_after_us,

@@ -25,7 +25,7 @@ pub(super) async fn apply(
         .as_ref()
         .filter(|_| batch.policy == CommitPolicy::Refund)
     else {
-        return call.whole(&items, batch.policy, None, call.deadline).await;
+        return call.whole(&items, batch.policy, None, call.deadline()).await;
     };
     // Single use: one marker per descriptor (its items share it), in the slot of its key.
     let mut names: Vec<String> = Vec::with_capacity(named.len());
@@ -42,6 +42,6 @@ pub(super) async fn apply(
         keys: &keys,
         ttl_ms: once.ttl_us.div_ceil(1_000),
     };
-    call.whole(&items, batch.policy, Some(markers), call.deadline)
+    call.whole(&items, batch.policy, Some(markers), call.deadline())
         .await
 }
