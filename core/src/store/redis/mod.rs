@@ -281,14 +281,14 @@ impl Store for Arc<RedisStore> {
     async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
         self.call.counters.batches.fetch_add(1, Ordering::Relaxed);
         let named = self.script_items(batch);
-        // Fixed-window counters alone need no script (see `pipeline`); traced requests keep the
-        // script, whose call is their Redis span.
-        let traced = self.call.traced();
-        let pipelined = self.options.pipeline_fixed_windows
-            && batch.policy == CommitPolicy::Independent
-            && !traced
-            && pipeline::pipelinable(&batch.items);
-        if self.coalesces(batch, traced) {
+        // Any independent batch goes through the coalesce queue, except a traced request's, so that
+        // its FCALL span stays the child of its own RPC span. Fixed-window batches share a pipeline
+        // (`pipeline`); the others a script call, or in a cluster, where a script call must stay in
+        // one slot, a pipeline of script calls per master (`cluster_scripts`).
+        let coalesces = batch.policy == CommitPolicy::Independent && !self.call.traced();
+        let pipelined =
+            coalesces && self.options.pipeline_fixed_windows && pipeline::pipelinable(&batch.items);
+        if coalesces {
             let deadline = tokio::time::Instant::now() + self.options.deadline;
             let answer = self.coalescer.submit(named, deadline, pipelined)?;
             return match tokio::time::timeout_at(deadline, answer).await {
@@ -314,15 +314,5 @@ impl Reserve for Arc<RedisStore> {
         let named = self.script_items(&batch);
         let (key, item) = &named[0];
         reserve::reserve(&self.call, key, *item, request).await
-    }
-}
-
-impl RedisStore {
-    /// Whether a batch goes through the [`coalesce`] queue: any independent batch, except when the
-    /// request is traced, so its `FCALL` span stays the child of its own RPC span. Fixed-window batches
-    /// share a pipeline ([`pipeline`]); the others share a script call, or in a cluster, where a script
-    /// call must stay in one slot, a pipeline of script calls per master ([`cluster_scripts`]).
-    fn coalesces(&self, batch: &Batch, traced: bool) -> bool {
-        batch.policy == CommitPolicy::Independent && !traced
     }
 }
