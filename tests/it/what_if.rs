@@ -32,6 +32,11 @@ fn sides(current: &str, proposed: &str) -> tempfile::TempDir {
     dir
 }
 
+/// Replaces the proposed rules of a work folder made by [`sides`] with the file `text`.
+fn proposed_rules(dir: &Path, text: &str) {
+    std::fs::write(dir.join("proposed/api.yaml"), text).expect("rules");
+}
+
 /// An NGINX `combined` line for `client` at `seconds` past [`T0`].
 fn nginx_line(client: &str, seconds: u64) -> String {
     let stamp = {
@@ -260,11 +265,10 @@ fn an_access_log_needs_a_domain_with_a_proxy_block_on_both_sides() {
         "unit: minute, requests_per_unit: 1",
     );
     // The proposed rules without their proxy: block.
-    std::fs::write(
-        dir.path().join("proposed/api.yaml"),
+    proposed_rules(
+        dir.path(),
         "domain: api\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
-    )
-    .expect("rules");
+    );
     let output = what_if(dir.path(), &nginx_line("192.0.2.1", 0), &[]);
     assert!(!output.status.success());
     let error = String::from_utf8_lossy(&output.stderr);
@@ -279,12 +283,11 @@ fn each_side_makes_descriptors_with_its_own_proxy_block() {
         "unit: minute, requests_per_unit: 2",
         "unit: minute, requests_per_unit: 2",
     );
-    std::fs::write(
-        dir.path().join("proposed/api.yaml"),
+    proposed_rules(
+        dir.path(),
         "domain: api\nproxy:\n  rate_limits: [{actions: [{generic_key: {descriptor_value: everyone}}]}]\n\
          descriptors:\n  - key: generic_key\n    value: everyone\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
-    )
-    .expect("rules");
+    );
     let log: String = ["192.0.2.1", "192.0.2.2", "192.0.2.3"]
         .iter()
         .flat_map(|client| [nginx_line(client, 1), nginx_line(client, 2)])
