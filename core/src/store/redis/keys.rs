@@ -74,7 +74,7 @@ pub fn slot(key: &str) -> u16 {
 }
 
 /// The positions of `keys`, grouped by the Redis Cluster hash slot each lies in (ascending slots).
-pub(crate) fn by_slot<'k>(keys: impl Iterator<Item = &'k str>) -> BTreeMap<u16, Vec<usize>> {
+pub(super) fn by_slot<'k>(keys: impl Iterator<Item = &'k str>) -> BTreeMap<u16, Vec<usize>> {
     let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
     for (at, key) in keys.enumerate() {
         by_slot.entry(slot(key)).or_default().push(at);
@@ -83,7 +83,7 @@ pub(crate) fn by_slot<'k>(keys: impl Iterator<Item = &'k str>) -> BTreeMap<u16, 
 }
 
 /// Whether the item at `at` belongs to a group of several items (groups are contiguous).
-pub(crate) fn shares_group(items: &[BatchItem], at: usize) -> bool {
+pub(super) fn shares_group(items: &[BatchItem], at: usize) -> bool {
     let group = items[at].group;
     (at > 0 && items[at - 1].group == group) || items.get(at + 1).is_some_and(|next| next.group == group)
 }
