@@ -71,6 +71,17 @@ fn what_if(dir: &Path, log: &str, extra: &[&str]) -> Output {
         .expect("run what-if")
 }
 
+/// [`what_if`], which must succeed (its standard error shown if not).
+fn replayed(dir: &Path, log: &str, extra: &[&str]) -> Output {
+    let output = what_if(dir, log, extra);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
 fn report(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).expect("report")).expect("JSON")
 }
@@ -99,12 +110,7 @@ fn hand_worked_outcomes_across_window_edges_for_each_algorithm() {
             &format!("unit: minute, requests_per_unit: 3, {algorithm}"),
         );
         let log: String = times.iter().map(|s| nginx_line("192.0.2.7", *s)).collect();
-        let output = what_if(dir.path(), &log, &[]);
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let output = replayed(dir.path(), &log, &[]);
         let report = report(dir.path());
         assert_eq!(report["requests"], times.len() as u64, "{what}");
         assert_eq!(report["current"]["refused"], 0, "{what}");
@@ -168,12 +174,7 @@ async fn a_replay_answers_as_the_live_service_request_by_request() {
         let dir = sides(rule, rule);
         let log: String = sequence.iter().map(|(c, s)| nginx_line(c, *s)).collect();
         let trace = dir.path().join("trace.jsonl");
-        let output = what_if(dir.path(), &log, &["--trace", trace.to_str().expect("path")]);
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        replayed(dir.path(), &log, &["--trace", trace.to_str().expect("path")]);
         let replayed: Vec<bool> = std::fs::read_to_string(&trace)
             .expect("trace")
             .lines()
@@ -198,8 +199,7 @@ fn bad_lines_are_counted_and_strict_stops_at_the_first() {
         nginx_line("192.0.2.1", 0),
         nginx_line("192.0.2.1", 1)
     );
-    let output = what_if(dir.path(), &log, &[]);
-    assert!(output.status.success());
+    let output = replayed(dir.path(), &log, &[]);
     let report = report(dir.path());
     assert_eq!(
         (report["requests"].as_u64(), report["input"]["bad_lines"].as_u64()),
@@ -236,12 +236,7 @@ fn a_log_out_of_order_is_sorted_within_the_window_and_refused_beyond_it() {
         .map(|s| nginx_line("192.0.2.1", *s))
         .collect();
     for log in [&sorted, &shuffled] {
-        let output = what_if(dir.path(), log, &[]);
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        replayed(dir.path(), log, &[]);
         assert_eq!(report(dir.path())["proposed"]["refused"], 1);
     }
     // 80 is replayed once 90 is read (5 s on); 61 then comes 19 s too late.
@@ -292,12 +287,7 @@ fn each_side_makes_descriptors_with_its_own_proxy_block() {
         .iter()
         .flat_map(|client| [nginx_line(client, 1), nginx_line(client, 2)])
         .collect();
-    let output = what_if(dir.path(), &log, &[]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    replayed(dir.path(), &log, &[]);
     let report = report(dir.path());
     // Per client, two each pass; in one budget, the first two of six pass.
     assert_eq!(report["current"]["refused"], 0, "{report:#}");
@@ -337,12 +327,7 @@ fn the_html_report_renders_its_chart_in_a_real_browser() {
         .collect();
     let log = log.replace("192.0.2.<b>", "192.0.2.2");
     let html = dir.path().join("report.html");
-    let output = what_if(dir.path(), &log, &["--html", html.to_str().expect("path")]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    replayed(dir.path(), &log, &["--html", html.to_str().expect("path")]);
     let profile = tempfile::tempdir().expect("profile");
     let dom = Command::new(chromium)
         .args([
