@@ -161,11 +161,10 @@ fn write(receiver: &Receiver<Recorded>, mut file: Rotating, metrics: &ServerCoun
             Err(RecvTimeoutError::Disconnected) => break,
         };
         line.clear();
-        if serde_json::to_writer(&mut line, &Line::from(&request)).is_err() {
+        if write_line(&request, &mut line).is_err() {
             metrics.decision_log_dropped.add(1);
             continue;
         }
-        line.push(b'\n');
         match file.line(&line) {
             Ok(()) => metrics.decision_log_written.add(1),
             Err(error) => {
@@ -179,6 +178,13 @@ fn write(receiver: &Receiver<Recorded>, mut file: Rotating, metrics: &ServerCoun
         }
     }
     let _ = file.out.flush();
+}
+
+/// Writes `request` as one line of the log, its newline included, at the end of `out`.
+pub(crate) fn write_line(request: &Recorded, out: &mut Vec<u8>) -> serde_json::Result<()> {
+    serde_json::to_writer(&mut *out, &Line::from(request))?;
+    out.push(b'\n');
+    Ok(())
 }
 
 /// One line as written.
