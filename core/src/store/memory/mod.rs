@@ -25,7 +25,7 @@ pub use lease::MemoryLeases;
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
@@ -42,7 +42,7 @@ pub const SHARDS: usize = 64;
 /// The embedded store. Cheap to share: wrap it in an `Arc`.
 #[derive(Debug)]
 pub struct MemoryStore {
-    shards: Box<[Mutex<HashTable<Entry>>]>,
+    shards: Box<[Mutex<Shard>]>,
     hasher: DefaultHashBuilder,
     clock: Arc<dyn Clock>,
     leases: MemoryLeases,
@@ -50,8 +50,6 @@ pub struct MemoryStore {
     shard_cap: usize,
     /// Entries evicted to make room so far.
     evictions: AtomicU64,
-    /// Numbers the batches, so an eviction can tell the entries its own batch wrote (wraps).
-    batches: AtomicU32,
     /// Refund tokens used, per descriptor and place: `key NUL group NUL id` → until when to remember
     /// it (µs). Locked after the shards, only by refunds carrying a token; swept with the entries, and
     /// at most `side_cap` of them (see [`MemoryStore::with_max_keys`]).
@@ -69,8 +67,9 @@ struct Entry {
     /// The key is in Go's format ([`BatchItem::go_format`]): never the case for the limiter's own
     /// embedded store, whose keys are all Tollgate's, but `failure_mode: local` counts Redis's keys here.
     go_format: bool,
-    /// The batch that last wrote the entry: a batch never evicts what it wrote itself (it would lose
-    /// the count it just made). Fits beside `algorithm`, in what would be padding.
+    /// The number its shard gave the batch that last wrote the entry ([`Shard::batches`]): a batch
+    /// never evicts what it wrote itself (it would lose the count it just made). Fits beside
+    /// `algorithm`, in what would be padding.
     batch: u32,
     window_us: u64,
     state: State,
@@ -109,17 +108,29 @@ enum Pass<'u> {
 /// has a handful of descriptors, so a batch rarely holds more items than this.
 type PerItem<T> = SmallVec<[T; 4]>;
 
+/// One independently locked part of the store.
+#[derive(Debug, Default)]
+struct Shard {
+    table: HashTable<Entry>,
+    /// Numbers the batches that lock the shard, so an eviction can tell the entries its own batch
+    /// wrote (wraps). Counted under the shard's lock: no atomic operation on the hot path.
+    batches: u32,
+}
+
 /// Locked shards of one batch, in ascending shard order.
 struct Locked<'a> {
-    guards: PerItem<(usize, MutexGuard<'a, HashTable<Entry>>)>,
-    /// The batch's number (see [`Entry::batch`]).
-    batch: u32,
+    guards: PerItem<(usize, MutexGuard<'a, Shard>)>,
 }
 
 impl Locked<'_> {
-    fn table(&mut self, shard: usize) -> &mut HashTable<Entry> {
+    /// Locked shard number `shard`, one of the batch's.
+    fn shard(&mut self, shard: usize) -> &mut Shard {
         let at = self.guards.partition_point(|(i, _)| *i < shard);
         &mut self.guards[at].1
+    }
+
+    fn table(&mut self, shard: usize) -> &mut HashTable<Entry> {
+        &mut self.shard(shard).table
     }
 }
 
@@ -136,7 +147,7 @@ impl MemoryStore {
     /// that finds its map full, once the expired ones are dropped, is refused (and counted in
     /// [`MemoryStore::refused_full`]).
     pub fn with_max_keys(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
-        let shards = (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect();
+        let shards = (0..SHARDS).map(|_| Mutex::default()).collect();
         let side_cap = (max_keys / 4).max(1);
         Self {
             shards,
@@ -145,7 +156,6 @@ impl MemoryStore {
             clock,
             shard_cap: max_keys.div_ceil(SHARDS).max(1),
             evictions: AtomicU64::new(0),
-            batches: AtomicU32::new(0),
             spent: Mutex::default(),
             side_cap,
             refused_full: AtomicU64::new(0),
@@ -170,7 +180,7 @@ impl MemoryStore {
 
     /// Number of entries held, expired or not (for tests and metrics).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).len()).sum()
+        self.shards.iter().map(|s| lock(s).table.len()).sum()
     }
 
     /// Whether the store holds no entry.
@@ -190,7 +200,7 @@ impl MemoryStore {
             dropped += before - spent.len();
         }
         for shard in self.shards.iter() {
-            let mut table = lock(shard);
+            let table = &mut lock(shard).table;
             let before = table.len();
             table.retain(|e| e.expires_at_us > now);
             dropped += before - table.len();
@@ -212,9 +222,13 @@ impl MemoryStore {
         let mut wanted: PerItem<usize> = hashes.iter().map(|h| shard_of(*h, SHARDS)).collect();
         wanted.sort_unstable();
         wanted.dedup();
+        let guards = wanted.into_iter().map(|i| {
+            let mut shard = lock(&self.shards[i]);
+            shard.batches = shard.batches.wrapping_add(1);
+            (i, shard)
+        });
         Locked {
-            guards: wanted.into_iter().map(|i| (i, lock(&self.shards[i]))).collect(),
-            batch: self.batches.fetch_add(1, Ordering::Relaxed),
+            guards: guards.collect(),
         }
     }
 
@@ -315,9 +329,12 @@ impl MemoryStore {
         mut pass: Pass<'_>,
     ) -> Vec<Decision> {
         let mut decisions = Vec::with_capacity(items.len());
-        let batch = locked.batch;
         for ((item, hash), cost) in items.iter().zip(hashes).zip(costs) {
-            let table = locked.table(shard_of(*hash, SHARDS));
+            let Shard {
+                table,
+                batches: batch,
+            } = locked.shard(shard_of(*hash, SHARDS));
+            let batch = *batch;
             // One lookup per item: the entry found (live or expired) is decided and updated in place.
             let found = table.find_mut(*hash, |e| e.is(item));
             let previous = found.as_ref().filter(|e| e.expires_at_us > now).map(|e| &e.state);
@@ -560,7 +577,7 @@ fn unconsumed(evaluated: &Decision, peek: &Decision) -> Decision {
 
 /// A poisoned shard only means another thread panicked mid-update of plain counters; the data is still
 /// usable, and refusing service for the rest of the process's life would be worse.
-fn lock(shard: &Mutex<HashTable<Entry>>) -> MutexGuard<'_, HashTable<Entry>> {
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
