@@ -3,10 +3,8 @@
 //! as `/forward-auth/{domain}` decides it (the domain's `proxy:` block, then Envoy's counting); a
 //! decision from Tollgate's decision log as Envoy's `ShouldRateLimit`. Nothing is sent anywhere.
 
-use std::pin::{Pin, pin};
 use std::sync::Arc;
 
-use futures_util::FutureExt as _;
 use smallvec::SmallVec;
 use tollgate_core::clock::{Clock, ManualClock};
 use tollgate_core::limiter::{
@@ -118,11 +116,11 @@ impl Side {
     pub(super) fn decide(&self, record: &Record, domain: &str) -> Decided {
         match record {
             Record::Http(request) => self.decide_made(&self.make(request, domain), domain),
-            Record::Decision(decision) => answer(now(pin!(self.limiter.should_rate_limit(
+            Record::Decision(decision) => answer(self.limiter.should_rate_limit_now(
                 &decision.domain,
                 &decision.descriptors,
-                0
-            )))),
+                0,
+            )),
         }
     }
 
@@ -148,9 +146,7 @@ impl Side {
     fn decide_made(&self, made: &Made<'_>, domain: &str) -> Decided {
         match made {
             Made::Answered(decided) => decided.clone(),
-            Made::Descriptors(descriptors) => {
-                answer(now(pin!(self.limiter.forward_auth(domain, descriptors))))
-            }
+            Made::Descriptors(descriptors) => answer(self.limiter.forward_auth_now(domain, descriptors)),
         }
     }
 
@@ -158,14 +154,6 @@ impl Side {
     fn sweep(&self) {
         self.limiter.store().sweep();
     }
-}
-
-/// The answer of a limiter call on the embedded store, which never waits. The call is pinned where it
-/// is made: its state (well over a kilobyte) is never moved, which would cost more than deciding.
-fn now(call: Pin<&mut impl Future<Output = Result<Verdict, LimiterError>>>) -> Result<Verdict, LimiterError> {
-    // The embedded store's calls complete when first polled; one that did not would be a bug in the
-    // store, answered as an error rather than a hang.
-    call.now_or_never().unwrap_or(Err(LimiterError::NoConfig))
 }
 
 /// What a limiter's answer says.

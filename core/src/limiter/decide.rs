@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::debug_line::{self, Decided};
 use super::target::{Caller, Placement, Target, every_limit_has_failure_mode, return_keys};
@@ -14,10 +14,10 @@ use super::{
     AppliedLimit, Code, CurrentLimit, DescriptorStatus, Limiter, LimiterError, RequestDescriptor, Verdict,
 };
 use crate::algorithm::Decision;
-use crate::observe::metrics::{RuleStats, StoreOperation};
+use crate::observe::metrics::RuleStats;
 use crate::rules::file::FailureMode;
 use crate::rules::{DescriptorEntry, Domain, Rate, Rule};
-use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store};
+use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store, StoreError};
 
 /// How a request's store part was decided.
 pub(super) enum Decisions {
@@ -37,80 +37,78 @@ pub(super) struct LocalDecision {
     name: Option<Arc<str>>,
 }
 
+/// The batch of every active limit of `targets`, or `None` when none is. Each target's key moves into
+/// its last item (copies only for several limits) and moves back in [`Limiter::settle`]: the store
+/// only borrows the batch.
+pub(super) fn batch(
+    targets: &mut [Target],
+    policy: CommitPolicy,
+    placement: Placement,
+    once: Option<RefundOnce>,
+) -> Option<Batch> {
+    let mut items = Vec::with_capacity(targets.len());
+    for (group, target) in (0u32..).zip(targets.iter_mut()).filter(|(_, t)| !t.unlimited) {
+        let key = std::mem::take(&mut target.key);
+        let first = items.len();
+        for (_, rate) in target.rates() {
+            items.push(BatchItem {
+                key: String::new(),
+                limit: rate.limit,
+                cost: target.cost,
+                group,
+                go_format: target.go_format,
+            });
+        }
+        if let Some((last, others)) = items[first..].split_last_mut() {
+            for item in others {
+                item.key.clone_from(&key);
+            }
+            last.key = key;
+        }
+    }
+    (!items.is_empty()).then_some(Batch {
+        items,
+        policy,
+        scope_len: placement.scope_len,
+        keep_together: placement.keep_together,
+        once,
+    })
+}
+
 impl<S: Store> Limiter<S> {
-    /// Sends every active rate to the store in one batch. If the store fails and every affected limit
-    /// has a `failure_mode`, the failure modes answer instead (`local` ones decided in this instance).
-    pub(super) async fn decide(
+    /// The store's `answer` to `batch` (both `None` when no limit was active), the keys moved back
+    /// into `targets`. If the store failed and every affected limit has a `failure_mode`, the
+    /// failure modes answer instead (`local` ones decided in this instance).
+    pub(super) fn settle(
         &self,
         targets: &mut [Target],
-        policy: CommitPolicy,
-        placement: Placement,
-        once: Option<RefundOnce>,
+        batch: Option<Batch>,
+        answer: Option<Result<Vec<Decision>, StoreError>>,
     ) -> Result<Decisions, LimiterError> {
-        let mut items = Vec::with_capacity(targets.len());
-        for (group, target) in (0u32..).zip(targets.iter_mut()).filter(|(_, t)| !t.unlimited) {
-            // The key moves into the descriptor's last item (copies only for several limits) and moves
-            // back after the call: the store only borrows the batch.
-            let key = std::mem::take(&mut target.key);
-            let first = items.len();
-            for (_, rate) in target.rates() {
-                items.push(BatchItem {
-                    key: String::new(),
-                    limit: rate.limit,
-                    cost: target.cost,
-                    group,
-                    go_format: target.go_format,
-                });
-            }
-            if let Some((last, others)) = items[first..].split_last_mut() {
-                for item in others {
-                    item.key.clone_from(&key);
-                }
-                last.key = key;
-            }
-        }
-        let decisions = if items.is_empty() {
-            Vec::new()
-        } else {
-            let started = self.timed.then(Instant::now);
-            let mut batch = Batch {
-                items,
-                policy,
-                scope_len: placement.scope_len,
-                keep_together: placement.keep_together,
-                once,
-            };
-            let answer = self.store.apply(&batch).await;
-            let operation = match policy {
-                CommitPolicy::Refund => StoreOperation::Refund,
-                _ => StoreOperation::Decide,
-            };
-            if let Some(started) = started {
-                self.metrics.store_call(operation, started.elapsed());
-            }
-            return_keys(targets, &mut batch.items);
-            match answer {
-                Ok(decisions) => decisions,
-                // A refund is never answered by a failure mode: nothing was given back, and the
-                // caller must know (its token is still unused).
-                Err(error)
-                    if error.is_transient()
-                        && policy != CommitPolicy::Refund
-                        && every_limit_has_failure_mode(targets) =>
-                {
-                    tracing::warn!(%error, "store failed; answering from the rules' failure_mode");
-                    return Ok(Decisions::FailureMode(self.decide_locally(targets, policy).await));
-                }
-                Err(error) => return Err(LimiterError::Store(error)),
-            }
+        let (Some(mut batch), Some(answer)) = (batch, answer) else {
+            return Ok(Decisions::Store(Vec::new()));
         };
-        Ok(Decisions::Store(decisions))
+        return_keys(targets, &mut batch.items);
+        match answer {
+            Ok(decisions) => Ok(Decisions::Store(decisions)),
+            // A refund is never answered by a failure mode: nothing was given back, and the caller
+            // must know (its token is still unused).
+            Err(error)
+                if error.is_transient()
+                    && batch.policy != CommitPolicy::Refund
+                    && every_limit_has_failure_mode(targets) =>
+            {
+                tracing::warn!(%error, "store failed; answering from the rules' failure_mode");
+                Ok(Decisions::FailureMode(self.decide_locally(targets, batch.policy)))
+            }
+            Err(error) => Err(LimiterError::Store(error)),
+        }
     }
 
     /// The `failure_mode: local` limits of a request whose store call failed, decided in this
     /// instance at its share of each rate, with the same policy. Per target: the decision to report,
     /// or `None` where `open`/`closed` answers (a `closed` limit on the descriptor wins over `local`).
-    pub(super) async fn decide_locally(
+    pub(super) fn decide_locally(
         &self,
         targets: &[Target],
         policy: CommitPolicy,
@@ -140,7 +138,7 @@ impl<S: Store> Limiter<S> {
             return local;
         }
         let batch = Batch::new(items, policy);
-        let decisions = match self.fallback.apply(&batch).await {
+        let decisions = match self.fallback.apply(&batch) {
             Ok(decisions) => decisions,
             Err(error) => {
                 tracing::warn!(%error, "the local fallback failed too; answering failure_mode: local as open");

@@ -12,7 +12,7 @@
 use crate::algorithm::Decision;
 use crate::rules::Rate;
 use crate::store::memory::MemoryStore;
-use crate::store::{Batch, Store, StoreError};
+use crate::store::{Batch, StoreError};
 
 /// The embedded store that counts `failure_mode: local` limits while the main store fails.
 #[derive(Debug)]
@@ -49,9 +49,9 @@ impl LocalFallback {
         share
     }
 
-    /// Applies a batch of shares (see [`LocalFallback::share`]).
-    pub(super) async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
-        self.store.apply(batch).await
+    /// Applies a batch of shares (see [`LocalFallback::share`]). The embedded store never waits.
+    pub(super) fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
+        self.store.apply_now(batch)
     }
 
     /// Drops state that can no longer change a decision; returns how many entries went.

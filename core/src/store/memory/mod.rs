@@ -232,6 +232,11 @@ impl MemoryStore {
         }
     }
 
+    /// [`Store::apply`], answered without a future: the embedded store never waits.
+    pub fn apply_now(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
+        self.apply_batch(&batch.items, batch.policy, batch.once.as_ref())
+    }
+
     /// The synchronous heart of [`Store::apply`]: locks the batch's shards, then consumes, peeks or
     /// refunds as the policy says. Holding every lock for the whole batch is what makes it atomic.
     fn apply_batch(
@@ -418,7 +423,7 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     async fn apply(&self, batch: &Batch) -> Result<Vec<Decision>, StoreError> {
-        self.apply_batch(&batch.items, batch.policy, batch.once.as_ref())
+        self.apply_now(batch)
     }
 
     fn name(&self) -> &'static str {
