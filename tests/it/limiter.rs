@@ -8,6 +8,7 @@ use arc_swap::ArcSwapOption;
 use tollgate_core::algorithm::{Algorithm, Decision, Limit};
 use tollgate_core::clock::{ManualClock, SystemClock};
 use tollgate_core::limiter::{Code, Limiter, LimiterError, LimiterOptions};
+use tollgate_core::observe::metrics::Method;
 use tollgate_core::rules::ValueHasher;
 use tollgate_core::store::lease::{AcquireRequest, LeaseSlot, LeaseStore, ReleaseRequest, Released};
 use tollgate_core::store::memory::MemoryStore;
@@ -295,4 +296,83 @@ async fn a_requests_future_stays_small_on_either_store() {
     let size = std::mem::size_of_val(&request);
     assert!(size < 4096, "a request's future is {size} bytes");
     assert_eq!(request.await.expect("decided").overall, Code::Ok);
+}
+
+/// An owned embedded limiter decides without a future (`tollgate what-if` does): the same verdicts,
+/// rule stats and request counts as the awaited path, request after request, for every algorithm,
+/// shadow mode, `replaces`, an unlimited rule and a domain no rules define.
+#[tokio::test]
+async fn deciding_now_answers_and_counts_as_awaiting_does() {
+    const RULES: &str = r#"
+domain: now
+descriptors:
+  - key: fixed
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: bucket
+    rate_limit: {unit: second, requests_per_unit: 4, algorithm: token_bucket, burst: 2}
+  - key: sliding
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: gcra}
+  - key: wide
+    rate_limit: {name: wide, unit: second, requests_per_unit: 2}
+  - key: narrow
+    rate_limit: {unit: second, requests_per_unit: 9, replaces: [{name: wide}]}
+  - key: free
+    rate_limit: {unlimited: true}
+"#;
+    let clock = Arc::new(ManualClock::new(T0_US));
+    let limiter = || {
+        Limiter::new(
+            Arc::new(ArcSwapOption::from_pointee(rules(&[RULES], Algorithm::FixedWindow))),
+            MemoryStore::new(Arc::clone(&clock) as Arc<dyn tollgate_core::clock::Clock>),
+            ValueHasher::default(),
+            LimiterOptions::default(),
+        )
+    };
+    let (awaited, now) = (limiter(), limiter());
+    let requests = [
+        vec![d(&[("fixed", "a")]), d(&[("bucket", "b")])],
+        vec![d(&[("sliding", "c")]), d(&[("shadow", "d")])],
+        vec![d(&[("wide", "e")]), d(&[("narrow", "f")]), d(&[("free", "g")])],
+        vec![d(&[("unknown", "h")])],
+    ];
+    let mut refused = 0;
+    // Each side's rules as its verdicts name them, to compare their stats at the end.
+    let mut seen = [std::collections::BTreeMap::new(), std::collections::BTreeMap::new()];
+    let mut note = |side: usize, verdict: &Result<tollgate_core::limiter::Verdict, LimiterError>| {
+        for rule in verdict.iter().flat_map(|v| &v.statuses).filter_map(|s| s.rule.clone()) {
+            seen[side].insert(rule.path.to_string(), rule);
+        }
+    };
+    for step in 0..40u64 {
+        clock.set_us(T0_US + step * 150_000);
+        let descriptors = &requests[step as usize % requests.len()];
+        for domain in ["now", "nowhere"] {
+            let a = awaited.should_rate_limit(domain, descriptors, 1).await;
+            let b = now.should_rate_limit_now(domain, descriptors, 1);
+            assert_eq!(format!("{a:?}"), format!("{b:?}"), "step {step} in {domain}");
+            refused += usize::from(b.as_ref().is_ok_and(|v| v.overall == Code::OverLimit));
+            (note(0, &a), note(1, &b));
+            let a = awaited.forward_auth(domain, &descriptors[..1]).await;
+            let b = now.forward_auth_now(domain, &descriptors[..1]);
+            assert_eq!(format!("{a:?}"), format!("{b:?}"), "step {step} in {domain}");
+        }
+    }
+    assert!(refused > 5, "the sequence reaches the limits ({refused} refused)");
+    let counts = |side: usize| -> Vec<(String, [u64; 5])> {
+        seen[side]
+            .iter()
+            .map(|(path, rule)| (path.clone(), rule.stats.in_order().map(|c| c.get())))
+            .collect()
+    };
+    assert_eq!(counts(0), counts(1));
+    assert_eq!(counts(1).len(), 7, "every rule was seen");
+    let methods = |limiter: &Limiter<MemoryStore>| {
+        let metrics = limiter.metrics();
+        let requests = [Method::ShouldRateLimit, Method::ForwardAuth].map(|m| metrics.requests(m));
+        (requests, metrics.unknown_domains())
+    };
+    assert_eq!(methods(&awaited), methods(&now));
 }
