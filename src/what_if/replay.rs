@@ -18,8 +18,10 @@ use tollgate_core::store::memory::MemoryStore;
 
 use super::input::{HttpRequest, Record};
 
-/// How often, in simulated time, state that can no longer change a decision is swept from the
-/// stores, so that memory follows the live counters, not the log.
+/// How often at most, in simulated time, state that can no longer change a decision is swept from
+/// the stores, so that memory follows the live counters, not the log. A sweep also waits for as many
+/// records as the stores kept at the last one, so that it costs a record at most one entry's visit:
+/// the stores hold at most twice their live counters, or those and five seconds' new ones.
 const SWEEP_EVERY_US: u64 = 5_000_000;
 
 /// One rule set's limiter.
@@ -150,9 +152,11 @@ impl Side {
         }
     }
 
-    /// Sweeps expired state.
-    fn sweep(&self) {
-        self.limiter.store().sweep();
+    /// Sweeps expired state; returns the entries left.
+    fn sweep(&self) -> usize {
+        let store = self.limiter.store();
+        store.sweep();
+        store.len()
     }
 }
 
@@ -232,6 +236,9 @@ pub(super) struct Replay {
     /// The rules proposed.
     pub(super) proposed: Side,
     next_sweep_us: u64,
+    /// Records decided since the last sweep, and the entries the larger store kept then.
+    since_sweep: usize,
+    kept: usize,
     /// The domain HTTP requests were last decided in, and whether both sides' `proxy:` blocks of it
     /// are equal: then a request's descriptors are made once for both.
     proxies_alike: Option<(String, bool)>,
@@ -245,6 +252,8 @@ impl Replay {
             current,
             proposed,
             next_sweep_us: 0,
+            since_sweep: 0,
+            kept: 0,
             proxies_alike: None,
         }
     }
@@ -255,9 +264,10 @@ impl Replay {
     pub(super) fn decide(&mut self, record: &Record, domain: &str) -> (Decided, Decided) {
         let now = record.time_us().max(self.clock.now_us());
         self.clock.set_us(now);
-        if now >= self.next_sweep_us {
-            self.current.sweep();
-            self.proposed.sweep();
+        self.since_sweep += 1;
+        if now >= self.next_sweep_us && self.since_sweep > self.kept {
+            self.kept = self.current.sweep().max(self.proposed.sweep());
+            self.since_sweep = 0;
             self.next_sweep_us = now + SWEEP_EVERY_US;
         }
         match record {
