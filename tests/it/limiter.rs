@@ -325,7 +325,10 @@ descriptors:
     let clock = Arc::new(ManualClock::new(T0_US));
     let limiter = || {
         Limiter::new(
-            Arc::new(ArcSwapOption::from_pointee(rules(&[RULES], Algorithm::FixedWindow))),
+            Arc::new(ArcSwapOption::from_pointee(rules(
+                &[RULES],
+                Algorithm::FixedWindow,
+            ))),
             MemoryStore::new(Arc::clone(&clock) as Arc<dyn tollgate_core::clock::Clock>),
             ValueHasher::default(),
             LimiterOptions::default(),
@@ -340,9 +343,16 @@ descriptors:
     ];
     let mut refused = 0;
     // Each side's rules as its verdicts name them, to compare their stats at the end.
-    let mut seen = [std::collections::BTreeMap::new(), std::collections::BTreeMap::new()];
+    let mut seen = [
+        std::collections::BTreeMap::new(),
+        std::collections::BTreeMap::new(),
+    ];
     let mut note = |side: usize, verdict: &Result<tollgate_core::limiter::Verdict, LimiterError>| {
-        for rule in verdict.iter().flat_map(|v| &v.statuses).filter_map(|s| s.rule.clone()) {
+        for rule in verdict
+            .iter()
+            .flat_map(|v| &v.statuses)
+            .filter_map(|s| s.rule.clone())
+        {
             seen[side].insert(rule.path.to_string(), rule);
         }
     };
