@@ -11,6 +11,8 @@
 
 use std::borrow::Cow;
 
+use smallvec::SmallVec;
+
 use super::{HttpRequest, LineError, request_line};
 use crate::what_if::time;
 
@@ -20,7 +22,7 @@ pub(super) fn envoy(line: &str) -> Result<HttpRequest, LineError> {
         format: "Envoy's default",
         reason,
     };
-    let fields: Vec<&str> = Fields(line).collect();
+    let fields: SmallVec<[&str; 12]> = Fields(line).take(12).collect();
     let [
         when,
         request,
@@ -65,7 +67,7 @@ pub(super) fn nginx(line: &str) -> Result<HttpRequest, LineError> {
         format: "NGINX's combined",
         reason,
     };
-    let fields: Vec<&str> = Fields(line).collect();
+    let fields: SmallVec<[&str; 9]> = Fields(line).take(9).collect();
     let [
         client,
         _,
