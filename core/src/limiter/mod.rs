@@ -6,12 +6,17 @@
 //! one batch; turn the store's decisions into per-descriptor statuses, applying shadow mode and quota
 //! mode; compute the overall code.
 //!
-//! Layout: this file holds the [`Limiter`] and its entry points (Envoy's `should_rate_limit`, the
-//! native `check` and `refund`; leases in `leases.rs`); `target.rs` resolves descriptors to rules and
-//! keys, `decide.rs` makes the store call and turns its answers into statuses, `verdict.rs` holds the
-//! answer types, `error.rs` the errors; `fallback.rs` is `failure_mode: local`, `refund_token.rs` the
-//! refund tokens; `debug_line.rs` the debug line of each decision; `recorder.rs` hands decided requests
-//! to a recorder (the server's decision log, which `tollgate what-if` replays).
+//! A decision is three steps: `ask` (the rules, a target per descriptor, the store's batch), the
+//! store's answer, `conclude` (failure modes, statuses, stats, the refund token). The entry points
+//! await the store between them; on an owned embedded store, which never waits, the `_now` entry points
+//! call it directly, without a future.
+//!
+//! Layout: this file holds the [`Limiter`], its entry points (Envoy's `should_rate_limit`, the native
+//! `check` and `refund`; leases in `leases.rs`) and those steps; `target.rs` resolves descriptors to
+//! rules and keys, `decide.rs` builds the batch and turns the store's answers into statuses,
+//! `verdict.rs` holds the answer types, `error.rs` the errors; `fallback.rs` is `failure_mode: local`,
+//! `refund_token.rs` the refund tokens; `debug_line.rs` the debug line of each decision; `recorder.rs`
+//! hands decided requests to a recorder (the server's decision log, which `tollgate what-if` replays).
 
 mod debug_line;
 mod decide;
