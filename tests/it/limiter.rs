@@ -364,7 +364,8 @@ descriptors:
             let b = now.should_rate_limit_now(domain, descriptors, 1);
             assert_eq!(format!("{a:?}"), format!("{b:?}"), "step {step} in {domain}");
             refused += usize::from(b.as_ref().is_ok_and(|v| v.overall == Code::OverLimit));
-            (note(0, &a), note(1, &b));
+            note(0, &a);
+            note(1, &b);
             let a = awaited.forward_auth(domain, &descriptors[..1]).await;
             let b = now.forward_auth_now(domain, &descriptors[..1]);
             assert_eq!(format!("{a:?}"), format!("{b:?}"), "step {step} in {domain}");
