@@ -8,8 +8,8 @@
 //!
 //! A decision is three steps: `ask` (the rules, a target per descriptor, the store's batch), the
 //! store's answer, `conclude` (failure modes, statuses, stats, the refund token). The entry points
-//! await the store between them; on an owned embedded store, which never waits, the `_now` entry points
-//! call it directly, without a future.
+//! await the store between them; a limiter over the embedded store itself (`Limiter<MemoryStore>`),
+//! which never waits, also has `_now` entry points that call it directly, without a future.
 //!
 //! Layout: this file holds the [`Limiter`], its entry points (Envoy's `should_rate_limit`, the native
 //! `check` and `refund`; leases in `leases.rs`) and those steps; `target.rs` resolves descriptors to
@@ -622,8 +622,8 @@ impl<S: Store> Limiter<S> {
     }
 }
 
-/// The embedded store never waits, so a caller that owns one and decides many requests on one
-/// thread (`tollgate what-if`) may decide each without a future, whose state, built and moved on
+/// The embedded store never waits, so a caller with a limiter over it that decides many requests on
+/// one thread (`tollgate what-if`) may decide each without a future, whose state, built and moved on
 /// every call, costs a tenth of an embedded decision. The same decisions, counted the same way.
 impl Limiter<MemoryStore> {
     /// [`Limiter::should_rate_limit`], decided without a future.
