@@ -92,7 +92,12 @@ pub(crate) fn run(args: WhatIf, settings: &Settings) -> anyhow::Result<()> {
         Side::load(dir, merge, compile, limiter.clone(), &clock, args.max_keys)
             .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))
     };
-    let replay = Replay::new(Arc::clone(&clock), side(&args.current)?, side(&args.proposed)?);
+    let replay = Replay::new(
+        Arc::clone(&clock),
+        side(&args.current)?,
+        side(&args.proposed)?,
+        args.max_keys,
+    );
     let domain = domain(&args, &replay)?;
     let headers: Vec<String> = [&replay.current, &replay.proposed]
         .iter()

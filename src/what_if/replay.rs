@@ -21,7 +21,9 @@ use super::input::{HttpRequest, Record};
 /// How often at most, in simulated time, state that can no longer change a decision is swept from
 /// the stores, so that memory follows the live counters, not the log. A sweep also waits for as many
 /// records as the stores kept at the last one, so that it costs a record at most one entry's visit:
-/// the stores hold at most twice their live counters, or those and five seconds' new ones.
+/// the stores hold at most about twice their live counters, or those and five seconds' new ones. It
+/// waits for at most a quarter of `--max-keys` records, so that a store near its cap is swept before
+/// expired entries crowd it (evicting one would be reported as the replay under-counting).
 const SWEEP_EVERY_US: u64 = 5_000_000;
 
 /// One rule set's limiter.
@@ -236,24 +238,28 @@ pub(super) struct Replay {
     /// The rules proposed.
     pub(super) proposed: Side,
     next_sweep_us: u64,
-    /// Records decided since the last sweep, and the entries the larger store kept then.
+    /// Records decided since the last sweep, and how many to wait for before the next: the entries
+    /// the larger store kept at the last one, at most a quarter of its cap.
     since_sweep: usize,
-    kept: usize,
+    sweep_after: usize,
+    /// A quarter of each store's key cap.
+    quarter_cap: usize,
     /// The domain HTTP requests were last decided in, and whether both sides' `proxy:` blocks of it
     /// are equal: then a request's descriptors are made once for both.
     proxies_alike: Option<(String, bool)>,
 }
 
 impl Replay {
-    /// Both sides, on `clock`.
-    pub(super) fn new(clock: Arc<ManualClock>, current: Side, proposed: Side) -> Self {
+    /// Both sides, on `clock`, each store holding at most `max_keys` entries.
+    pub(super) fn new(clock: Arc<ManualClock>, current: Side, proposed: Side, max_keys: usize) -> Self {
         Self {
             clock,
             current,
             proposed,
             next_sweep_us: 0,
             since_sweep: 0,
-            kept: 0,
+            sweep_after: 0,
+            quarter_cap: max_keys / 4,
             proxies_alike: None,
         }
     }
@@ -265,8 +271,9 @@ impl Replay {
         let now = record.time_us().max(self.clock.now_us());
         self.clock.set_us(now);
         self.since_sweep += 1;
-        if now >= self.next_sweep_us && self.since_sweep > self.kept {
-            self.kept = self.current.sweep().max(self.proposed.sweep());
+        if now >= self.next_sweep_us && self.since_sweep > self.sweep_after {
+            let kept = self.current.sweep().max(self.proposed.sweep());
+            self.sweep_after = kept.min(self.quarter_cap);
             self.since_sweep = 0;
             self.next_sweep_us = now + SWEEP_EVERY_US;
         }
@@ -295,5 +302,56 @@ impl Replay {
                 alike
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::what_if::input::{Fields, LineReader, LogFormat};
+    use crate::what_if::time;
+
+    /// A log of ever-new callers, each counter alive for a second: the stores are swept as the log
+    /// goes, holding about the live counters and five seconds' new ones, and never evict.
+    #[test]
+    fn sweeps_keep_the_stores_near_their_live_counters() {
+        let rules = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            rules.path().join("d.yaml"),
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        )
+        .expect("rules");
+        let start_us = 1_796_472_000_000_000;
+        let clock = Arc::new(ManualClock::new(start_us));
+        let max_keys = 4_096;
+        let side = || {
+            let options = LimiterOptions::default();
+            Side::load(
+                rules.path(),
+                false,
+                CompileOptions::default(),
+                options,
+                &clock,
+                max_keys,
+            )
+            .expect("side")
+        };
+        let mut replay = Replay::new(Arc::clone(&clock), side(), side(), max_keys);
+        let mut reader = LineReader::new(LogFormat::Decisions, Fields::default());
+        let mut most = 0;
+        // 100 records a simulated second, each from a new caller, for 200 seconds.
+        for i in 0..20_000u64 {
+            let time = time::format(start_us + i * 10_000);
+            let line = format!(
+                r#"{{"time":"{time}","domain":"d","descriptors":[{{"entries":[{{"key":"k","value":"c{i}"}}]}}]}}"#
+            );
+            let record = reader.read(&line).expect("a decision");
+            let (before, _) = replay.decide(&record, "");
+            assert!(!before.refused);
+            most = most.max(replay.current.limiter.store().len());
+        }
+        // Without sweeps the store would fill to its cap (4,096) and evict.
+        assert!(most <= 1_000, "the store held {most} counters");
+        assert_eq!((replay.current.evictions(), replay.proposed.evictions()), (0, 0));
     }
 }
