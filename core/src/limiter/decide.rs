@@ -11,13 +11,14 @@ use super::debug_line::{self, Decided};
 use super::target::{Caller, Placement, Target, every_limit_has_failure_mode, return_keys};
 use super::verdict::{current_limit, reported};
 use super::{
-    AppliedLimit, Code, CurrentLimit, DescriptorStatus, Limiter, LimiterError, RequestDescriptor, Verdict,
+    Answered, AppliedLimit, Code, CurrentLimit, DescriptorStatus, Limiter, LimiterError, RequestDescriptor,
+    Verdict,
 };
 use crate::algorithm::Decision;
 use crate::observe::metrics::RuleStats;
 use crate::rules::file::FailureMode;
 use crate::rules::{DescriptorEntry, Domain, Rate, Rule};
-use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store, StoreError};
+use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store};
 
 /// How a request's store part was decided.
 pub(super) enum Decisions {
@@ -76,16 +77,15 @@ pub(super) fn batch(
 }
 
 impl<S: Store> Limiter<S> {
-    /// The store's `answer` to `batch` (both `None` when no limit was active), the keys moved back
-    /// into `targets`. If the store failed and every affected limit has a `failure_mode`, the
-    /// failure modes answer instead (`local` ones decided in this instance).
+    /// The store's answer to the batch it was asked (`None` when no limit was active), the keys
+    /// moved back into `targets`. If the store failed and every affected limit has a `failure_mode`,
+    /// the failure modes answer instead (`local` ones decided in this instance).
     pub(super) fn settle(
         &self,
         targets: &mut [Target],
-        batch: Option<Batch>,
-        answer: Option<Result<Vec<Decision>, StoreError>>,
+        answered: Option<Answered>,
     ) -> Result<Decisions, LimiterError> {
-        let (Some(mut batch), Some(answer)) = (batch, answer) else {
+        let Some((mut batch, answer)) = answered else {
             return Ok(Decisions::Store(Vec::new()));
         };
         return_keys(targets, &mut batch.items);

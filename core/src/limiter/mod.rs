@@ -174,17 +174,19 @@ impl Call {
 enum Ask<'r> {
     /// Answered without the store (a domain no rules define).
     Answered(Verdict),
-    /// To be decided with the store's answer.
-    Store(Asked<'r>),
+    /// To be decided with the store's answer to the batch of every active limit, the targets' keys
+    /// moved into it (`None`: no limit is active, the store is not asked).
+    Store(Asked<'r>, Option<Batch>),
 }
+
+/// The batch the store was asked, with its answer.
+type Answered = (Batch, Result<Vec<Decision>, StoreError>);
 
 /// A request matched to its rules, and what its verdict will need once the store has answered.
 struct Asked<'r> {
     domain_rules: &'r Domain,
     /// One per descriptor.
     targets: Vec<Target>,
-    /// Every active limit, the targets' keys moved into it; `None` when no limit is active.
-    batch: Option<Batch>,
     policy: CommitPolicy,
     /// What the call does to the counters (`None`: a refund).
     mode: Option<Mode>,
@@ -380,20 +382,20 @@ impl<S: Store> Limiter<S> {
         call: Call,
     ) -> Result<Verdict, LimiterError> {
         let rules = self.snapshot(domain, descriptors)?;
-        let asked = match self.ask(&rules, domain, descriptors, call)? {
+        let (asked, batch) = match self.ask(&rules, domain, descriptors, call)? {
             Ask::Answered(verdict) => return Ok(verdict),
-            Ask::Store(asked) => asked,
+            Ask::Store(asked, batch) => (asked, batch),
         };
-        let answer = match &asked.batch {
+        let answered = match batch {
             Some(batch) => {
                 let started = self.timed.then(Instant::now);
-                let answer = self.store.apply(batch).await;
+                let answer = self.store.apply(&batch).await;
                 self.store_called(batch.policy, started);
-                Some(answer)
+                Some((batch, answer))
             }
             None => None,
         };
-        self.conclude(domain, descriptors, asked, answer)
+        self.conclude(domain, descriptors, asked, answered)
     }
 
     /// The rules to decide a request by, once its bounds are checked.
@@ -496,38 +498,37 @@ impl<S: Store> Limiter<S> {
             keep_together: self.keeps_together(domain_rules),
         };
         let batch = batch(&mut targets, policy, placement, once);
-        Ok(Ask::Store(Asked {
+        let asked = Asked {
             domain_rules,
             targets,
-            batch,
             policy,
             mode,
             envoys,
             impossible,
             grant,
-        }))
+        };
+        Ok(Ask::Store(asked, batch))
     }
 
-    /// The verdict on a request `asked` of the store, given the store's `answer` (`None`: no limit
-    /// was active, the store was not asked).
+    /// The verdict on a request `asked` of the store, given the batch it was asked and its answer
+    /// (`None`: no limit was active, the store was not asked).
     fn conclude<D: RequestDescriptor>(
         &self,
         domain: &str,
         descriptors: &[D],
         asked: Asked<'_>,
-        answer: Option<Result<Vec<Decision>, StoreError>>,
+        answered: Option<Answered>,
     ) -> Result<Verdict, LimiterError> {
         let Asked {
             domain_rules,
             mut targets,
-            batch,
             policy,
             mode,
             envoys,
             impossible,
             grant,
         } = asked;
-        let decisions = self.settle(&mut targets, batch, answer)?;
+        let decisions = self.settle(&mut targets, answered)?;
         // Peeks and refunds are not hits: they neither count in the rule's stats nor make offenders.
         let counted = matches!(mode, Some(Mode::Consume | Mode::AllOrNothing));
         if counted {
@@ -544,12 +545,8 @@ impl<S: Store> Limiter<S> {
             self.record(domain_rules, descriptors);
         }
         if let Some((mut costs, expires)) = grant {
-            let settled = matches!(
-                policy,
-                CommitPolicy::AllOrNothing | CommitPolicy::StopIncrementWhenOverLimit
-            );
             verdict.refund_token =
-                self.refund_token(domain, descriptors, &verdict, settled, &mut costs, expires);
+                self.refund_token(domain, descriptors, &verdict, policy, &mut costs, expires);
         }
         Ok(verdict)
     }
@@ -569,19 +566,22 @@ impl<S: Store> Limiter<S> {
     /// it was refused, when a failure mode answered (nothing was counted), or when no limit applied.
     /// The overall answer may be OK although a descriptor was refused (shadow mode, quota mode): that
     /// descriptor consumed nothing and its grant is 0, and under a policy where one refusal stops the
-    /// others consuming (all-or-nothing, `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: `settled`) no
-    /// token is given.
+    /// others consuming (all-or-nothing, `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`) no token is given.
     fn refund_token<D: RequestDescriptor>(
         &self,
         domain: &str,
         descriptors: &[D],
         verdict: &Verdict,
-        settled: bool,
+        policy: CommitPolicy,
         costs: &mut [u64],
         expires_at_us: u64,
     ) -> Option<String> {
         let statuses = &verdict.statuses;
         let refused = |s: &DescriptorStatus| s.retry_after.is_some();
+        let settled = matches!(
+            policy,
+            CommitPolicy::AllOrNothing | CommitPolicy::StopIncrementWhenOverLimit
+        );
         let consumed = verdict.overall == Code::Ok
             && statuses.iter().all(|s| !s.from_failure_mode)
             && !(settled && statuses.iter().any(refused));
@@ -668,17 +668,17 @@ impl Limiter<MemoryStore> {
         call: Call,
     ) -> Result<Verdict, LimiterError> {
         let rules = self.snapshot(domain, descriptors)?;
-        let asked = match self.ask(&rules, domain, descriptors, call)? {
+        let (asked, batch) = match self.ask(&rules, domain, descriptors, call)? {
             Ask::Answered(verdict) => return Ok(verdict),
-            Ask::Store(asked) => asked,
+            Ask::Store(asked, batch) => (asked, batch),
         };
-        let answer = asked.batch.as_ref().map(|batch| {
+        let answered = batch.map(|batch| {
             let started = self.timed.then(Instant::now);
-            let answer = self.store.apply_now(batch);
+            let answer = self.store.apply_now(&batch);
             self.store_called(batch.policy, started);
-            answer
+            (batch, answer)
         });
-        self.conclude(domain, descriptors, asked, answer)
+        self.conclude(domain, descriptors, asked, answered)
     }
 }
 
