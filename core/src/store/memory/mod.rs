@@ -123,14 +123,16 @@ struct Locked<'a> {
 }
 
 impl Locked<'_> {
-    /// Locked shard number `shard`, one of the batch's.
-    fn shard(&mut self, shard: usize) -> &mut Shard {
+    /// The locked shard of the entry of `hash`, one of the batch's.
+    fn shard(&mut self, hash: u64) -> &mut Shard {
+        let shard = shard_of(hash, SHARDS);
         let at = self.guards.partition_point(|(i, _)| *i < shard);
         &mut self.guards[at].1
     }
 
-    fn table(&mut self, shard: usize) -> &mut HashTable<Entry> {
-        &mut self.shard(shard).table
+    /// The locked table of the entry of `hash`.
+    fn table(&mut self, hash: u64) -> &mut HashTable<Entry> {
+        &mut self.shard(hash).table
     }
 }
 
@@ -335,11 +337,8 @@ impl MemoryStore {
     ) -> Vec<Decision> {
         let mut decisions = Vec::with_capacity(items.len());
         for ((item, hash), cost) in items.iter().zip(hashes).zip(costs) {
-            let Shard {
-                table,
-                batches: batch,
-            } = locked.shard(shard_of(*hash, SHARDS));
-            let batch = *batch;
+            let shard = locked.shard(*hash);
+            let (table, batch) = (&mut shard.table, shard.batches);
             // One lookup per item: the entry found (live or expired) is decided and updated in place.
             let found = table.find_mut(*hash, |e| e.is(item));
             let previous = found.as_ref().filter(|e| e.expires_at_us > now).map(|e| &e.state);
@@ -452,7 +451,7 @@ fn give_back(
         } else {
             0
         };
-        let table = locked.table(shard_of(*hash, SHARDS));
+        let table = locked.table(*hash);
         let entry = table
             .find_mut(*hash, |e| e.is(item))
             .filter(|e| e.expires_at_us > now);
@@ -555,7 +554,7 @@ fn settled_costs(items: &[BatchItem], decisions: &[Decision], policy: CommitPoli
 /// one batch ends at its original state.
 fn rollback(locked: &mut Locked<'_>, items: &[BatchItem], hashes: &[u64], undo: Vec<Option<State>>) {
     for ((item, hash), previous) in items.iter().zip(hashes).zip(undo).rev() {
-        let table = locked.table(shard_of(*hash, SHARDS));
+        let table = locked.table(*hash);
         match (table.find_entry(*hash, |e| e.is(item)), previous) {
             (Ok(mut entry), Some(state)) => {
                 let entry = entry.get_mut();
