@@ -12,6 +12,7 @@
 //! most `TOLLGATE_DECISION_LOG_MAX_BYTES`, rotated to `FILE.1` … `FILE.N` with
 //! `TOLLGATE_DECISION_LOG_FILES` kept.
 
+use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write as _};
 use std::path::{Path, PathBuf};
@@ -20,7 +21,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::Context as _;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 use tollgate_core::limiter::{Recorded, Recorder};
 
 use crate::server_counters::ServerCounters;
@@ -187,33 +189,43 @@ pub(crate) fn write_line(request: &Recorded, out: &mut Vec<u8>) -> serde_json::R
     Ok(())
 }
 
-/// One line as written.
-#[derive(Serialize)]
-struct Line<'a> {
-    time: String,
-    domain: &'a str,
-    descriptors: Vec<LineDescriptor<'a>>,
+/// One line of the log: what the writer writes and `tollgate what-if` reads (its strings borrowed
+/// from the line unless escaped, its lists inline: most requests have one descriptor of one entry).
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Line<'a> {
+    /// RFC 3339, to the microsecond.
+    #[serde(borrow)]
+    pub(crate) time: Cow<'a, str>,
+    #[serde(borrow)]
+    pub(crate) domain: Cow<'a, str>,
+    #[serde(borrow)]
+    pub(crate) descriptors: SmallVec<[LineDescriptor<'a>; 1]>,
 }
 
-#[derive(Serialize)]
-struct LineDescriptor<'a> {
-    entries: Vec<LineEntry<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    hits_addend: Option<u64>,
+/// One descriptor of a [`Line`].
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct LineDescriptor<'a> {
+    #[serde(borrow)]
+    pub(crate) entries: SmallVec<[LineEntry<'a>; 1]>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) hits_addend: Option<u64>,
 }
 
-#[derive(Serialize)]
-struct LineEntry<'a> {
-    key: &'a str,
-    value: &'a str,
+/// One entry of a [`LineDescriptor`]; its value as it entered the storage key.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct LineEntry<'a> {
+    #[serde(borrow)]
+    pub(crate) key: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub(crate) value: Cow<'a, str>,
 }
 
 impl<'a> Line<'a> {
     fn from(request: &'a Recorded) -> Self {
         let time = UNIX_EPOCH + Duration::from_micros(request.time_us);
         Self {
-            time: humantime::format_rfc3339_micros(time).to_string(),
-            domain: &request.domain,
+            time: Cow::Owned(humantime::format_rfc3339_micros(time).to_string()),
+            domain: Cow::Borrowed(&request.domain),
             descriptors: request
                 .descriptors
                 .iter()
@@ -221,7 +233,10 @@ impl<'a> Line<'a> {
                     entries: d
                         .entries
                         .iter()
-                        .map(|(key, value)| LineEntry { key, value })
+                        .map(|(key, value)| LineEntry {
+                            key: Cow::Borrowed(key),
+                            value: Cow::Borrowed(value),
+                        })
                         .collect(),
                     hits_addend: d.hits_addend,
                 })

@@ -7,11 +7,11 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use serde::Deserialize;
 use smallvec::SmallVec;
 use tollgate_core::limiter::{LimitOverride, RequestDescriptor};
 
 use super::{Decision, LineError};
+use crate::observe::decision_log::{Line, LineDescriptor, LineEntry};
 use crate::what_if::time;
 
 /// Most distinct domains and keys shared; past these, each is allocated per line (a log whose
@@ -186,36 +186,6 @@ impl<'a> Cursor<'a> {
         self.0 = rest;
         digits.parse().ok()
     }
-}
-
-/// A line as written: its strings borrowed from it unless escaped, its lists inline.
-#[derive(Deserialize)]
-#[cfg_attr(test, derive(Debug, PartialEq))]
-struct Line<'a> {
-    #[serde(borrow)]
-    time: Cow<'a, str>,
-    #[serde(borrow)]
-    domain: Cow<'a, str>,
-    #[serde(borrow)]
-    descriptors: SmallVec<[LineDescriptor<'a>; 1]>,
-}
-
-#[derive(Deserialize)]
-#[cfg_attr(test, derive(Debug, PartialEq))]
-struct LineDescriptor<'a> {
-    #[serde(borrow)]
-    entries: SmallVec<[LineEntry<'a>; 1]>,
-    #[serde(default)]
-    hits_addend: Option<u64>,
-}
-
-#[derive(Deserialize)]
-#[cfg_attr(test, derive(Debug, PartialEq))]
-struct LineEntry<'a> {
-    #[serde(borrow)]
-    key: Cow<'a, str>,
-    #[serde(borrow, default)]
-    value: Cow<'a, str>,
 }
 
 #[cfg(test)]
