@@ -16,7 +16,7 @@ mod normalize;
 mod pattern;
 mod small_map;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::algorithm::{Algorithm, Limit};
@@ -40,7 +40,9 @@ pub type RulesHandle = Arc<arc_swap::ArcSwapOption<RuleSet>>;
 /// swaps it in whole, so a request sees either the old rules or the new ones, never a mix.
 #[derive(Debug, Default)]
 pub struct RuleSet {
-    domains: HashMap<String, Domain>,
+    /// By name, hashed with hashbrown's seeded foldhash rather than SipHash: every request looks its
+    /// domain up, and the names come from the rules, so a caller cannot choose keys that collide.
+    domains: hashbrown::HashMap<String, Domain>,
 }
 
 impl RuleSet {
