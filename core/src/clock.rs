@@ -71,13 +71,14 @@ impl ManualClock {
     /// Sets the wall clock to an absolute time, forward or back, with no time passing: the monotonic
     /// reading stays where it is.
     pub fn set_us(&self, now_us: u64) {
-        self.now_us.store(now_us, Ordering::SeqCst);
+        // Release, not SeqCst: a plain store on x86, where `tollgate what-if` sets it per record.
+        self.now_us.store(now_us, Ordering::Release);
     }
 }
 
 impl Clock for ManualClock {
     fn now_us(&self) -> u64 {
-        self.now_us.load(Ordering::SeqCst)
+        self.now_us.load(Ordering::Acquire)
     }
 
     fn monotonic_us(&self) -> u64 {
