@@ -58,29 +58,28 @@ fn nginx_local(text: &str) -> Option<u64> {
     let date = civil_days(num(&text[7..11])?, month, num(&text[0..2])?)?;
     let clock = num(&text[12..14])? * 3600 + num(&text[15..17])? * 60 + num(&text[18..20])?;
     let zone = &text[21..];
-    let offset = zone_offset(&format!("{}:{}", zone.get(..3)?, zone.get(3..5)?))?;
+    let offset = zone_offset(zone.get(..5)?)?;
     let seconds = (date * 86_400 + i64::try_from(clock).ok()?).checked_sub(offset)?;
     u64::try_from(seconds).ok()?.checked_mul(1_000_000)
 }
 
 /// `Z`, `+01:00`, `-0530` as seconds east of UTC.
 fn zone_offset(zone: &str) -> Option<i64> {
-    match zone {
-        "Z" | "z" => Some(0),
-        _ => {
-            let sign = match zone.as_bytes().first()? {
-                b'+' => 1,
-                b'-' => -1,
-                _ => return None,
-            };
-            let digits: String = zone[1..].chars().filter(|c| *c != ':').collect();
-            if digits.len() != 4 {
-                return None;
-            }
-            let minutes = num(&digits[0..2])? * 60 + num(&digits[2..4])?;
-            Some(sign * i64::try_from(minutes).ok()? * 60)
-        }
+    if matches!(zone, "Z" | "z") {
+        return Some(0);
     }
+    let sign = match zone.as_bytes().first()? {
+        b'+' => 1,
+        b'-' => -1,
+        _ => return None,
+    };
+    let (hours, minutes) = match zone.len() {
+        6 if zone.as_bytes()[3] == b':' => (zone.get(1..3)?, zone.get(4..6)?),
+        5 => (zone.get(1..3)?, zone.get(3..5)?),
+        _ => return None,
+    };
+    let minutes = num(hours)? * 60 + num(minutes)?;
+    Some(sign * i64::try_from(minutes).ok()? * 60)
 }
 
 /// Digits as a number (no sign, nothing else).
@@ -145,6 +144,9 @@ mod tests {
             "yesterday",
             "2026-13-06T04:42:11Z",
             "06/Foo/2026:05:42:11 +0100",
+            "06/Dec/2026:05:42:11 +01",
+            "2026-12-06T05:42:11+0:100",
+            "2026-12-06T05:42:11+01:0",
             "12.5.6",
         ] {
             assert_eq!(parse(bad), None, "{bad}");
