@@ -285,10 +285,11 @@ impl Level {
         encodings_differ: &mut bool,
     ) -> Option<&Node> {
         let group = self.keys.get(entry.key())?;
-        let value = group.normalizer.apply(entry.value());
+        let normalized = group.normalizer.read(entry.value());
+        let (value, network) = (normalized.text, normalized.network.as_ref());
         let (node, shared) = match group.exact.get(value.as_ref()) {
             Some(node) => (node, None),
-            None => match group.patterns.iter().find(|p| p.pattern.matches(&value)) {
+            None => match group.patterns.iter().find(|p| p.pattern.matches(&value, network)) {
                 Some(p) => (&p.node, p.shared_key_value.as_deref()),
                 None => (group.default.as_ref()?, None),
             },

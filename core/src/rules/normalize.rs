@@ -73,25 +73,50 @@ impl Normalizer {
 
     /// Normalises one value; borrows when nothing changes, which is the common case.
     pub(crate) fn apply<'a>(&self, value: &'a str) -> Cow<'a, str> {
-        let mut out = Cow::Borrowed(if self.trim { value.trim() } else { value });
-        if self.lowercase && out.chars().any(char::is_uppercase) {
-            out = Cow::Owned(out.to_lowercase());
+        self.read(value).text
+    }
+
+    /// Normalises one value, keeping the network `ip_prefix` read it as, if it did.
+    pub(crate) fn read<'a>(&self, value: &'a str) -> Normalized<'a> {
+        let mut text = Cow::Borrowed(if self.trim { value.trim() } else { value });
+        if self.lowercase && text.chars().any(char::is_uppercase) {
+            text = Cow::Owned(text.to_lowercase());
         }
-        if let Some(grouped) = self.ip_prefix.as_ref().and_then(|prefix| group_ip(&out, prefix)) {
-            out = Cow::Owned(grouped);
+        let Some((network, grouped)) = self.ip_prefix.as_ref().and_then(|prefix| group_ip(&text, prefix))
+        else {
+            return Normalized { text, network: None };
+        };
+        if let Some(grouped) = grouped {
+            text = Cow::Owned(grouped);
         }
-        out
+        Normalized {
+            text,
+            network: Some(network),
+        }
     }
 }
 
-/// Masks an address to its configured prefix. A full-length prefix keeps the plain canonical address,
-/// so `ip_prefix: {v4: 32}` only canonicalises; anything shorter gives `network/len`. Values that are
-/// not addresses are left alone (a descriptor may legitimately carry a hostname).
-fn group_ip(value: &str, prefix: &IpPrefix) -> Option<String> {
+/// A normalised value, and the network it stands for when `ip_prefix` read it as an address (a plain
+/// address is its own full-length network): a CIDR pattern tests that rather than read the text again.
+#[derive(Debug)]
+pub(crate) struct Normalized<'a> {
+    /// The value as matched and keyed.
+    pub(crate) text: Cow<'a, str>,
+    /// What `text` reads as, when `ip_prefix` read it.
+    pub(crate) network: Option<IpNet>,
+}
+
+/// Masks an address to its configured prefix: the network, and its text when that differs from
+/// `value`. A full-length prefix keeps the plain canonical address, so `ip_prefix: {v4: 32}` only
+/// canonicalises; anything shorter gives `network/len`. Values that are not addresses are left alone
+/// (a descriptor may legitimately carry a hostname).
+fn group_ip(value: &str, prefix: &IpPrefix) -> Option<(IpNet, Option<String>)> {
     // The usual case, an IPv4 client kept whole, is already canonical as written: std's parser takes
     // only four decimal octets without leading zeros, the very text it would print. No copy, then.
-    if prefix.v4 == 32 && value.parse::<std::net::Ipv4Addr>().is_ok() {
-        return None;
+    if prefix.v4 == 32
+        && let Ok(v4) = value.parse::<std::net::Ipv4Addr>()
+    {
+        return Some((IpNet::from(IpAddr::V4(v4)), None));
     }
     let ip = canonical_ip(value)?;
     let len = match ip {
@@ -99,11 +124,12 @@ fn group_ip(value: &str, prefix: &IpPrefix) -> Option<String> {
         IpAddr::V6(_) => prefix.v6,
     };
     let net = IpNet::new(ip, len).ok()?.trunc();
-    if net.prefix_len() == net.max_prefix_len() {
-        Some(net.addr().to_string())
+    let text = if net.prefix_len() == net.max_prefix_len() {
+        net.addr().to_string()
     } else {
-        Some(net.to_string())
-    }
+        net.to_string()
+    };
+    Some((net, Some(text)))
 }
 
 /// `value` as an address, an IPv4-mapped IPv6 address (`::ffff:203.0.113.9`, what a dual-stack front end

@@ -18,11 +18,13 @@ pub(crate) enum Pattern {
 }
 
 impl Pattern {
-    /// Whether `value` (already normalised) matches.
-    pub(crate) fn matches(&self, value: &str) -> bool {
-        match self {
-            Pattern::Wildcard(w) => w.matches(value),
-            Pattern::Cidr(net) => cidr_contains(net, value),
+    /// Whether `value` (already normalised) matches; `network` is what normalisation read it as, if
+    /// it read it as an address, so that a CIDR range does not read it again.
+    pub(crate) fn matches(&self, value: &str, network: Option<&IpNet>) -> bool {
+        match (self, network) {
+            (Pattern::Wildcard(w), _) => w.matches(value),
+            (Pattern::Cidr(net), Some(network)) => net.contains(network),
+            (Pattern::Cidr(net), None) => cidr_contains(net, value),
         }
     }
 }
@@ -105,6 +107,64 @@ mod tests {
         // "aba" must not match "ab*ba": the prefix and suffix would share the middle "b".
         assert!(!wild("ab*ba", "aba"));
         assert!(wild("ab*ba", "abba"));
+    }
+
+    /// A range tests the network normalisation read a value as, which must answer as reading the
+    /// value's text would: for every prefix, spelling, family and range, inside, outside and not an
+    /// address at all.
+    #[test]
+    fn the_network_normalisation_read_answers_as_the_text_does() {
+        use crate::rules::file::{IpPrefix, Normalize};
+        use crate::rules::normalize::Normalizer;
+        let ranges = [
+            "10.0.0.0/8",
+            "192.0.2.0/24",
+            "192.0.2.7/32",
+            "2001:db8::/32",
+            "2001:db8:1:2::/64",
+            "::/0",
+        ];
+        let values = [
+            "10.1.2.3",
+            "11.1.2.3",
+            "192.0.2.7",
+            "192.0.2.8",
+            "::ffff:10.1.2.3",
+            "::FFFF:c000:0207",
+            "2001:db8:1:2:aaaa::1",
+            "2001:db9::1",
+            " 10.1.2.3 ",
+            "010.1.2.3",
+            "not-an-ip",
+            "2001:db8:1:2::/64",
+        ];
+        for prefix in [
+            None,
+            Some((32, 128)),
+            Some((32, 64)),
+            Some((24, 48)),
+            Some((8, 0)),
+        ] {
+            for trim in [false, true] {
+                let normalizer = Normalizer::new(&Normalize {
+                    lowercase: false,
+                    trim,
+                    ip_prefix: prefix.map(|(v4, v6)| IpPrefix { v4, v6 }),
+                    hash: false,
+                });
+                for value in values {
+                    let normalized = normalizer.read(value);
+                    for range in ranges {
+                        let cidr = Pattern::Cidr(range.parse().expect("a range"));
+                        assert_eq!(
+                            cidr.matches(&normalized.text, normalized.network.as_ref()),
+                            cidr.matches(&normalized.text, None),
+                            "{value} in {range}, ip_prefix {prefix:?}, trim {trim}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
