@@ -255,11 +255,18 @@ impl ProxyRules {
         let mut client = None;
         let mut out = Vec::with_capacity(self.rate_limits.len());
         for rate_limit in &self.rate_limits {
-            let mut entries = Vec::with_capacity(rate_limit.actions.len());
+            // Allocated at the first entry: for any one request, most lists make none (a route's
+            // match fails, a header is absent).
+            let mut entries = Vec::new();
             let mut made = true;
             for action in &rate_limit.actions {
                 match self.entry(action, request, &mut client)? {
-                    Made::Entry(entry) => entries.push(entry),
+                    Made::Entry(entry) => {
+                        if entries.capacity() == 0 {
+                            entries.reserve_exact(rate_limit.actions.len());
+                        }
+                        entries.push(entry);
+                    }
                     Made::Skipped => {}
                     Made::Dropped => {
                         made = false;
@@ -307,7 +314,7 @@ impl ProxyRules {
                     Action::MaskedRemoteAddress { v4, v6 } => {
                         ("masked_remote_address", address::masked(ip, *v4, *v6))
                     }
-                    _ => ("remote_address", ip.to_string()),
+                    _ => ("remote_address", address::text(ip)),
                 };
                 Made::Entry(Entry {
                     key,
