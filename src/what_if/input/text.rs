@@ -136,22 +136,23 @@ impl<'a> Iterator for Fields<'a> {
     type Item = &'a str;
 
     fn next(&mut self) -> Option<&'a str> {
+        // Bytes, found by memchr: every delimiter is ASCII, so each index is a char boundary. (A
+        // char pattern compared each candidate through a call to memcmp: 5 % of a replay.)
         let rest = self.0.trim_start_matches(' ');
-        let (field, after) = match rest.as_bytes().first()? {
+        let bytes = rest.as_bytes();
+        let (field, after) = match bytes.first()? {
             b'[' => {
-                let end = rest.find(']')?;
+                let end = memchr::memchr(b']', bytes)?;
                 (&rest[1..end], &rest[end + 1..])
             }
             b'"' => {
-                let body = &rest[1..];
-                let end = body
-                    .match_indices('"')
-                    .map(|(at, _)| at)
-                    .find(|&at| matches!(body.as_bytes().get(at + 1), None | Some(b' ')))?;
-                (&body[..end], &body[end + 1..])
+                let body = &bytes[1..];
+                let end = memchr::memchr_iter(b'"', body)
+                    .find(|&at| matches!(body.get(at + 1), None | Some(b' ')))?;
+                (&rest[1..end + 1], &rest[end + 2..])
             }
             _ => {
-                let end = rest.find(' ').unwrap_or(rest.len());
+                let end = memchr::memchr(b' ', bytes).unwrap_or(rest.len());
                 (&rest[..end], &rest[end..])
             }
         };
