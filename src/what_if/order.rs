@@ -104,11 +104,7 @@ mod tests {
     use crate::what_if::input::{HttpRequest, Record};
 
     fn at(time_us: u64) -> Record {
-        Record::Http(HttpRequest {
-            time_us,
-            client: None,
-            headers: Vec::new(),
-        })
+        Record::Http(HttpRequest::new(time_us, None, 0))
     }
 
     #[test]

@@ -149,25 +149,21 @@ impl Fields {
             ),
             None => None,
         };
-        let mut headers = Vec::with_capacity(4 + self.headers.len());
+        let mut request = HttpRequest::new(time_us, client, line.len());
         for slot in [1, 2, 3, 5] {
             if let (Some(name), Some(value)) = (AS_HEADER[slot], take(slot)) {
-                headers.push((Cow::Borrowed(name), value.into_owned()));
+                request.push(name, &value);
             }
         }
         for (at, name) in self.headers.iter().enumerate() {
             if let Some(value) = take(PARTS.len() + at) {
-                headers.push((Cow::Owned(name.clone()), value.into_owned()));
+                request.push(name.clone(), &value);
             }
         }
-        if client.is_none() && !headers.iter().any(|(n, _)| n == "x-forwarded-for") {
+        if client.is_none() && !request.headers().any(|(name, _)| name == "x-forwarded-for") {
             return Err(shape("no client address (client or xff)"));
         }
-        Ok(HttpRequest {
-            time_us,
-            client,
-            headers,
-        })
+        Ok(request)
     }
 }
 

@@ -58,16 +58,51 @@ pub(super) struct HttpRequest {
     pub(super) time_us: u64,
     /// The client's address, when the log names it directly.
     pub(super) client: Option<IpAddr>,
-    /// (lowercase name, value), in the log's order.
-    pub(super) headers: Vec<(Cow<'static, str>, String)>,
+    /// Every header's value, one after another, in one allocation.
+    text: String,
+    /// (lowercase name, where its value ends in `text`), in the log's order: a value starts where
+    /// the one before it ends. Not inline: a record is moved through the reordering, and a larger one
+    /// (Envoy's six headers inline) cost more to move than the allocation saved.
+    headers: Vec<(Cow<'static, str>, usize)>,
+}
+
+impl HttpRequest {
+    /// A request at `time_us` without headers yet; `capacity` bytes of values fit without growing.
+    pub(super) fn new(time_us: u64, client: Option<IpAddr>, capacity: usize) -> Self {
+        Self {
+            time_us,
+            client,
+            text: String::with_capacity(capacity),
+            headers: Vec::with_capacity(6),
+        }
+    }
+
+    /// Adds header `name` with `value`.
+    fn push(&mut self, name: impl Into<Cow<'static, str>>, value: &str) {
+        self.push_with(name, |values| values.push_str(value));
+    }
+
+    /// Adds header `name` with the value `write` appends.
+    fn push_with(&mut self, name: impl Into<Cow<'static, str>>, write: impl FnOnce(&mut String)) {
+        write(&mut self.text);
+        self.headers.push((name.into(), self.text.len()));
+    }
+
+    /// Every header, in the log's order.
+    fn headers(&self) -> impl Iterator<Item = (&str, &str)> {
+        let starts = std::iter::once(0).chain(self.headers.iter().map(|(_, end)| *end));
+        self.headers
+            .iter()
+            .zip(starts)
+            .map(|((name, end), start)| (name.as_ref(), &self.text[start..*end]))
+    }
 }
 
 impl ProxiedRequest for HttpRequest {
     fn values(&self, name: &str) -> impl Iterator<Item = Cow<'_, str>> {
-        self.headers
-            .iter()
-            .filter(move |(n, _)| n == name)
-            .map(|(_, v)| Cow::Borrowed(v.as_str()))
+        self.headers()
+            .filter(move |(n, _)| *n == name)
+            .map(|(_, v)| Cow::Borrowed(v))
     }
 
     fn client_address(&self, source: &AddressSource) -> Result<IpAddr, BadRequest> {
@@ -142,11 +177,11 @@ impl LineReader {
 }
 
 /// The forwarded request line, as `X-Forwarded-*` headers, from a logged `"GET /path HTTP/1.1"`.
-fn request_line(line: &str, headers: &mut Vec<(Cow<'static, str>, String)>) -> Option<()> {
+fn request_line(line: &str, request: &mut HttpRequest) -> Option<()> {
     let mut parts = line.split(' ');
     let method = parts.next().filter(|m| !m.is_empty() && *m != "-")?;
     let uri = parts.next()?;
-    headers.push((Cow::Borrowed("x-forwarded-method"), method.to_owned()));
-    headers.push((Cow::Borrowed("x-forwarded-uri"), uri.to_owned()));
+    request.push("x-forwarded-method", method);
+    request.push("x-forwarded-uri", uri);
     Some(())
 }

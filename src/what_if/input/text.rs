@@ -9,8 +9,6 @@
 //! (`$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer"
 //! "$http_user_agent"`, fields after these ignored) names the client itself.
 
-use std::borrow::Cow;
-
 use smallvec::SmallVec;
 
 use super::{HttpRequest, LineError, request_line};
@@ -42,8 +40,8 @@ pub(super) fn envoy(line: &str) -> Result<HttpRequest, LineError> {
         return Err(shape("fewer than 12 fields"));
     };
     let time_us = time::parse(when).ok_or(LineError::Time)?;
-    let mut headers = Vec::with_capacity(6);
-    request_line(request, &mut headers).ok_or(shape("no request line"))?;
+    let mut out = HttpRequest::new(time_us, None, line.len());
+    request_line(request, &mut out).ok_or(shape("no request line"))?;
     for (name, value) in [
         ("x-forwarded-for", xff),
         ("user-agent", agent),
@@ -51,14 +49,10 @@ pub(super) fn envoy(line: &str) -> Result<HttpRequest, LineError> {
         ("x-forwarded-host", authority),
     ] {
         if *value != "-" {
-            headers.push((Cow::Borrowed(name), (*value).to_owned()));
+            out.push(name, value);
         }
     }
-    Ok(HttpRequest {
-        time_us,
-        client: None,
-        headers,
-    })
+    Ok(out)
 }
 
 /// A line of NGINX's `combined` format.
@@ -85,26 +79,23 @@ pub(super) fn nginx(line: &str) -> Result<HttpRequest, LineError> {
     };
     let client = tollgate_core::rules::proxy::parse_address(client).ok_or(shape("no client address"))?;
     let time_us = time::parse(when).ok_or(LineError::Time)?;
-    let mut headers = Vec::with_capacity(4);
-    request_line(request, &mut headers).ok_or(shape("no request line"))?;
+    let mut out = HttpRequest::new(time_us, Some(client), line.len());
+    request_line(request, &mut out).ok_or(shape("no request line"))?;
     for (name, value) in [("referer", referer), ("user-agent", agent)] {
         if *value != "-" {
-            headers.push((Cow::Borrowed(name), unescape(value)));
+            out.push_with(name, |values| unescape(value, values));
         }
     }
-    Ok(HttpRequest {
-        time_us,
-        client: Some(client),
-        headers,
-    })
+    Ok(out)
 }
 
-/// NGINX writes a `"` (and other bytes it escapes) as `\xHH`.
-fn unescape(value: &str) -> String {
+/// NGINX writes a `"` (and other bytes it escapes) as `\xHH`: `value` read back, appended to `out`.
+fn unescape(value: &str, out: &mut String) {
     if !value.contains("\\x") {
-        return value.to_owned();
+        out.push_str(value);
+        return;
     }
-    let mut out = Vec::with_capacity(value.len());
+    let mut bytes_out = Vec::with_capacity(value.len());
     let bytes = value.as_bytes();
     let mut i = 0;
     while i < bytes.len() {
@@ -116,16 +107,16 @@ fn unescape(value: &str) -> String {
             .and_then(|h| u8::from_str_radix(h, 16).ok());
         match hex {
             Some(byte) => {
-                out.push(byte);
+                bytes_out.push(byte);
                 i += 4;
             }
             None => {
-                out.push(bytes[i]);
+                bytes_out.push(bytes[i]);
                 i += 1;
             }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out.push_str(&String::from_utf8_lossy(&bytes_out));
 }
 
 /// The fields of a text log line: `[...]`, `"..."` (closed by a quote before a blank or the line's
