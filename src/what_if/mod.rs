@@ -254,9 +254,7 @@ impl Run {
                         late.by_us as f64 / 1e6
                     );
                 }
-                while let Some((line, record)) = self.order.ready() {
-                    self.step(line, &record)?;
-                }
+                self.release(false)?;
             }
             Err(error) => {
                 if self.strict {
@@ -281,35 +279,54 @@ impl Run {
 
     /// Replays what is still held, the logs having ended.
     fn finish(&mut self) -> anyhow::Result<()> {
-        while let Some((line, record)) = self.order.rest() {
-            self.step(line, &record)?;
-        }
+        self.release(true)?;
         if let Some(trace) = &mut self.trace {
             trace.flush()?;
         }
         Ok(())
     }
 
-    /// Replays one record.
-    fn step(&mut self, line: u64, record: &Record) -> anyhow::Result<()> {
-        let (before, after) = self.replay.decide(record, &self.domain);
-        let replay = &self.replay;
-        let domain = &self.domain;
-        self.tally.add(record.time_us(), [&before, &after], || {
-            who(replay, domain, record, &after)
-        });
-        if let Some(trace) = &mut self.trace {
-            let answer = |d: &Decided| if d.refused { "refused" } else { "allowed" };
-            writeln!(
-                trace,
-                "{{\"line\":{line},\"time\":\"{}\",\"current\":\"{}\",\"proposed\":\"{}\"}}",
-                time::format(record.time_us()),
-                answer(&before),
-                answer(&after)
-            )?;
-        }
-        Ok(())
+    /// Replays the records whose time has come, or with `all` every record held.
+    fn release(&mut self, all: bool) -> anyhow::Result<()> {
+        let Self {
+            order,
+            replay,
+            domain,
+            tally,
+            trace,
+            ..
+        } = self;
+        order.release(all, |line, record| {
+            step(replay, domain, tally, trace, line, record)
+        })
     }
+}
+
+/// Replays one record.
+fn step(
+    replay: &mut Replay,
+    domain: &str,
+    tally: &mut Tally,
+    trace: &mut Option<BufWriter<std::fs::File>>,
+    line: u64,
+    record: &Record,
+) -> anyhow::Result<()> {
+    let (before, after) = replay.decide(record, domain);
+    let replay = &*replay;
+    tally.add(record.time_us(), [&before, &after], || {
+        who(replay, domain, record, &after)
+    });
+    if let Some(trace) = trace {
+        let answer = |d: &Decided| if d.refused { "refused" } else { "allowed" };
+        writeln!(
+            trace,
+            "{{\"line\":{line},\"time\":\"{}\",\"current\":\"{}\",\"proposed\":\"{}\"}}",
+            time::format(record.time_us()),
+            answer(&before),
+            answer(&after)
+        )?;
+    }
+    Ok(())
 }
 
 /// Who a newly refused request came from: its client's address (as the current rules' `proxy:`
