@@ -5,10 +5,9 @@
 
 use std::sync::Arc;
 
-use smallvec::SmallVec;
 use tollgate_core::clock::{Clock, ManualClock};
 use tollgate_core::limiter::{
-    AppliedLimit, Code, CurrentLimit, Limiter, LimiterError, LimiterOptions, Verdict,
+    AppliedLimit, Code, CurrentLimit, DescriptorStatus, Limiter, LimiterError, LimiterOptions, Verdict,
 };
 use tollgate_core::observe::metrics::Metrics;
 use tollgate_core::rules::proxy::{BadRequestAnswer, Descriptor, ProxyRules};
@@ -48,8 +47,9 @@ pub(super) struct Decided {
     pub(super) refused: bool,
     /// How it came to be decided.
     pub(super) how: How,
-    /// Each limit that applied (most requests have one: kept beside it, not allocated).
-    pub(super) limits: SmallVec<[LimitSeen; 1]>,
+    /// The verdict's statuses, one per descriptor, kept as the limiter made them ([`Decided::limits`]
+    /// reads them): taking each limit apart into a list of its own cost more than the tally.
+    statuses: Vec<DescriptorStatus>,
     /// The first descriptor refused, by its place in the request.
     pub(super) first_refused: Option<usize>,
 }
@@ -68,12 +68,12 @@ pub(super) enum How {
 }
 
 /// One limit that applied to a record.
-#[derive(Debug, Clone)]
-pub(super) struct LimitSeen {
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LimitSeen<'d> {
     /// The rule it belongs to.
-    pub(super) rule: Arc<Rule>,
+    pub(super) rule: &'d Arc<Rule>,
     /// The limit as configured, its name included; [`LimitSeen::text`] describes it.
-    pub(super) limit: CurrentLimit,
+    pub(super) limit: &'d CurrentLimit,
     /// Whether it refused.
     pub(super) refused: bool,
     /// The share of its capacity in use after the request (1.0: none left).
@@ -183,42 +183,40 @@ impl Decided {
         Self {
             refused,
             how,
-            limits: SmallVec::new(),
+            statuses: Vec::new(),
             first_refused: None,
         }
     }
 
-    /// What `verdict` says, its rules and limits moved out of it rather than copied.
+    /// What `verdict` says, its statuses moved out of it rather than copied.
     fn from(verdict: Verdict) -> Self {
-        let first_refused = verdict.statuses.iter().position(|s| s.code == Code::OverLimit);
-        let refused = verdict.overall == Code::OverLimit;
-        let limits = verdict
-            .statuses
-            .into_iter()
-            .filter_map(|status| {
-                let AppliedLimit::Limited(limit) = status.limit else {
-                    return None;
-                };
-                let capacity = limit.burst.max(1);
-                let left = status.remaining.min(capacity);
-                Some(LimitSeen {
-                    rule: status.rule?,
-                    refused: status.code == Code::OverLimit,
-                    used: (capacity - left) as f64 / capacity as f64,
-                    limit,
-                })
-            })
-            .collect();
         Self {
-            refused,
+            refused: verdict.overall == Code::OverLimit,
             how: How::Rules,
-            limits,
-            first_refused,
+            first_refused: verdict.statuses.iter().position(|s| s.code == Code::OverLimit),
+            statuses: verdict.statuses,
         }
+    }
+
+    /// Each limit of a rule that applied.
+    pub(super) fn limits(&self) -> impl Iterator<Item = LimitSeen<'_>> {
+        self.statuses.iter().filter_map(|status| {
+            let AppliedLimit::Limited(limit) = &status.limit else {
+                return None;
+            };
+            let capacity = limit.burst.max(1);
+            let left = status.remaining.min(capacity);
+            Some(LimitSeen {
+                rule: status.rule.as_ref()?,
+                refused: status.code == Code::OverLimit,
+                used: (capacity - left) as f64 / capacity as f64,
+                limit,
+            })
+        })
     }
 }
 
-impl LimitSeen {
+impl LimitSeen<'_> {
     /// How the limit reads: `300 per 1m (sliding_window)`.
     pub(super) fn text(&self) -> String {
         let window = humantime::format_duration(self.limit.window);

@@ -194,10 +194,10 @@ impl Tally {
             How::Unreadable(reason) => *totals.unreadable.entry(reason).or_default() += 1,
             How::Error(reason) => *totals.errors.entry(reason).or_default() += 1,
         }
-        for seen in &decided.limits {
-            let at = match self.seen.get(&identity(seen)) {
+        for seen in decided.limits() {
+            let at = match self.seen.get(&identity(&seen)) {
                 Some(at) => *at,
-                None => self.first_sight(seen),
+                None => self.first_sight(&seen),
             };
             let rule = &mut self.rules[at];
             if rule.limit[side].is_none() {
@@ -214,7 +214,7 @@ impl Tally {
 
     /// The tally of a limit not looked up by identity yet: the one of the same path and name if the
     /// other side has one, else a new one.
-    fn first_sight(&mut self, seen: &LimitSeen) -> usize {
+    fn first_sight(&mut self, seen: &LimitSeen<'_>) -> usize {
         let key = (Arc::clone(&seen.rule.path), seen.limit.name.clone());
         let at = match self.index.get(&key) {
             Some(at) => *at,
@@ -251,11 +251,11 @@ impl Tally {
 
 /// A limit's identity in the rules loaded for the replay: its rule's address and its name's. Each
 /// side holds its rules for the whole run, so an address is never reused for another limit.
-fn identity(seen: &LimitSeen) -> (usize, usize) {
+fn identity(seen: &LimitSeen<'_>) -> (usize, usize) {
     let name = seen
         .limit
         .name
         .as_ref()
         .map_or(0, |name| Arc::as_ptr(name).cast::<u8>() as usize);
-    (Arc::as_ptr(&seen.rule) as usize, name)
+    (Arc::as_ptr(seen.rule) as usize, name)
 }
