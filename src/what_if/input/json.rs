@@ -7,11 +7,11 @@
 //! and NGINX's `http_NAME`). Only those fields are read; the rest of the line is skipped unparsed.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
 
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use smallvec::SmallVec;
 
 use super::{HttpRequest, LineError};
 use crate::what_if::time;
@@ -57,8 +57,9 @@ const AS_HEADER: [Option<&str>; 6] = [
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Fields {
     /// JSON name → (slot, rank): the slot it fills, and how early it is in that slot's names (lower
-    /// wins when a line has several).
-    names: HashMap<String, (usize, usize)>,
+    /// wins when a line has several). Hashed by hashbrown's seeded foldhash, not SipHash: every field
+    /// of every line is looked up (SipHash was 3 % of a replay), and only the names above are held.
+    names: hashbrown::HashMap<String, (usize, usize)>,
     /// Slots 6 and up: the headers, by name.
     headers: Vec<String>,
 }
@@ -127,11 +128,13 @@ impl Fields {
             format: "JSON",
             reason,
         };
-        let mut found: Vec<Option<(usize, Cow<'_, str>)>> = vec![None; PARTS.len() + self.headers.len()];
+        // Inline for the parts and a few headers, as many as a `proxy:` block usually reads.
+        let mut found: SmallVec<[Found<'_>; 12]> =
+            smallvec::smallvec![None; PARTS.len() + self.headers.len()];
         let mut deserializer = serde_json::Deserializer::from_str(line);
         Picker {
             fields: self,
-            found: &mut found,
+            found: &mut found[..],
         }
         .deserialize(&mut deserializer)
         .map_err(|_| shape("not one JSON object"))?;
@@ -167,10 +170,13 @@ impl Fields {
     }
 }
 
+/// A slot's value so far, if the line had one of its names: the name's rank and the value.
+type Found<'f> = Option<(usize, Cow<'f, str>)>;
+
 /// Reads one JSON object, keeping the fields [`Fields`] names.
 struct Picker<'f, 'v> {
     fields: &'f Fields,
-    found: &'v mut Vec<Option<(usize, Cow<'f, str>)>>,
+    found: &'v mut [Found<'f>],
 }
 
 impl<'de: 'f, 'f> DeserializeSeed<'de> for Picker<'f, '_> {
