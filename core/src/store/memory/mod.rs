@@ -221,17 +221,19 @@ impl MemoryStore {
     }
 
     fn lock_shards(&self, hashes: &[u64]) -> Locked<'_> {
-        let mut wanted: PerItem<usize> = hashes.iter().map(|h| shard_of(*h, SHARDS)).collect();
+        let mut wanted = PerItem::new();
+        wanted.extend(hashes.iter().map(|h| shard_of(*h, SHARDS)));
         wanted.sort_unstable();
         wanted.dedup();
-        let guards = wanted.into_iter().map(|i| {
+        let mut locked = Locked {
+            guards: PerItem::new(),
+        };
+        locked.guards.extend(wanted.into_iter().map(|i| {
             let mut shard = lock(&self.shards[i]);
             shard.batches = shard.batches.wrapping_add(1);
             (i, shard)
-        });
-        Locked {
-            guards: guards.collect(),
-        }
+        }));
+        locked
     }
 
     /// [`Store::apply`], answered without a future: the embedded store never waits.
@@ -248,13 +250,17 @@ impl MemoryStore {
         once: Option<&RefundOnce>,
     ) -> Result<Vec<Decision>, StoreError> {
         let now = self.clock.now_us();
-        let hashes: PerItem<u64> = items.iter().map(|i| self.hash(i)).collect();
+        // Per-item lists are filled where they lie, not collected and moved: moving a list just
+        // written stalled on every one (loads of one width after stores of another).
+        let mut hashes = PerItem::new();
+        hashes.extend(items.iter().map(|i| self.hash(i)));
         let mut locked = self.lock_shards(&hashes);
         match policy {
             CommitPolicy::Peek => {
                 // The first pass of a consuming batch, then every state back as it was: the tables
                 // themselves are the overlay that lets a repeated key see the first item's effect.
-                let costs: PerItem<u64> = items.iter().map(|i| i.cost).collect();
+                let mut costs = PerItem::new();
+                costs.extend(items.iter().map(|i| i.cost));
                 let mut undo = Vec::with_capacity(items.len());
                 let decisions = self.run(&mut locked, items, &hashes, &costs, now, Pass::Peek(&mut undo));
                 rollback(&mut locked, items, &hashes, undo);
@@ -297,7 +303,8 @@ impl MemoryStore {
         policy: CommitPolicy,
         now: u64,
     ) -> Vec<Decision> {
-        let costs: PerItem<u64> = items.iter().map(|i| i.cost).collect();
+        let mut costs = PerItem::new();
+        costs.extend(items.iter().map(|i| i.cost));
         let may_settle = policy != CommitPolicy::Independent || has_shared_group(items);
         let mut undo = Vec::with_capacity(if may_settle { items.len() } else { 0 });
         let pass = if may_settle {
