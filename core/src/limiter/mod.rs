@@ -669,7 +669,7 @@ impl Limiter<MemoryStore> {
     ) -> Result<Verdict, LimiterError> {
         self.validate(domain, descriptors)?;
         // Borrowed, not cloned as the async path's snapshot is: a guard held for a call that never
-        // waits costs two plain instructions fewer than an `Arc`'s count going up and down.
+        // waits saves the two locked instructions of an `Arc`'s count going up and down.
         let rules = self.rules.load();
         let rules = rules.as_deref().ok_or(LimiterError::NoConfig)?;
         let (asked, batch) = match self.ask(rules, domain, descriptors, call)? {
