@@ -11,6 +11,7 @@ pub mod reload;
 
 mod compile;
 mod cores;
+mod ip_text;
 mod matcher;
 mod normalize;
 mod pattern;

@@ -16,6 +16,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::rules::file::{IpPrefix, Normalize};
+use crate::rules::ip_text::{ip_string, net_string};
 
 /// Values longer than this are hashed in storage keys even without `hash: true`, so a hostile client
 /// cannot make Tollgate write megabyte-long Redis keys. Real descriptor values (IPs, user ids, paths)
@@ -125,9 +126,9 @@ fn group_ip(value: &str, prefix: &IpPrefix) -> Option<(IpNet, Option<String>)> {
     };
     let net = IpNet::new(ip, len).ok()?.trunc();
     let text = if net.prefix_len() == net.max_prefix_len() {
-        net.addr().to_string()
+        ip_string(net.addr())
     } else {
-        net.to_string()
+        net_string(net)
     };
     Some((net, Some(text)))
 }

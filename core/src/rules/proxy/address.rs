@@ -16,6 +16,7 @@ use ipnet::IpNet;
 
 use super::{BadRequest, ProxiedRequest};
 use crate::rules::canonical_ip;
+use crate::rules::ip_text::{ip_string, net_string};
 
 /// The header `x_forwarded_for` reads.
 pub(super) const FORWARDED_FOR: &str = "x-forwarded-for";
@@ -87,28 +88,6 @@ pub fn parse(entry: &str) -> Option<IpAddr> {
     canonical_ip(host)
 }
 
-/// `ip` as `remote_address` writes it, the text std prints. An IPv4 address is spelled here, without
-/// the formatting machinery, which cost more than the rest of making a request's descriptors.
-pub(super) fn text(ip: IpAddr) -> String {
-    let IpAddr::V4(v4) = ip else {
-        return ip.to_string();
-    };
-    let mut out = String::with_capacity(15);
-    for (at, octet) in v4.octets().into_iter().enumerate() {
-        if at > 0 {
-            out.push('.');
-        }
-        if octet >= 100 {
-            out.push(char::from(b'0' + octet / 100));
-        }
-        if octet >= 10 {
-            out.push(char::from(b'0' + octet / 10 % 10));
-        }
-        out.push(char::from(b'0' + octet % 10));
-    }
-    out
-}
-
 /// `ip` masked to its family's prefix length, as Envoy's `masked_remote_address` writes it
 /// (`192.0.2.0/24`, `2001:db8::/64`; a full-length mask keeps the length: `192.0.2.7/32`).
 pub(super) fn masked(ip: IpAddr, v4: u8, v6: u8) -> String {
@@ -117,5 +96,5 @@ pub(super) fn masked(ip: IpAddr, v4: u8, v6: u8) -> String {
         IpAddr::V6(_) => v6,
     };
     // The lengths were checked at load (at most 32 and 128).
-    IpNet::new(ip, len).map_or_else(|_| ip.to_string(), |net| net.trunc().to_string())
+    IpNet::new(ip, len).map_or_else(|_| ip_string(ip), |net| net_string(net.trunc()))
 }

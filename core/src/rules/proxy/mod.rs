@@ -40,6 +40,7 @@ use std::borrow::Cow;
 use std::net::IpAddr;
 
 use crate::rules::DescriptorEntry;
+use crate::rules::ip_text::ip_string;
 
 /// Most `rate_limits` entries in one `proxy:` block.
 pub const MAX_RATE_LIMITS: usize = 64;
@@ -314,7 +315,7 @@ impl ProxyRules {
                     Action::MaskedRemoteAddress { v4, v6 } => {
                         ("masked_remote_address", address::masked(ip, *v4, *v6))
                     }
-                    _ => ("remote_address", address::text(ip)),
+                    _ => ("remote_address", ip_string(ip)),
                 };
                 Made::Entry(Entry {
                     key,

@@ -1,0 +1,185 @@
+//! Addresses and networks spelled as std and ipnet print them, without the formatting machinery.
+//!
+//! Keys hold client addresses as text (`ip_prefix` groups, `remote_address`, `masked_remote_address`),
+//! so every decision on such a key spells one. Through `fmt` that cost more than the rest of making a
+//! request's descriptors; spelled here, it is a few dozen byte pushes. The text must stay exactly what
+//! `Display` gives, since keys written before and after must be the same: the tests hold it to std's.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::IpNet;
+
+/// Longest text [`push_net`] writes: a full IPv6 address and `/128`.
+pub(crate) const MAX_NET_TEXT: usize = 39 + 4;
+
+/// Appends `ip` as its `Display` writes it.
+pub(crate) fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => push_v4(out, v4),
+        IpAddr::V6(v6) => push_v6(out, v6),
+    }
+}
+
+/// Appends `net` as its `Display` writes it: the address, `/`, the prefix length.
+pub(crate) fn push_net(out: &mut String, net: IpNet) {
+    push_ip(out, net.addr());
+    out.push('/');
+    push_decimal(out, net.prefix_len());
+}
+
+/// `ip` as its `Display` writes it, in a string with room for a prefix length.
+pub(crate) fn ip_string(ip: IpAddr) -> String {
+    let mut out = String::with_capacity(MAX_NET_TEXT);
+    push_ip(&mut out, ip);
+    out
+}
+
+/// `net` as its `Display` writes it.
+pub(crate) fn net_string(net: IpNet) -> String {
+    let mut out = String::with_capacity(MAX_NET_TEXT);
+    push_net(&mut out, net);
+    out
+}
+
+/// Four decimal octets, no leading zeros.
+fn push_v4(out: &mut String, v4: Ipv4Addr) {
+    for (at, octet) in v4.octets().into_iter().enumerate() {
+        if at > 0 {
+            out.push('.');
+        }
+        push_decimal(out, octet);
+    }
+}
+
+/// RFC 5952 as std applies it: an IPv4-mapped address as `::ffff:` and its dotted quad; otherwise
+/// lowercase hex groups without leading zeros, the first longest run of two or more zero groups
+/// written `::`.
+fn push_v6(out: &mut String, v6: Ipv6Addr) {
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        out.push_str("::ffff:");
+        push_v4(out, v4);
+        return;
+    }
+    let groups = v6.segments();
+    let (mut start, mut len) = (0, 0);
+    let mut run = 0;
+    for (at, group) in groups.iter().enumerate() {
+        run = if *group == 0 { run + 1 } else { 0 };
+        if run > len {
+            (start, len) = (at + 1 - run, run);
+        }
+    }
+    if len < 2 {
+        push_groups(out, &groups);
+    } else {
+        push_groups(out, &groups[..start]);
+        out.push_str("::");
+        push_groups(out, &groups[start + len..]);
+    }
+}
+
+/// Hex groups joined by `:`.
+fn push_groups(out: &mut String, groups: &[u16]) {
+    for (at, group) in groups.iter().enumerate() {
+        if at > 0 {
+            out.push(':');
+        }
+        let digits = (16 - group.leading_zeros()).div_ceil(4).max(1);
+        for shift in (0..digits).rev() {
+            let digit = (group >> (4 * shift)) & 0xf;
+            out.push(char::from(b"0123456789abcdef"[usize::from(digit)]));
+        }
+    }
+}
+
+/// A byte in decimal, no leading zeros.
+fn push_decimal(out: &mut String, n: u8) {
+    if n >= 100 {
+        out.push(char::from(b'0' + n / 100));
+    }
+    if n >= 10 {
+        out.push(char::from(b'0' + n / 10 % 10));
+    }
+    out.push(char::from(b'0' + n % 10));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spelled(ip: IpAddr) -> String {
+        let mut out = String::new();
+        push_ip(&mut out, ip);
+        out
+    }
+
+    #[test]
+    fn every_octet_in_every_place_is_spelled_as_std_prints_it() {
+        for octet in 0..=u8::MAX {
+            for at in 0..4 {
+                let mut octets = [192, 0, 2, 7];
+                octets[at] = octet;
+                let ip = IpAddr::from(octets);
+                assert_eq!(spelled(ip), ip.to_string());
+            }
+        }
+    }
+
+    #[test]
+    fn every_shape_of_zero_groups_is_spelled_as_std_prints_it() {
+        // Each of the 256 patterns of zero and non-zero groups (so every run of zeros, at every place,
+        // ties included), with group values of every digit count.
+        let values = [0x1, 0xa, 0x10, 0xdb8, 0xfff, 0x1000, 0xabcd, 0xffff];
+        for zeros in 0..=u8::MAX {
+            for turn in 0..values.len() {
+                let mut groups = [0u16; 8];
+                for (at, group) in groups.iter_mut().enumerate() {
+                    if zeros & (1 << at) == 0 {
+                        *group = values[(at + turn) % values.len()];
+                    }
+                }
+                let ip = IpAddr::from(groups);
+                assert_eq!(spelled(ip), ip.to_string(), "{groups:x?}");
+            }
+        }
+    }
+
+    #[test]
+    fn special_ipv6_forms_are_spelled_as_std_prints_them() {
+        for text in [
+            "::",
+            "::1",
+            "::ffff:192.0.2.7",
+            "::ffff:0.0.0.0",
+            "::192.0.2.7",
+            "::ffff:0:c000:207",
+            "64:ff9b::192.0.2.7",
+            "fe80::1:2:3:4",
+            "2001:db8:0:0:1:0:0:1",
+            "1:0:0:2:0:0:0:3",
+        ] {
+            let ip: IpAddr = text.parse().expect("an address");
+            assert_eq!(spelled(ip), ip.to_string(), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_network_is_spelled_as_ipnet_prints_it() {
+        for (text, len) in [
+            ("192.0.2.7", 24),
+            ("192.0.2.7", 32),
+            ("2001:db8:1:2::9", 64),
+            ("::", 0),
+        ] {
+            let ip: IpAddr = text.parse().expect("an address");
+            let net = IpNet::new(ip, len).expect("a prefix length").trunc();
+            assert_eq!(net_string(net), net.to_string());
+            assert!(net_string(net).len() <= MAX_NET_TEXT);
+        }
+        let widest = IpNet::new(
+            "1111:2222:3333:4444:5555:6666:7777:8888".parse().expect("ip"),
+            128,
+        );
+        assert_eq!(net_string(widest.expect("a prefix length")).len(), MAX_NET_TEXT);
+    }
+}
