@@ -1,9 +1,11 @@
-//! Addresses and networks spelled as std and ipnet print them, without the formatting machinery.
+//! Addresses and networks read and spelled as std and ipnet do, without their general machinery.
 //!
 //! Keys hold client addresses as text (`ip_prefix` groups, `remote_address`, `masked_remote_address`),
-//! so every decision on such a key spells one. Through `fmt` that cost more than the rest of making a
-//! request's descriptors; spelled here, it is a few dozen byte pushes. The text must stay exactly what
-//! `Display` gives, since keys written before and after must be the same: the tests hold it to std's.
+//! so every decision on such a key reads one and often spells one. Through `fmt` the spelling cost more
+//! than the rest of making a request's descriptors, and std's parser, built for every address form,
+//! took longer over a dotted quad than the table lookup that follows. Here each is a loop over bytes.
+//! Both must stay exactly std's: keys written before and after must be the same, and a value std
+//! refuses as an address must not become one. The tests hold them to std's answers.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -11,6 +13,28 @@ use ipnet::IpNet;
 
 /// Longest text [`push_net`] writes: a full IPv6 address and `/128`.
 pub(crate) const MAX_NET_TEXT: usize = 39 + 4;
+
+/// `text` as an IPv4 address, exactly when std's `Ipv4Addr::from_str` reads one: four decimal octets
+/// of one to three digits, no leading zero, nothing else.
+pub(crate) fn read_v4(text: &str) -> Option<Ipv4Addr> {
+    let mut octets = [0u8; 4];
+    let mut parts = text.as_bytes().split(|b| *b == b'.');
+    for octet in &mut octets {
+        let part = parts.next()?;
+        if part.is_empty() || part.len() > 3 || (part.len() > 1 && part[0] == b'0') {
+            return None;
+        }
+        let mut value = 0u16;
+        for digit in part {
+            if !digit.is_ascii_digit() {
+                return None;
+            }
+            value = value * 10 + u16::from(digit - b'0');
+        }
+        *octet = u8::try_from(value).ok()?;
+    }
+    parts.next().is_none().then_some(Ipv4Addr::from(octets))
+}
 
 /// Appends `ip` as its `Display` writes it.
 pub(crate) fn push_ip(out: &mut String, ip: IpAddr) {
@@ -111,6 +135,44 @@ mod tests {
         let mut out = String::new();
         push_ip(&mut out, ip);
         out
+    }
+
+    #[test]
+    fn a_dotted_quad_is_read_exactly_when_std_reads_one() {
+        // Every spelling of an octet std might take or refuse, in every place; then too few or too
+        // many parts, and text that is no address at all.
+        let octets = [
+            "0", "00", "01", "000", "1", "9", "10", "99", "100", "199", "255", "256", "300", "999", "0255",
+            "1000", "", "a", "1a", " 1", "+1", "-1", "\u{0661}",
+        ];
+        for a in octets {
+            for b in octets {
+                for c in ["0", "01", "255", "256", ""] {
+                    for d in octets {
+                        let text = format!("{a}.{b}.{c}.{d}");
+                        assert_eq!(read_v4(&text), text.parse().ok(), "{text:?}");
+                    }
+                }
+            }
+        }
+        for text in [
+            "",
+            ".",
+            "...",
+            "1.2.3",
+            "1.2.3.4.",
+            ".1.2.3.4",
+            "1.2.3.4.5",
+            "1..2.3",
+            "1.2.3.4 ",
+            "192.0.2.7/32",
+            "::1",
+            "2001:db8::1",
+            "localhost",
+            "1.2.3.4:80",
+        ] {
+            assert_eq!(read_v4(text), text.parse().ok(), "{text:?}");
+        }
     }
 
     #[test]

@@ -11,12 +11,12 @@
 //! number space.
 
 use std::borrow::Cow;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 
 use ipnet::IpNet;
 
 use crate::rules::file::{IpPrefix, Normalize};
-use crate::rules::ip_text::{ip_string, net_string};
+use crate::rules::ip_text::{ip_string, net_string, read_v4};
 
 /// Values longer than this are hashed in storage keys even without `hash: true`, so a hostile client
 /// cannot make Tollgate write megabyte-long Redis keys. Real descriptor values (IPs, user ids, paths)
@@ -115,7 +115,7 @@ fn group_ip(value: &str, prefix: &IpPrefix) -> Option<(IpNet, Option<String>)> {
     // The usual case, an IPv4 client kept whole, is already canonical as written: std's parser takes
     // only four decimal octets without leading zeros, the very text it would print. No copy, then.
     if prefix.v4 == 32
-        && let Ok(v4) = value.parse::<std::net::Ipv4Addr>()
+        && let Some(v4) = read_v4(value)
     {
         return Some((IpNet::from(IpAddr::V4(v4)), None));
     }
@@ -138,10 +138,11 @@ fn group_ip(value: &str, prefix: &IpPrefix) -> Option<(IpNet, Option<String>)> {
 /// was written. Without this every IPv4 client of such a front end would fall in `::/64` and share one
 /// budget, and a CIDR rule for `203.0.113.0/24` would miss them.
 pub(crate) fn canonical_ip(value: &str) -> Option<IpAddr> {
-    match value.parse().ok()? {
-        IpAddr::V6(v6) => Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)),
-        v4 => Some(v4),
+    if let Some(v4) = read_v4(value) {
+        return Some(IpAddr::V4(v4));
     }
+    let v6 = value.parse::<Ipv6Addr>().ok()?;
+    Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4))
 }
 
 /// Hashes descriptor values for storage keys with a deployment-wide secret.
