@@ -19,6 +19,7 @@
 //! state stops mattering soonest (a bucket nearly refilled, a window nearly over). Each eviction is
 //! counted ([`MemoryStore::evictions`]). Peeks and refunds never evict: they must not change the store.
 
+mod key;
 mod lease;
 
 pub use lease::MemoryLeases;
@@ -34,6 +35,7 @@ use smallvec::SmallVec;
 use crate::algorithm::{self, Algorithm, Decision, State};
 use crate::clock::Clock;
 use crate::store::{Batch, BatchItem, CommitPolicy, RefundOnce, Store, StoreError, shard_of};
+use key::StoredKey;
 
 /// Number of independently locked tables. Enough that the runtime's worker threads rarely contend on
 /// one lock, few enough that a sweep walks them quickly.
@@ -62,7 +64,7 @@ pub struct MemoryStore {
 
 #[derive(Debug)]
 struct Entry {
-    key: String,
+    key: StoredKey,
     algorithm: Algorithm,
     /// The key is in Go's format ([`BatchItem::go_format`]): never the case for the limiter's own
     /// embedded store, whose keys are all Tollgate's, but `failure_mode: local` counts Redis's keys here.
@@ -81,7 +83,7 @@ impl Entry {
         self.window_us == item.limit.window_us
             && self.algorithm == item.limit.algorithm
             && self.go_format == item.go_format
-            && self.key == item.key
+            && self.key.as_bytes() == item.key.as_bytes()
     }
 }
 
@@ -213,7 +215,7 @@ impl MemoryStore {
     /// An item's hash, which places its entry (shard and bucket).
     fn hash(&self, item: &BatchItem) -> u64 {
         self.hasher.hash_one((
-            &item.key,
+            item.key.as_bytes(),
             item.limit.window_us,
             item.limit.algorithm,
             item.go_format,
@@ -389,7 +391,7 @@ impl MemoryStore {
             self.evict_one(table, batch, now);
         }
         let entry = Entry {
-            key: item.key.clone(),
+            key: StoredKey::new(&item.key),
             algorithm: item.limit.algorithm,
             go_format: item.go_format,
             batch,
@@ -402,8 +404,12 @@ impl MemoryStore {
 
     /// An entry's hash: its item's ([`MemoryStore::hash`]).
     fn entry_hash(&self, entry: &Entry) -> u64 {
-        self.hasher
-            .hash_one((&entry.key, entry.window_us, entry.algorithm, entry.go_format))
+        self.hasher.hash_one((
+            entry.key.as_bytes(),
+            entry.window_us,
+            entry.algorithm,
+            entry.go_format,
+        ))
     }
 
     /// Removes the entry of `table` that least affects decisions among a sample: an expired one, else
