@@ -254,22 +254,44 @@ async fn requests_whose_callers_gave_up_are_never_sent() {
         );
     }
     sleeper.join().expect("DEBUG SLEEP ends");
-    // Let the stuck calls finish and the queue drain.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (_, text) = http(server.http, "GET", "/metrics", "").await;
-    let metric = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("{name} in {text}"))
+    // Once Redis wakes, the stuck calls finish and the queue drains: every request ends either
+    // counted by Redis or counted as abandoned. Wait for that rather than for a guessed time (a busy
+    // machine drains late), then once more, so that a ghost hit sent late would still show.
+    let settled = || async {
+        let (_, text) = http(server.http, "GET", "/metrics", "").await;
+        let abandoned = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("tollgate_redis_abandoned_total")?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("tollgate_redis_abandoned_total in {text}"));
+        let keys = cli(port, &["--scan", "--pattern", "rd_open_stalled_*"]);
+        let counted = keys.lines().next().map_or(0, |key| {
+            cli(port, &["GET", key]).trim().parse::<u64>().expect("a count")
+        });
+        (counted, abandoned)
     };
-    let abandoned = metric("tollgate_redis_abandoned_total");
-    let keys = cli(port, &["--scan", "--pattern", "rd_open_stalled_*"]);
-    let key = keys.lines().next().expect("the counter exists");
-    let counted: u64 = cli(port, &["GET", key]).trim().parse().expect("a count");
+    let give_up = Instant::now() + Duration::from_secs(10);
+    let mut seen = settled().await;
+    while seen.0 + seen.1 < 124 && Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        seen = settled().await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (counted, abandoned) = settled().await;
+    assert_eq!(
+        (counted, abandoned),
+        seen,
+        "nothing more was sent once every request had ended"
+    );
     assert!(
         abandoned > 0,
         "some requests waited in the queue past their deadline"
     );
+    assert!(counted > 0, "the calls in flight when Redis stalled were counted");
     assert_eq!(
         counted + abandoned,
         124,
