@@ -112,8 +112,8 @@ pub(crate) struct Normalized<'a> {
 /// canonicalises; anything shorter gives `network/len`. Values that are not addresses are left alone
 /// (a descriptor may legitimately carry a hostname).
 fn group_ip(value: &str, prefix: &IpPrefix) -> Option<(IpNet, Option<String>)> {
-    // The usual case, an IPv4 client kept whole, is already canonical as written: std's parser takes
-    // only four decimal octets without leading zeros, the very text it would print. No copy, then.
+    // The usual case, an IPv4 client kept whole, is already canonical as written: `read_v4` takes, as
+    // std does, only four decimal octets without leading zeros, the very text std prints. No copy.
     if prefix.v4 == 32
         && let Some(v4) = read_v4(value)
     {
