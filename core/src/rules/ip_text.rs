@@ -11,8 +11,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 
-/// Longest text [`push_net`] writes: a full IPv6 address and `/128`.
-pub(crate) const MAX_NET_TEXT: usize = 39 + 4;
+/// Longest text [`net_string`] writes: a full IPv6 address and `/128`.
+const MAX_NET_TEXT: usize = 39 + 4;
 
 /// `text` as an IPv4 address, exactly when std's `Ipv4Addr::from_str` reads one: four decimal octets
 /// of one to three digits, no leading zero, nothing else.
@@ -37,18 +37,11 @@ pub(crate) fn read_v4(text: &str) -> Option<Ipv4Addr> {
 }
 
 /// Appends `ip` as its `Display` writes it.
-pub(crate) fn push_ip(out: &mut String, ip: IpAddr) {
+fn push_ip(out: &mut String, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => push_v4(out, v4),
         IpAddr::V6(v6) => push_v6(out, v6),
     }
-}
-
-/// Appends `net` as its `Display` writes it: the address, `/`, the prefix length.
-pub(crate) fn push_net(out: &mut String, net: IpNet) {
-    push_ip(out, net.addr());
-    out.push('/');
-    push_decimal(out, net.prefix_len());
 }
 
 /// `ip` as its `Display` writes it, in a string with room for a prefix length.
@@ -58,10 +51,12 @@ pub(crate) fn ip_string(ip: IpAddr) -> String {
     out
 }
 
-/// `net` as its `Display` writes it.
+/// `net` as its `Display` writes it: the address, `/`, the prefix length.
 pub(crate) fn net_string(net: IpNet) -> String {
     let mut out = String::with_capacity(MAX_NET_TEXT);
-    push_net(&mut out, net);
+    push_ip(&mut out, net.addr());
+    out.push('/');
+    push_decimal(&mut out, net.prefix_len());
     out
 }
 
@@ -131,12 +126,6 @@ fn push_decimal(out: &mut String, n: u8) {
 mod tests {
     use super::*;
 
-    fn spelled(ip: IpAddr) -> String {
-        let mut out = String::new();
-        push_ip(&mut out, ip);
-        out
-    }
-
     #[test]
     fn a_dotted_quad_is_read_exactly_when_std_reads_one() {
         // Every spelling of an octet std might take or refuse, in every place; then too few or too
@@ -182,7 +171,7 @@ mod tests {
                 let mut octets = [192, 0, 2, 7];
                 octets[at] = octet;
                 let ip = IpAddr::from(octets);
-                assert_eq!(spelled(ip), ip.to_string());
+                assert_eq!(ip_string(ip), ip.to_string());
             }
         }
     }
@@ -201,7 +190,7 @@ mod tests {
                     }
                 }
                 let ip = IpAddr::from(groups);
-                assert_eq!(spelled(ip), ip.to_string(), "{groups:x?}");
+                assert_eq!(ip_string(ip), ip.to_string(), "{groups:x?}");
             }
         }
     }
@@ -221,7 +210,7 @@ mod tests {
             "1:0:0:2:0:0:0:3",
         ] {
             let ip: IpAddr = text.parse().expect("an address");
-            assert_eq!(spelled(ip), ip.to_string(), "{text}");
+            assert_eq!(ip_string(ip), ip.to_string(), "{text}");
         }
     }
 
