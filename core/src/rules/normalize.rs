@@ -112,14 +112,13 @@ pub(crate) struct Normalized<'a> {
 /// canonicalises; anything shorter gives `network/len`. Values that are not addresses are left alone
 /// (a descriptor may legitimately carry a hostname).
 fn group_ip(value: &str, prefix: &IpPrefix) -> Option<(IpNet, Option<String>)> {
-    // The usual case, an IPv4 client kept whole, is already canonical as written: `read_v4` takes, as
-    // std does, only four decimal octets without leading zeros, the very text std prints. No copy.
-    if prefix.v4 == 32
-        && let Some(v4) = read_v4(value)
-    {
-        return Some((IpNet::from(IpAddr::V4(v4)), None));
-    }
-    let ip = canonical_ip(value)?;
+    let ip = match read_v4(value) {
+        // The usual case, an IPv4 client kept whole, is already canonical as written: `read_v4` takes,
+        // as std does, only four decimal octets without leading zeros, the very text std prints.
+        Some(v4) if prefix.v4 == 32 => return Some((IpNet::from(IpAddr::V4(v4)), None)),
+        Some(v4) => IpAddr::V4(v4),
+        None => canonical_v6(value)?,
+    };
     let len = match ip {
         IpAddr::V4(_) => prefix.v4,
         IpAddr::V6(_) => prefix.v6,
@@ -138,9 +137,14 @@ fn group_ip(value: &str, prefix: &IpPrefix) -> Option<(IpNet, Option<String>)> {
 /// was written. Without this every IPv4 client of such a front end would fall in `::/64` and share one
 /// budget, and a CIDR rule for `203.0.113.0/24` would miss them.
 pub(crate) fn canonical_ip(value: &str) -> Option<IpAddr> {
-    if let Some(v4) = read_v4(value) {
-        return Some(IpAddr::V4(v4));
+    match read_v4(value) {
+        Some(v4) => Some(IpAddr::V4(v4)),
+        None => canonical_v6(value),
     }
+}
+
+/// [`canonical_ip`] of a value that is not a dotted quad.
+fn canonical_v6(value: &str) -> Option<IpAddr> {
     let v6 = value.parse::<Ipv6Addr>().ok()?;
     Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4))
 }
