@@ -29,7 +29,7 @@
 //! - the queue holds at most [`QUEUE_CAPACITY`] requests; a request that finds it full is not queued
 //!   and gets its rules' failure mode at once ([`StoreError::Overloaded`]);
 //! - a request whose caller has given up (its deadline passed, or it went away) before a call could
-//!   carry it is never sent;
+//!   carry it is never sent; a caller still there is answered [`StoreError::Timeout`] at once;
 //! - a call carries at most [`MAX_ITEMS_PER_CALL`] items (a larger request goes alone, and waits for
 //!   the next call rather than inflating one already full);
 //! - a call holds its slot until Redis answers, or [`CALL_TIMEOUT`] passes: a slow Redis gets no more
@@ -103,8 +103,9 @@ impl Coalescer {
     /// Starts the task that drains the queue into calls on `call`; it ends when the coalescer (the
     /// store) is dropped, which closes the queue. A call waits up to `window` after its first
     /// request's arrival for more to join it, and stops gathering at `limit` items (zero: at
-    /// [`MAX_ITEMS_PER_CALL`], which also caps a larger limit).
-    pub(super) fn start(call: Arc<Caller>, window: Duration, limit: usize) -> Self {
+    /// [`MAX_ITEMS_PER_CALL`], which also caps a larger limit). A request dropped unsent because
+    /// its deadline passed is answered with [`StoreError::Timeout`] of `deadline`, the callers' wait.
+    pub(super) fn start(call: Arc<Caller>, window: Duration, limit: usize, deadline: Duration) -> Self {
         let (queue, pending) = mpsc::channel(QUEUE_CAPACITY);
         let counts = Arc::new(Counts::default());
         let full_at = match limit {
@@ -119,7 +120,7 @@ impl Coalescer {
             );
         }
         let gathering = Gathering { window, full_at };
-        tokio::spawn(drain(call, pending, Arc::clone(&counts), gathering));
+        tokio::spawn(drain(call, pending, Arc::clone(&counts), gathering, deadline));
         Self { queue, counts }
     }
 
@@ -165,6 +166,7 @@ async fn drain(
     mut pending: mpsc::Receiver<Pending>,
     counts: Arc<Counts>,
     gathering: Gathering,
+    deadline: Duration,
 ) {
     let slots = Arc::new(Semaphore::new(CALLS_IN_FLIGHT));
     // A request that did not fit the previous call: it opens the next one.
@@ -189,6 +191,9 @@ async fn drain(
         while let Some(request) = next.take() {
             if request.abandoned() {
                 counts.abandoned.fetch_add(1, Ordering::Relaxed);
+                // A caller still waiting learns why, even before its own timer fires: its deadline
+                // passed. (One that went away is not there to read it.)
+                let _ = request.reply.send(Err(StoreError::Timeout(deadline)));
             } else if items > 0 && items + request.named.len() > MAX_ITEMS_PER_CALL {
                 carried = Some(request);
                 break;
@@ -296,4 +301,35 @@ fn script_items<'n>(requests: &'n [impl AsRef<[(String, ScriptItem<'static>)]>])
         offset = next_offset;
     }
     items
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
+    use tokio_util::sync::CancellationToken;
+
+    /// A request still queued when its deadline passes is never sent, and its caller, still waiting,
+    /// is told it timed out: not that the queue lost it, which is what a dropped reply reads as.
+    #[tokio::test]
+    async fn a_request_past_its_deadline_is_answered_a_timeout() {
+        // Nothing listens there: the request must be answered without Redis.
+        let target =
+            RedisTarget::parse("127.0.0.1:1", "single", "tcp", "", "", false, false).expect("an address");
+        let stop = CancellationToken::new();
+        let store = RedisStore::start(RedisOptions::new(target), Arc::new(SystemClock), stop.clone());
+        let answer = store
+            .coalescer
+            .submit(Vec::new(), Instant::now(), false)
+            .expect("queued");
+        let answered = answer.await.expect("answered, not dropped");
+        let waited = store.options.deadline;
+        assert!(
+            matches!(answered, Err(StoreError::Timeout(d)) if d == waited),
+            "{answered:?}"
+        );
+        assert_eq!(store.coalescer.counts().abandoned.load(Ordering::Relaxed), 1);
+        stop.cancel();
+    }
 }

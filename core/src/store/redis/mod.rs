@@ -143,6 +143,7 @@ impl RedisStore {
                 Arc::clone(&call),
                 options.pipeline_window,
                 options.pipeline_limit,
+                options.deadline,
             ),
             call,
             options,
@@ -293,11 +294,6 @@ impl Store for Arc<RedisStore> {
             let answer = self.coalescer.submit(named, deadline, pipelined)?;
             return match tokio::time::timeout_at(deadline, answer).await {
                 Ok(Ok(result)) => result,
-                // The queue drops a request unsent once its deadline has passed, and that can reach
-                // the caller a tick before its own timer does: it is the same timeout.
-                Ok(Err(_)) if tokio::time::Instant::now() >= deadline => {
-                    Err(StoreError::Timeout(self.options.deadline))
-                }
                 Ok(Err(_)) => Err(StoreError::Unavailable("the coalesced call was dropped".into())),
                 Err(_) => Err(StoreError::Timeout(self.options.deadline)),
             };
